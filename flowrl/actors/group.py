@@ -1,0 +1,141 @@
+"""Worker groups: N rank actors, one per worker process, forming one torch.distributed group.
+
+A :class:`WorkerGroup` handle is small and picklable: graph nodes (Dask tasks) receive it and
+call :meth:`WorkerGroup.run`. Each call needs a sequence number reserved on the client when the
+graph is built (:meth:`WorkerGroup.reserve`), so every rank runs the group's calls in one order
+(see ``rank.py``). Every wait has a timeout; a dead worker surfaces as :class:`GroupLostError`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from flowrl.actors.dispatch import Gather, GroupMesh, Scatter, gather, scatter
+
+
+class GroupLostError(RuntimeError):
+    """A worker holding one of the group's ranks died; the group must be rebuilt."""
+
+
+class GroupCallError(RuntimeError):
+    """A rank raised while running a call."""
+
+
+@dataclass
+class WorkerGroup:
+    name: str
+    actors: list[Any]  # distributed.Actor handles, rank order
+    addresses: list[str]  # worker address of each rank
+    mesh: GroupMesh
+    timeout_s: float = 600.0
+    _counter: Any = field(default_factory=lambda: itertools.count(1), repr=False)  # 0 is setup
+
+    @property
+    def world_size(self) -> int:
+        return len(self.actors)
+
+    def reserve(self) -> int:
+        """Reserve the next sequence number (client side, while building a graph)."""
+        return next(self._counter)
+
+    def bind(self) -> "BoundCall":
+        """Reserve a sequence number now (graph build time) for one call made later in a node."""
+        return BoundCall(self, self.reserve())
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_counter"] = None  # the counter stays with the client
+        return state
+
+    def run(
+        self,
+        seq: int,
+        method: str,
+        payload: Any = None,
+        *,
+        scatter_mode: Scatter = Scatter.BROADCAST,
+        gather_mode: Gather = Gather.ALL,
+        kwargs: dict | None = None,
+        timeout: float | None = None,
+    ) -> tuple[Any, float]:
+        """Call ``method`` on every rank (ordered by ``seq``); return (gathered result, max
+        seconds any rank spent on the work itself)."""
+        args = scatter(scatter_mode, payload, self.mesh)
+        per_rank = self._call_all(seq, method, [(a,) if payload is not None else () for a in args], kwargs, timeout)
+        values = [v for v, _ in per_rank]
+        return gather(gather_mode, values, self.mesh), max(s for _, s in per_rank)
+
+    def _call_all(
+        self, seq: int, method: str, args: list[tuple], kwargs: dict | None, timeout: float | None
+    ) -> list[tuple[Any, float]]:
+        timeout = self.timeout_s if timeout is None else timeout
+        futures = [
+            actor.call(seq, method, a, kwargs or {}, timeout) for actor, a in zip(self.actors, args, strict=True)
+        ]
+        return wait_all(futures, timeout, f"{self.name}.{method}", self.addresses)
+
+
+@dataclass(frozen=True)
+class BoundCall:
+    """A group plus the sequence number reserved for one call; what a graph node receives."""
+
+    group: WorkerGroup
+    seq: int
+
+    def run(self, method: str, payload: Any = None, **kwargs: Any) -> tuple[Any, float]:
+        return self.group.run(self.seq, method, payload, **kwargs)
+
+
+def wait_all(futures: list[Any], timeout: float, what: str, addresses: list[str]) -> list[Any]:
+    """Wait for actor futures, failing fast on the first error and at the deadline.
+
+    Seceding from the worker's thread pool while waiting (when inside a Dask task) lets other
+    graph nodes run on this worker meanwhile.
+    """
+    seceded = _secede()
+    try:
+        deadline = time.monotonic() + timeout
+        results: list[Any] = [None] * len(futures)
+        pending = set(range(len(futures)))
+        delay = 0.0005
+        while pending:
+            for i in sorted(pending):
+                if futures[i].done():
+                    pending.discard(i)
+                    try:
+                        results[i] = futures[i].result(timeout=5)
+                    except Exception as exc:  # noqa: BLE001 - re-raised with the rank named
+                        raise _wrap(exc, what, i, addresses[i]) from exc
+            if pending:
+                if time.monotonic() > deadline:
+                    ranks = sorted(pending)
+                    raise TimeoutError(f"{what}: ranks {ranks} did not answer within {timeout:.0f}s")
+                time.sleep(delay)
+                delay = min(delay * 2, 0.02)
+        return results
+    finally:
+        if seceded:
+            from distributed import rejoin
+
+            rejoin()
+
+
+def _wrap(exc: Exception, what: str, rank: int, address: str) -> Exception:
+    text = str(exc)
+    if "Worker holding Actor was lost" in text or "Unable to contact Actor" in text:
+        return GroupLostError(f"{what}: rank {rank} on {address} was lost ({text}); rebuild the group")
+    return GroupCallError(f"{what}: rank {rank} on {address} raised {type(exc).__name__}: {text}")
+
+
+def _secede() -> bool:
+    try:
+        from distributed import get_worker, secede
+
+        get_worker()
+    except (ImportError, ValueError):
+        return False
+    secede()
+    return True

@@ -1,0 +1,163 @@
+"""A session: a Dask cluster (local or remote) plus the worker groups placed on it.
+
+``Session.start`` starts a ``LocalCluster`` (worker processes with one thread each, bound to
+127.0.0.1 unless told otherwise) or connects to a scheduler address. Groups get disjoint workers:
+one rank actor per worker process. ``close`` tears the groups down (destroying their process
+groups), then the client and the cluster, and leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from flowrl.actors.dispatch import GroupMesh
+from flowrl.actors.group import WorkerGroup, wait_all
+from flowrl.actors.rank import RankActor
+
+log = logging.getLogger(__name__)
+
+#: Environment of LocalCluster workers: one compute thread each (the cores go to the processes).
+WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """What to build: a named group of ``mesh.world_size`` ranks, each holding ``role_cls``."""
+
+    name: str
+    role_cls: str
+    role_kwargs: dict
+    mesh: GroupMesh
+    backend: str = "gloo"
+
+
+class Session:
+    def __init__(self, client: Any, cluster: Any | None, *, timeout_s: float, startup_timeout_s: float) -> None:
+        self.client = client
+        self.cluster = cluster  # None when connected to an external scheduler
+        self.timeout_s = timeout_s
+        self.startup_timeout_s = startup_timeout_s
+        self.groups: dict[str, WorkerGroup] = {}
+        self._used: set[str] = set()
+
+    # ----------------------------------------------------------------- lifecycle
+    @classmethod
+    def start(
+        cls,
+        num_workers: int,
+        *,
+        scheduler_address: str = "",
+        host: str = "127.0.0.1",
+        dashboard: bool = False,
+        memory_limit: str = "4GiB",
+        timeout_s: float = 600.0,
+        startup_timeout_s: float = 180.0,
+    ) -> "Session":
+        """Start (or connect to) a cluster with at least ``num_workers`` worker processes."""
+        from distributed import Client, LocalCluster
+
+        cluster = None
+        if scheduler_address:
+            client = Client(scheduler_address, timeout=startup_timeout_s)
+        else:
+            cluster = LocalCluster(
+                n_workers=num_workers,
+                threads_per_worker=1,
+                processes=True,
+                host=host,
+                dashboard_address=f"{host}:0",
+                scheduler_kwargs={"dashboard": dashboard},
+                memory_limit=memory_limit,
+                env=WORKER_ENV,
+                silence_logs=logging.WARNING,
+            )
+            client = Client(cluster, timeout=startup_timeout_s)
+        session = cls(client, cluster, timeout_s=timeout_s, startup_timeout_s=startup_timeout_s)
+        try:
+            client.wait_for_workers(num_workers, timeout=startup_timeout_s)
+        except Exception:
+            session.close()
+            raise
+        return session
+
+    @property
+    def dashboard_link(self) -> str:
+        return self.client.dashboard_link
+
+    def worker_addresses(self) -> list[str]:
+        return sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+
+    def create_group(self, name: str, role_cls: str, role_kwargs: dict | None = None, *, mesh: GroupMesh, backend: str = "gloo") -> WorkerGroup:
+        """Place ``mesh.world_size`` rank actors on free workers and build the role on each."""
+        return self.create_groups([GroupSpec(name, role_cls, role_kwargs or {}, mesh, backend)])[name]
+
+    def create_groups(self, specs: list["GroupSpec"]) -> dict[str, WorkerGroup]:
+        """Create several groups at once: their processes join and load models concurrently."""
+        free = [a for a in self.worker_addresses() if a not in self._used]
+        need = sum(spec.mesh.world_size for spec in specs)
+        names = [spec.name for spec in specs]
+        clash = [n for n in names if n in self.groups or names.count(n) > 1]
+        if clash:
+            raise ValueError(f"group name(s) {sorted(set(clash))} used twice; give each group its own name")
+        if len(free) < need:
+            raise RuntimeError(
+                f"groups {names} need {need} free workers, the cluster has {len(free)} "
+                f"({len(self._used)} already hold other groups); start more workers"
+            )
+        start = time.perf_counter()
+        placed: list[tuple[GroupSpec, list[str], list[Any]]] = []
+        for spec in specs:
+            size = spec.mesh.world_size
+            addresses, free = free[:size], free[size:]
+            futures = [
+                self.client.submit(RankActor, spec.name, rank, size, actor=True, workers=[addr], allow_other_workers=False, pure=False)
+                for rank, addr in enumerate(addresses)
+            ]
+            placed.append((spec, addresses, futures))
+        setups, setup_addresses, created = [], [], {}
+        for spec, addresses, futures in placed:
+            actors = [f.result(timeout=self.startup_timeout_s) for f in futures]
+            self._used.update(addresses)
+            group = WorkerGroup(spec.name, actors, addresses, spec.mesh, timeout_s=self.timeout_s)
+            self.groups[spec.name] = created[spec.name] = group
+            master = actors[0].host_port().result(timeout=self.startup_timeout_s)
+            args = (master, spec.role_cls, spec.role_kwargs, spec.backend, self.timeout_s)
+            setups += [a.call(0, "_setup", args, {}, self.startup_timeout_s) for a in actors]
+            setup_addresses += addresses
+        wait_all(setups, self.startup_timeout_s, f"{'/'.join(names)} setup", setup_addresses)
+        log.info("groups %s ready in %.1fs", names, time.perf_counter() - start)
+        return created
+
+    def compute(self, graph: Any, timeout: float | None = None) -> Any:
+        """Run a Dask graph (a delayed object) and return its result, with a timeout."""
+        future = self.client.compute(graph)
+        try:
+            return future.result(timeout=self.timeout_s if timeout is None else timeout)
+        finally:
+            future.release()
+
+    def close(self) -> None:
+        """Tear down groups, client and cluster. Safe to call twice."""
+        for group in list(self.groups.values()):
+            try:
+                seq = group.reserve()
+                futures = [a.call(seq, "_teardown", (), {}, 30.0) for a in group.actors]
+                wait_all(futures, 30.0, f"{group.name}._teardown", group.addresses)
+            except Exception as exc:  # noqa: BLE001 - shutting down anyway
+                log.warning("group %s teardown: %s", group.name, exc)
+        self.groups.clear()
+        if self.client is not None:
+            self.client.close(timeout=30)
+            self.client = None
+        if self.cluster is not None:
+            self.cluster.close(timeout=30)
+            self.cluster = None
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,120 @@
+"""Policy-gradient losses (PPO clip, GSPO), per token, not aggregated.
+
+Every loss has one signature::
+
+    fn(logp_T, old_logp_T, advantages_T, response_mask_T, cu_seqlens_B1, *,
+       clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0) -> (loss_T, stats)
+
+``loss_T`` is the per-token loss, 0 on masked tokens; aggregate it with ``agg_loss``. ``stats`` is
+a dict of detached 0-d tensors, means over the valid tokens of this call: ``pg_clipfrac``,
+``ppo_kl`` (mean of ``old_logp - logp``) and ``pg_clipfrac_lower``. Numbers follow verl's
+``compute_policy_loss_vanilla`` and ``compute_policy_loss_gspo``.
+
+Shape letters: T = tokens of all rows together, B = rows, B1 = B + 1 offsets (see aggregate.py).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from flowrl.algos.aggregate import masked_mean, segment_ids, segment_sum
+from flowrl.registry import Registry
+
+__all__ = ["POLICY_LOSSES", "PolicyLossFn", "gspo_policy_loss", "vanilla_policy_loss"]
+
+PolicyLossFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
+
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
+
+
+def _stats(clipfrac: Tensor, ppo_kl: Tensor, clipfrac_lower: Tensor) -> dict[str, Tensor]:
+    return {
+        "pg_clipfrac": clipfrac.detach(),
+        "ppo_kl": ppo_kl.detach(),
+        "pg_clipfrac_lower": clipfrac_lower.detach(),
+    }
+
+
+@POLICY_LOSSES.register("vanilla")
+def vanilla_policy_loss(
+    logp_T: Tensor,
+    old_logp_T: Tensor,
+    advantages_T: Tensor,
+    response_mask_T: Tensor,
+    cu_seqlens_B1: Tensor,
+    *,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO clip with asymmetric bounds and the dual clip (https://arxiv.org/abs/1912.09729).
+
+    ``ratio = exp(clamp(logp - old_logp, ±20))``;
+    ``loss = max(-A * ratio, -A * clip(ratio, 1 - low, 1 + high))``, and where ``A < 0`` also
+    ``min(loss, -A * clip_ratio_c)``. ``cu_seqlens_B1`` is unused (token-level loss).
+    """
+    del cu_seqlens_B1
+    if clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1.0 for the dual clip, got {clip_ratio_c}; the default is 3.0")
+    keep_T = response_mask_T.bool()
+    log_ratio_T = torch.clamp(logp_T - old_logp_T, min=-20.0, max=20.0)
+    ratio_T = torch.exp(log_ratio_T)
+
+    loss_unclipped_T = -advantages_T * ratio_T
+    loss_clipped_T = -advantages_T * torch.clamp(ratio_T, 1 - clip_ratio_low, 1 + clip_ratio_high)
+    loss_ppo_T = torch.maximum(loss_unclipped_T, loss_clipped_T)
+    loss_dual_bound_T = -advantages_T * clip_ratio_c
+    negative_T = advantages_T < 0
+    loss_T = torch.where(negative_T, torch.minimum(loss_dual_bound_T, loss_ppo_T), loss_ppo_T)
+
+    stats = _stats(
+        clipfrac=masked_mean(torch.gt(loss_clipped_T, loss_unclipped_T).float(), keep_T),
+        ppo_kl=masked_mean(-log_ratio_T, keep_T),
+        clipfrac_lower=masked_mean((torch.gt(loss_ppo_T, loss_dual_bound_T) & negative_T).float(), keep_T),
+    )
+    return torch.where(keep_T, loss_T, 0), stats
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo_policy_loss(
+    logp_T: Tensor,
+    old_logp_T: Tensor,
+    advantages_T: Tensor,
+    response_mask_T: Tensor,
+    cu_seqlens_B1: Tensor,
+    *,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO (https://arxiv.org/abs/2507.18071): one importance ratio per sequence.
+
+    ``s_i = exp(mean over row i's valid tokens of (logp - old_logp))``; each token uses
+    ``s_i * exp(logp_t - sg(logp_t))`` (value ``s_i``, gradient through its own logp), with the
+    log clamped at 10 above, and the PPO clip without the dual clip (``clip_ratio_c`` is unused).
+    verl always aggregates GSPO with ``seq-mean-token-mean``; choose that mode to match it.
+    ``pg_clipfrac_lower`` is 0.
+    """
+    del clip_ratio_c
+    keep_T = response_mask_T.bool()
+    log_ratio_T = logp_T - old_logp_T
+    tokens_B = segment_sum(keep_T.to(logp_T.dtype), cu_seqlens_B1).clamp(min=1)
+    seq_log_ratio_B = segment_sum(torch.where(keep_T, log_ratio_T, 0), cu_seqlens_B1) / tokens_B
+    rows_T = segment_ids(cu_seqlens_B1, logp_T.numel())
+
+    log_seq_ratio_T = logp_T - logp_T.detach() + seq_log_ratio_B.detach()[rows_T]
+    seq_ratio_T = torch.exp(torch.clamp(log_seq_ratio_T, max=10.0))
+
+    loss_unclipped_T = -advantages_T * seq_ratio_T
+    loss_clipped_T = -advantages_T * torch.clamp(seq_ratio_T, 1 - clip_ratio_low, 1 + clip_ratio_high)
+    loss_T = torch.maximum(loss_unclipped_T, loss_clipped_T)
+
+    stats = _stats(
+        clipfrac=masked_mean(torch.gt(loss_clipped_T, loss_unclipped_T).float(), keep_T),
+        ppo_kl=masked_mean(-log_ratio_T, keep_T),
+        clipfrac_lower=logp_T.new_zeros(()),
+    )
+    return torch.where(keep_T, loss_T, 0), stats

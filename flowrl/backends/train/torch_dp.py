@@ -1,0 +1,159 @@
+"""The ``dp`` train backend: a transformers model per rank, data parallel over torch.distributed.
+
+Each rank holds a full replica. Gradients of all micro-batches accumulate locally, then one
+flattened all-reduce (SUM) per optimizer step: losses are normalised by *global* token counts
+(see ``flowrl.algos.aggregate``), so the summed gradient equals the single-process gradient of
+the whole mini-batch, and replicas stay bit-identical.
+
+Shape letters: B rows, L padded length, T response tokens, H hidden, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from flowrl.algos import entropy_from_logits, logprobs_from_logits
+from flowrl.data.packed import PackedBatch
+
+LossFn = Callable[[torch.Tensor, "torch.Tensor | None", PackedBatch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class TorchDPEngine:
+    def __init__(
+        self,
+        model_dir: str,
+        *,
+        trainable: bool = True,
+        dtype: str = "float32",
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        grad_clip: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(seed)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_DTYPES[dtype])
+        self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
+        self.grad_clip = grad_clip
+        self.optimizer = None
+        if trainable:
+            self.model.train()
+            self.optimizer = torch.optim.AdamW(
+                self.model.parameters(), lr=lr, weight_decay=weight_decay, betas=betas, eps=eps
+            )
+        else:
+            self.model.eval()
+            self.model.requires_grad_(False)
+        self._broadcast_parameters()
+
+    # ----------------------------------------------------------------- collectives
+    @property
+    def dp_size(self) -> int:
+        return dist.get_world_size() if dist.is_initialized() else 1
+
+    def all_reduce_sum(self, values: list[float]) -> list[float]:
+        """Sum small host values over the data-parallel group."""
+        t = torch.tensor(values, dtype=torch.float64)
+        if self.dp_size > 1:
+            dist.all_reduce(t)
+        return t.tolist()
+
+    def _broadcast_parameters(self) -> None:
+        if self.dp_size > 1:
+            for p in self.model.parameters():
+                dist.broadcast(p.data, src=0)
+
+    # ----------------------------------------------------------------- forward
+    def _forward(self, mb: PackedBatch, *, temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        padded = mb.padded(self.pad_id)
+        decoder = self.model.get_decoder()
+        hidden_BLH = decoder(input_ids=padded.input_ids_BL, attention_mask=padded.attention_mask_BL).last_hidden_state
+        # Logits only where a response token is predicted: position pos-1 predicts token pos.
+        hidden_TH = hidden_BLH[padded.row_T, padded.pos_T - 1]
+        logits_TV = self.model.get_output_embeddings()(hidden_TH).float()
+        if temperature != 1.0:
+            logits_TV = logits_TV / temperature
+        logp_T = logprobs_from_logits(logits_TV, mb.response_T.long())
+        entropy_T = entropy_from_logits(logits_TV) if with_entropy else None
+        return logp_T, entropy_T
+
+    @torch.no_grad()
+    def forward_logprobs(
+        self, batch: PackedBatch, *, micro_batch_size: int, temperature: float = 1.0, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Response-token log-probs (and entropies) of ``logits / temperature``, flat ``_T``."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            outs = [self._forward(mb, temperature=temperature, with_entropy=with_entropy) for mb in batch.micro_batches(micro_batch_size)]
+        finally:
+            self.model.train(was_training)
+        logp_T = torch.cat([o[0] for o in outs]) if outs else torch.empty(0)
+        entropy_T = torch.cat([o[1] for o in outs]) if with_entropy and outs else None
+        return logp_T, entropy_T
+
+    # ----------------------------------------------------------------- update
+    def train_step(
+        self, batch: PackedBatch, *, micro_batch_size: int, loss_fn: LossFn, temperature: float = 1.0, with_entropy: bool = True
+    ) -> dict[str, float]:
+        """One optimizer step over ``batch`` (this rank's share), accumulating micro-batches.
+
+        ``loss_fn`` returns a loss already normalised by the global denominator, so losses are
+        summed, not averaged, over micro-batches and ranks. Stats are token-weighted means.
+        """
+        assert self.optimizer is not None, "train_step on a frozen engine"
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        tokens = 0
+        for mb in batch.micro_batches(micro_batch_size):
+            logp_T, entropy_T = self._forward(mb, temperature=temperature, with_entropy=with_entropy)
+            loss, stats = loss_fn(logp_T, entropy_T, mb)
+            loss.backward()
+            n = mb.num_response_tokens
+            tokens += n
+            for k, v in stats.items():
+                sums[k] = sums.get(k, 0.0) + float(v) * n
+        grad_norm = self._reduce_gradients_and_step()
+        keys = sorted(sums)
+        totals = self.all_reduce_sum([sums[k] for k in keys] + [float(tokens)])
+        denom = max(totals[-1], 1.0)
+        out = {k: totals[i] / denom for i, k in enumerate(keys)}
+        out["grad_norm"] = grad_norm
+        out["lr"] = self.optimizer.param_groups[0]["lr"]
+        return out
+
+    def _reduce_gradients_and_step(self) -> float:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        if self.dp_size > 1:
+            flat = torch._utils._flatten_dense_tensors(grads)
+            dist.all_reduce(flat)
+            for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+                g.copy_(synced)
+        for p, g in zip(params, grads):
+            p.grad = g
+        if self.grad_clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
+        else:
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+        self.optimizer.step()
+        return float(norm)
+
+    # ----------------------------------------------------------------- weights
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full HF-named state (every rank holds it; rank 0's is used)."""
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def save_hf(self, directory: str) -> None:
+        self.model.save_pretrained(directory)
+
+    def param_bytes_local(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())

@@ -1,0 +1,112 @@
+"""``flowrl``: the command line.
+
+    flowrl train [CONFIG.yaml] [key.sub=value ...]   run GRPO (no arguments: the embedded default)
+    flowrl config [CONFIG.yaml] [key=value ...]      print the resolved config, or --fields to list them
+    flowrl parallel-plan --model 7B --gpus 64 ...    rank (dp, tp, pp) layouts for a model
+    flowrl --version
+
+A configuration mistake prints ``error: <key>=<value>: <problem>; fix: <fix>`` and exits with 2
+before any worker starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from flowrl import __version__
+
+EXIT_CONFIG = 2
+
+
+def _split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
+    path = None
+    overrides = []
+    for i, item in enumerate(items):
+        if i == 0 and "=" not in item:
+            path = item
+        else:
+            overrides.append(item)
+    return path, overrides
+
+
+def _load(items: list[str]):  # noqa: ANN202 - RunConfig, imported lazily
+    from flowrl.config import load_config
+
+    path, overrides = _split_config_args(items)
+    return load_config(path, overrides)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from flowrl.trainer import train
+
+    cfg = _load(args.items)
+    summary = train(cfg)
+    print(summary.text())
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    import yaml
+
+    from flowrl.config import to_dict
+    from flowrl.config.loader import describe_fields
+
+    if args.fields:
+        for key, default, doc in describe_fields():
+            print(f"{key} = {default}\n    {doc}")
+        return 0
+    print(yaml.safe_dump(to_dict(_load(args.items)), sort_keys=False), end="")
+    return 0
+
+
+def cmd_parallel_plan(args: argparse.Namespace) -> int:
+    from flowrl.parallel.plan_cli import run
+
+    return run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flowrl", description="RL post-training of LLMs as Dask task graphs.")
+    parser.add_argument("--version", action="version", version=f"flowrl {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="run GRPO; no arguments runs the embedded default task on this machine")
+    p.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key=value", help="an optional YAML file, then dotted overrides")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("config", help="print the resolved configuration (or --fields: every key with its doc)")
+    p.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key=value")
+    p.add_argument("--fields", action="store_true", help="list every key, its default and what it does")
+    p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser("parallel-plan", help="rank (dp, tp, pp) layouts for a model and a GPU count")
+    try:
+        from flowrl.parallel.plan_cli import add_arguments
+    except ImportError:  # pragma: no cover - the planner ships with the package
+        add_arguments = None
+    if add_arguments is not None:
+        add_arguments(p)
+    p.set_defaults(func=cmd_parallel_plan)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from flowrl.config import ConfigError
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

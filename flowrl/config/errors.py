@@ -1,0 +1,27 @@
+"""The one error type for a user's configuration mistake."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration mistake: names the key, the value and the fix.
+
+    The CLI turns it into ``error: ...`` and exit code 2, before any worker starts.
+    """
+
+    def __init__(self, key: str, value: Any, problem: str, fix: str) -> None:
+        self.key, self.value, self.problem, self.fix = key, value, problem, fix
+        super().__init__(f"{key}={value!r}: {problem}; fix: {fix}")
+
+    def under(self, prefix: str) -> "ConfigError":
+        """The same error with its key placed under a section prefix (``actor.optim``)."""
+        key = f"{prefix}.{self.key}" if prefix else self.key
+        return ConfigError(key, self.value, self.problem, self.fix)
+
+
+def check(ok: bool, key: str, value: Any, problem: str, fix: str) -> None:
+    """Raise :class:`ConfigError` unless ``ok``."""
+    if not ok:
+        raise ConfigError(key, value, problem, fix)

@@ -1,0 +1,36 @@
+"""The frozen reference policy: log-probs of the sampled responses."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from flowrl.backends.train import TRAIN_BACKENDS
+from flowrl.data import experience
+from flowrl.data.packed import PackedBatch
+
+
+class ReferenceRole:
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        model_dir: str,
+        strategy: str = "dp",
+        dtype: str = "float32",
+        micro_batch_size: int = 256,
+        temperature: float = 1.0,
+        engine_kwargs: dict | None = None,
+    ) -> None:
+        self.rank = rank
+        engine_cls = TRAIN_BACKENDS.get(strategy)
+        self.engine = engine_cls(model_dir, trainable=False, dtype=dtype, **(engine_kwargs or {}))
+        self.micro_batch_size = micro_batch_size
+        self.temperature = temperature
+
+    def compute_logprobs(self, table: pa.Table, column: str = "ref_logprobs") -> pa.Table:
+        """A one-column table: ``column`` for each row of ``table``."""
+        batch = PackedBatch.from_table(table)
+        logp_T, _ = self.engine.forward_logprobs(batch, micro_batch_size=self.micro_batch_size, temperature=self.temperature)
+        array = experience.list_column(logp_T, batch.response_cu_B1, experience.TOKEN_FLOATS)
+        return pa.table({column: array})

@@ -1,0 +1,250 @@
+"""The training loop: resolve inputs, open a session, run one Dask graph per step, log.
+
+Everything that can be checked without workers is checked first (config, files, dataset), so a
+mistake fails before any process starts. The run directory holds ``config.yaml`` (resolved),
+``metrics.jsonl``, ``experience/step_XXXXXX.parquet`` and ``rejected_prompts.jsonl`` if any
+prompt row was unusable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from flowrl.config import ConfigError, RunConfig, dump_config
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunSummary:
+    run_dir: Path
+    steps: int
+    first_score: float  # mean critic/score/mean over the first (up to) 5 steps
+    last_score: float  # ... and over the last (up to) 5 steps
+    tokens_per_s: float
+    wall_s: float
+    history: list[dict[str, float]] = field(default_factory=list, repr=False)
+
+    def text(self) -> str:
+        return (
+            f"done: {self.steps} steps in {self.wall_s:.1f}s | mean score first 5 steps {self.first_score:.3f} "
+            f"-> last 5 steps {self.last_score:.3f} ({self.last_score - self.first_score:+.3f}) | "
+            f"{self.tokens_per_s:.0f} tokens/s | run dir {self.run_dir}"
+        )
+
+
+def default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "flowrl"
+
+
+def resolve_inputs(cfg: RunConfig) -> RunConfig:
+    """Fill ``model.path``, ``data.train_files`` and ``trainer.run_dir`` (building the embedded
+    default task if needed) and check that the files exist. Runs before any worker starts."""
+    model_path, train_files = cfg.model.path, cfg.data.train_files
+    if not model_path or not train_files:
+        if bool(model_path) != bool(train_files):
+            missing = "data.train_files" if model_path else "model.path"
+            raise ConfigError(missing, "", "is empty while the other of model.path / data.train_files is set",
+                              "set both, or neither for the embedded default task")
+        from flowrl.data.default_task import prepare_default_task
+
+        cache = Path(cfg.trainer.cache_dir) if cfg.trainer.cache_dir else default_cache_dir()
+        task = prepare_default_task(cache / "default_task", seed=cfg.trainer.seed)
+        model_path, train_files = str(task.model_dir), str(task.train_path)
+    if not (Path(model_path) / "config.json").is_file():
+        raise ConfigError("model.path", model_path, "is not a transformers model directory (no config.json)",
+                          "point model.path at a local directory saved with save_pretrained")
+    for f in train_files.split(","):
+        if not Path(f).is_file():
+            raise ConfigError("data.train_files", f, "no such file", "point data.train_files at Parquet prompt files")
+    run_dir = cfg.trainer.run_dir or str(Path("runs") / datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"))
+    return dataclasses.replace(
+        cfg,
+        model=dataclasses.replace(cfg.model, path=str(model_path)),
+        data=dataclasses.replace(cfg.data, train_files=train_files),
+        trainer=dataclasses.replace(cfg.trainer, run_dir=str(Path(run_dir).resolve())),
+    )
+
+
+class GRPORun:
+    """An open GRPO run: session, worker groups and data; ``step()`` runs one iteration graph.
+
+    The notebook API: ``run = GRPORun.open(cfg)``, ``graph = run.graph(step)``,
+    ``out = run.step()``, ``run.close()``.
+    """
+
+    def __init__(self, cfg: RunConfig) -> None:
+        from transformers import AutoTokenizer
+
+        from flowrl.data.prompts import PromptDataset
+
+        self.cfg = cfg
+        self.run_dir = Path(cfg.trainer.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        dump_config(cfg, self.run_dir / "config.yaml")
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+        self.dataset = PromptDataset(
+            cfg.data.train_files.split(","), self.tokenizer, prompt_key=cfg.data.prompt_key, max_prompt_length=cfg.data.max_prompt_length
+        )
+        if self.dataset.rejected:
+            self.dataset.write_rejected(self.run_dir / "rejected_prompts.jsonl")
+        if len(self.dataset) < cfg.data.train_batch_size:
+            raise ConfigError("data.train_batch_size", cfg.data.train_batch_size,
+                              f"exceeds the {len(self.dataset)} usable prompts", f"use at most {len(self.dataset)}")
+        self.session: Any = None
+        self.groups: Any = None
+        self.next_step = 0
+
+    @classmethod
+    def open(cls, cfg: RunConfig) -> "GRPORun":
+        run = cls(cfg)
+        try:
+            run.start_workers()
+        except BaseException:
+            run.close()
+            raise
+        return run
+
+    def start_workers(self) -> None:
+        from flowrl.actors import Session
+        from flowrl.actors.session import GroupSpec
+        from flowrl.backends.generate.hf import SamplingParams
+        from flowrl.graphs.grpo import GRPOGroups
+
+        cfg = self.cfg
+        sizes = [cfg.rollout.world_size, cfg.actor.world_size] + ([cfg.ref.world_size] if cfg.needs_reference else [])
+        c = cfg.cluster
+        self.session = Session.start(
+            sum(sizes), scheduler_address=c.scheduler_address, host=c.host, dashboard=c.dashboard,
+            memory_limit=c.memory_limit, timeout_s=c.timeout_s, startup_timeout_s=c.startup_timeout_s,
+        )
+        r, a = cfg.rollout, cfg.actor
+        sampling = SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.response_length)
+        specs = [
+            GroupSpec(
+                "rollout", "flowrl.roles.rollout:RolloutRole",
+                {"model_dir": cfg.model.path, "backend": r.name, "dtype": cfg.model.dtype,
+                 "micro_batch_size": r.micro_batch_size, "sampling": sampling},
+                _mesh(r),
+            ),
+            GroupSpec(
+                "actor", "flowrl.roles.policy:PolicyRole",
+                {"model_dir": cfg.model.path, "actor": a, "dtype": cfg.model.dtype, "temperature": r.temperature,
+                 "response_length": r.response_length, "use_old_logprobs": cfg.needs_old_logprobs,
+                 "seed": cfg.trainer.seed, "engine_kwargs": _engine_kwargs(a)},
+                _mesh(a),
+            ),
+        ]
+        if cfg.needs_reference:
+            specs.append(GroupSpec(
+                "ref", "flowrl.roles.reference:ReferenceRole",
+                {"model_dir": cfg.model.path, "strategy": a.strategy, "dtype": cfg.model.dtype, "temperature": r.temperature,
+                 "micro_batch_size": cfg.ref.log_prob_micro_batch_size_per_gpu, "engine_kwargs": _engine_kwargs(cfg.ref)},
+                _mesh(cfg.ref),
+            ))
+        groups = self.session.create_groups(specs)
+        self.groups = GRPOGroups(rollout=groups["rollout"], actor=groups["actor"], ref=groups.get("ref"))
+
+    def graph(self, step: int | None = None) -> Any:
+        """The (uncomputed) graph of ``step`` (default: the next one). Building reserves the
+        groups' call order, so compute every graph you build, in build order."""
+        from flowrl.graphs.grpo import build_iteration
+
+        step = self.next_step if step is None else step
+        prompts = self.dataset.batch(step, self.cfg.data.train_batch_size, seed=self.cfg.trainer.seed, shuffle=self.cfg.data.shuffle)
+        return build_iteration(self.cfg, self.groups, prompts, step=step, tokenizer_dir=self.cfg.model.path)
+
+    def step(self) -> tuple[Any, dict[str, float]]:
+        """Build and run the next iteration; returns (experience table, metrics)."""
+        from flowrl.data import experience
+
+        step = self.next_step
+        start = time.perf_counter()
+        out = self.session.compute(self.graph(step))
+        wall = time.perf_counter() - start
+        self.next_step += 1
+        metrics = dict(out.metrics)
+        metrics["timing_s/step"] = wall
+        metrics["perf/throughput"] = metrics["num_tokens"] / wall
+        metrics["perf/time_per_step"] = wall
+        metrics["training/global_step"] = float(step + 1)
+        if self.cfg.trainer.save_experience:
+            experience.write_parquet(out.value, experience.step_path(self.run_dir, step))
+        return out.value, metrics
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+
+def _mesh(group_cfg: Any) -> Any:
+    from flowrl.actors import GroupMesh
+
+    return GroupMesh(dp=group_cfg.data_parallel_size, tp=group_cfg.tensor_model_parallel_size, pp=group_cfg.pipeline_model_parallel_size)
+
+
+def _engine_kwargs(group_cfg: Any) -> dict:
+    """Mesh settings the megatron backend needs (the dp backend takes none)."""
+    if getattr(group_cfg, "strategy", "dp") != "megatron" and not (
+        group_cfg.tensor_model_parallel_size > 1 or group_cfg.pipeline_model_parallel_size > 1
+    ):
+        return {}
+    return {
+        "tp": group_cfg.tensor_model_parallel_size,
+        "pp": group_cfg.pipeline_model_parallel_size,
+        "dp": group_cfg.data_parallel_size,
+    }
+
+
+def train(cfg: RunConfig, *, on_step: Callable[[int, dict[str, float]], None] | None = None) -> RunSummary:
+    """Run ``trainer.total_training_steps`` GRPO iterations; returns the summary."""
+    from flowrl.metrics import JsonlLogger, console_line
+
+    cfg = resolve_inputs(cfg)
+    start = time.perf_counter()
+    run = GRPORun(cfg)  # dataset and run dir checked before any worker starts
+    logger = JsonlLogger(run.run_dir / "metrics.jsonl")
+    history: list[dict[str, float]] = []
+    total = cfg.trainer.total_training_steps
+    bar = None
+    try:
+        run.start_workers()
+        if cfg.trainer.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, desc="grpo", unit="step", dynamic_ncols=True)
+        for step in range(total):
+            _, metrics = run.step()
+            history.append(metrics)
+            logger.log(step, metrics)
+            if on_step is not None:
+                on_step(step, metrics)
+            if bar is not None:
+                bar.write(console_line(step, total, metrics))
+                bar.set_postfix(score=f"{metrics['critic/score/mean']:.3f}")
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+        logger.close()
+        run.close()
+    scores = [m["critic/score/mean"] for m in history]
+    k = min(5, len(scores))
+    gen_tokens = sum(m["num_response_tokens"] for m in history)
+    gen_time = sum(m["timing_s/step"] for m in history)
+    return RunSummary(
+        run_dir=run.run_dir,
+        steps=len(history),
+        first_score=sum(scores[:k]) / k,
+        last_score=sum(scores[-k:]) / k,
+        tokens_per_s=gen_tokens / gen_time if gen_time else 0.0,
+        wall_s=time.perf_counter() - start,
+        history=history,
+    )

@@ -1,0 +1,65 @@
+"""GRPO: one iteration as a Dask graph.
+
+    prompts  = sample a batch of prompts                               (client, this step's table)
+    samples  = generate n responses per prompt            on rollout   (split by dp rank)
+    scored   = score each response with the reward function            (a plain task)
+    ref      = reference log-probs of the responses       on ref       } in parallel,
+    old      = pre-update log-probs (several steps only)  on actor     } different workers
+    batch    = group-normalised advantages                             (flowrl.algos)
+    stats    = PPO-clip update with KL to the reference   on actor
+    synced   = trainer weights -> rollout workers
+    return batch, metrics
+
+Each line below is one node; the math lives in ``flowrl.algos``, the machinery in
+``flowrl.actors`` and ``flowrl.nodes``. Nothing runs until the graph is computed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from flowrl import nodes
+from flowrl.actors import WorkerGroup
+from flowrl.config import RunConfig
+from flowrl.nodes import node
+
+
+@dataclass
+class GRPOGroups:
+    """The worker groups one GRPO iteration calls."""
+
+    rollout: WorkerGroup
+    actor: WorkerGroup
+    ref: WorkerGroup | None = None
+
+
+def build_iteration(cfg: RunConfig, groups: GRPOGroups, prompts: pa.Table, *, step: int, tokenizer_dir: str) -> Any:
+    """The graph of one GRPO iteration; computing it returns a ``NodeOut(table, metrics)``."""
+    algo, actor = cfg.algorithm, cfg.actor
+    samples = node("gen", nodes.generate, groups.rollout.bind(), prompts, seed=cfg.trainer.seed * 100003 + step, step=step)
+    scored = node("reward", nodes.reward, samples, tokenizer_dir, algo.reward_fn, step=step)
+
+    columns = []
+    if cfg.needs_reference:
+        columns.append(node("ref", nodes.logprobs, groups.ref.bind(), scored, "ref_logprobs", step=step))
+    if cfg.needs_old_logprobs:
+        columns.append(node("old_log_prob", nodes.logprobs, groups.actor.bind(), scored, "old_logprobs", step=step))
+
+    batch = node(
+        "adv",
+        nodes.advantages,
+        scored,
+        *columns,
+        estimator=algo.adv_estimator,
+        gamma=algo.gamma,
+        lam=algo.lam,
+        norm_adv_by_std=algo.norm_adv_by_std_in_grpo,
+        step=step,
+    )
+    mini_batch_rows = actor.ppo_mini_batch_size * cfg.rollout.n // actor.data_parallel_size
+    stats = node("update_actor", nodes.update, groups.actor.bind(), batch, mini_batch_rows, step=step)
+    synced = node("sync_weights", nodes.sync_weights, groups.actor.bind(), groups.rollout.bind(), stats, step=step)
+    return node("collect", nodes.collect, batch, stats, synced, step=step)
