@@ -144,6 +144,9 @@ class PolicyRole:
     def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
         return self.engine.hf_state_dict()
 
+    def grad_state_dict(self) -> dict[str, torch.Tensor]:
+        return self.engine.grad_state_dict()
+
     def save_hf(self, directory: str) -> None:
         if self.rank == 0:
             self.engine.save_hf(directory)

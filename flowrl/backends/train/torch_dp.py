@@ -152,6 +152,10 @@ class TorchDPEngine:
         """The full HF-named state (every rank holds it; rank 0's is used)."""
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
+    def grad_state_dict(self) -> dict[str, torch.Tensor]:
+        """The data-parallel-reduced gradients of the last step, by HF name (for checks)."""
+        return {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
+
     def save_hf(self, directory: str) -> None:
         self.model.save_pretrained(directory)
 

@@ -1,0 +1,36 @@
+"""Shared fixtures: a tiny model directory and addition prompts, built in code (no hub)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def build_tiny_model_dir(path: Path, *, seed: int = 0, **overrides) -> Path:
+    from flowrl.models.char_tokenizer import build_char_tokenizer
+    from flowrl.models.tiny import build_tiny_model
+
+    tok = build_char_tokenizer()
+    kwargs = dict(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64, seed=seed)
+    kwargs.update(overrides)
+    model = build_tiny_model(tok, **kwargs)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    return build_tiny_model_dir(tmp_path_factory.mktemp("tiny_model"))
+
+
+@pytest.fixture(scope="session")
+def addition_data(tmp_path_factory) -> tuple[Path, Path]:
+    from flowrl.data.arithmetic import write_addition_parquet
+
+    return write_addition_parquet(tmp_path_factory.mktemp("addition"), 256, 32, 0)
