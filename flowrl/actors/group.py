@@ -9,7 +9,6 @@ graph is built (:meth:`WorkerGroup.reserve`), so every rank runs the group's cal
 from __future__ import annotations
 
 import itertools
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,32 +89,42 @@ class BoundCall:
 
 
 def wait_all(futures: list[Any], timeout: float, what: str, addresses: list[str]) -> list[Any]:
-    """Wait for actor futures, failing fast on the first error and at the deadline.
+    """Wait for actor futures on their event loop: wakes the moment the last one lands, fails
+    fast on the first error (naming the rank), and at the deadline.
 
     Seceding from the worker's thread pool while waiting (when inside a Dask task) lets other
     graph nodes run on this worker meanwhile.
     """
+    import asyncio
+
+    from distributed.utils import sync
+
+    async def gather_all() -> list[Any]:
+        async def one(i: int) -> Any:
+            try:
+                return await futures[i]
+            except Exception as exc:  # noqa: BLE001 - re-raised with the rank named
+                raise _wrap(exc, what, i, addresses[i]) from exc
+
+        tasks = [asyncio.ensure_future(one(i)) for i in range(len(futures))]
+        done, pending = await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            if task.exception() is not None:
+                for p in pending:
+                    p.cancel()
+                raise task.exception()
+        if pending:
+            ranks = sorted(i for i, t in enumerate(tasks) if t in pending)
+            for p in pending:
+                p.cancel()
+            raise TimeoutError(f"{what}: ranks {ranks} did not answer within {timeout:.0f}s")
+        return [t.result() for t in tasks]
+
+    if not futures:
+        return []
     seceded = _secede()
     try:
-        deadline = time.monotonic() + timeout
-        results: list[Any] = [None] * len(futures)
-        pending = set(range(len(futures)))
-        delay = 0.0005
-        while pending:
-            for i in sorted(pending):
-                if futures[i].done():
-                    pending.discard(i)
-                    try:
-                        results[i] = futures[i].result(timeout=5)
-                    except Exception as exc:  # noqa: BLE001 - re-raised with the rank named
-                        raise _wrap(exc, what, i, addresses[i]) from exc
-            if pending:
-                if time.monotonic() > deadline:
-                    ranks = sorted(pending)
-                    raise TimeoutError(f"{what}: ranks {ranks} did not answer within {timeout:.0f}s")
-                time.sleep(delay)
-                delay = min(delay * 2, 0.02)
-        return results
+        return sync(futures[0]._io_loop, gather_all)
     finally:
         if seceded:
             from distributed import rejoin

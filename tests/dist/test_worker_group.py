@@ -61,7 +61,7 @@ def test_an_error_names_the_rank_and_the_group_stays_usable(echo):
 def test_a_skipped_sequence_number_times_out_instead_of_hanging(echo):
     echo.reserve()  # reserved but never sent
     start = time.perf_counter()
-    with pytest.raises(GroupCallError, match="waited"):
+    with pytest.raises((GroupCallError, TimeoutError), match="waited|did not answer"):
         echo.run(echo.reserve(), "pid", timeout=1.0)
     assert time.perf_counter() - start < 10
 
