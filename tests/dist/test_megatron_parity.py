@@ -99,6 +99,8 @@ def test_parity_four_ranks_and_memory(models):
         job("(2,2,1) llama distopt", "llama", 2, 2, 1, use_distributed_optimizer=True),
         job("(2,1,2) llama", "llama", 2, 1, 2),
         job("(2,1,2) llama vpp2", "llama", 2, 1, 2, vpp=2, micro_batch_size=1),
+        # 2 KV heads over 4 tp ranks: each KV group spans two ranks (megatron gathers it back)
+        job("(1,4,1) llama kv<tp", "llama", 1, 4, 1),
         job("(1,2,2) qwen2 tied", "qwen2", 1, 2, 2,
             export_dir=str(models["root"] / "export_qwen2")),
     ]

@@ -72,16 +72,17 @@ def test_group_larger_than_free_workers_is_refused(session):
 
 
 def test_lost_worker_is_reported_and_close_leaves_no_process():
+    existing = {p.pid for p in _our_children()}  # the module's session, still open
     s = Session.start(1, timeout_s=30, startup_timeout_s=120)
     g = s.create_group("doomed", ECHO, mesh=GroupMesh(dp=1))
-    assert _our_children()
+    assert {p.pid for p in _our_children()} - existing
     with pytest.raises(GroupLostError, match="doomed.exit_process: rank 0 .* was lost"):
         g.run(g.reserve(), "exit_process", timeout=20)
     s.close()
     deadline = time.time() + 20
-    while _our_children() and time.time() < deadline:
+    while {p.pid for p in _our_children()} - existing and time.time() < deadline:
         time.sleep(0.2)
-    assert not _our_children()
+    assert not {p.pid for p in _our_children()} - existing
 
 
 def _our_children():
