@@ -1,0 +1,88 @@
+"""``flowrl parallel-plan``: rank (dp, tp, pp) layouts for a model on a cluster (planner.py).
+
+    flowrl parallel-plan --model 70B --gpus 128
+    flowrl parallel-plan --model /ckpt/Qwen2.5-7B --gpus 16 --interconnect ethernet --for both --json
+
+``add_arguments`` fills a parser (the lead's ``flowrl/cli.py`` mounts it as a subcommand) and
+``run`` executes parsed arguments: it prints the table (or JSON) and returns 0, or prints
+``error: ...`` to stderr and returns 2 when the planner rejects the inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from typing import Any
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``parallel-plan`` options to ``parser``."""
+    from flowrl.parallel.planner import INTERCONNECTS
+
+    parser.add_argument("--model", required=True,
+                        help="parameter count (7B, 70e9, 350M) or a Hugging Face config.json or its directory")
+    parser.add_argument("--gpus", type=int, required=True, help="GPUs in the worker group (dp*tp*pp)")
+    parser.add_argument("--gpu-memory-gb", type=float, default=80.0, help="memory per GPU (default 80)")
+    parser.add_argument("--interconnect", default="ib",
+                        help="; ".join(f"{name}: {link.description}" for name, link in INTERCONNECTS.items())
+                        + " (default ib)")
+    parser.add_argument("--gpus-per-node", type=int, default=8,
+                        help="GPUs per node; tp stays inside one (default 8)")
+    parser.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (default 4096)")
+    parser.add_argument("--micro-batch-size", type=int, default=1, help="sequences per micro-batch (default 1)")
+    parser.add_argument("--global-batch-tokens", type=int, default=2**20,
+                        help="tokens per optimizer step, or generated per rollout batch (default 1048576)")
+    parser.add_argument("--for", dest="for_", choices=("train", "generate", "both"), default="train",
+                        help="plan the Megatron actor update, the rollout engine, or both (default train)")
+    parser.add_argument("--tp", type=int, default=None, help="pin tensor_model_parallel_size")
+    parser.add_argument("--pp", type=int, default=None, help="pin pipeline_model_parallel_size")
+    parser.add_argument("--top", type=int, default=5, help="layouts to show per plan (default 5)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _entry_dict(entry: Any) -> dict[str, Any]:
+    data = dataclasses.asdict(entry)
+    data["dims"] = {"dp": entry.dims.dp, "tp": entry.dims.tp, "pp": entry.dims.pp}
+    data["for"] = data.pop("for_")
+    data["tokens_per_s"] = entry.tokens_per_s
+    return data
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plan and print; 0 on success, 2 (with ``error: ...`` on stderr) on bad inputs."""
+    from flowrl.parallel.planner import format_plan, parse_model, plan_parallelism
+
+    phases = ("train", "generate") if args.for_ == "both" else (args.for_,)
+    try:
+        spec = parse_model(args.model)
+        plans = {
+            phase: plan_parallelism(
+                spec, num_gpus=args.gpus, gpu_memory_gb=args.gpu_memory_gb, interconnect=args.interconnect,
+                gpus_per_node=args.gpus_per_node, seq_len=args.seq_len, micro_batch_size=args.micro_batch_size,
+                global_batch_tokens=args.global_batch_tokens, for_=phase, top_k=args.top, tp=args.tp, pp=args.pp,
+            )
+            for phase in phases
+        }
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        json.dump({
+            "model": {**dataclasses.asdict(spec), "num_params": spec.num_params},
+            "num_gpus": args.gpus, "gpu_memory_gb": args.gpu_memory_gb, "interconnect": args.interconnect,
+            "plans": {phase: [_entry_dict(e) for e in entries] for phase, entries in plans.items()},
+        }, sys.stdout, indent=2)
+        print()
+        return 0
+    print(f"{spec.name}: {spec.num_params / 1e9:.2f}B parameters, {spec.num_layers} layers, hidden "
+          f"{spec.hidden_size}, {spec.num_attention_heads} heads ({spec.num_key_value_heads} kv); "
+          f"{args.gpus} GPUs of {args.gpu_memory_gb:g} GB, {args.gpus_per_node} per node, {args.interconnect}")
+    what = {"train": "train: one optimizer step", "generate": "generate: decoding"}
+    for phase, entries in plans.items():
+        print(f"\n{what[phase]} of {args.global_batch_tokens:,} tokens, fastest first")
+        print(format_plan(entries))
+    return 0
