@@ -20,7 +20,12 @@ from flowrl.actors.rank import RankActor
 log = logging.getLogger(__name__)
 
 #: Environment of LocalCluster workers: one compute thread each (the cores go to the processes).
-WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+WORKER_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # no per-worker "Loading weights" bars on the console
+}
 
 
 @dataclass(frozen=True)

@@ -63,9 +63,9 @@ def test_noop_with_cuda():
 def test_every_patched_path(tmp_path):
     models = {}
     for name, kwargs in (("llama", {"kind": "llama"}), ("qwen2", {"kind": "qwen2", "tied": True})):
-        ref = testing.prepare_reference(str(tmp_path / name), str(tmp_path / f"{name}.pt"), **kwargs)
-        models[name] = ({"model_dir": str(tmp_path / name), "ref_path": str(tmp_path / f"{name}.pt")},
-                        ref["grad_norm"])
+        model_dir, ref_path = str(tmp_path / name), str(tmp_path / f"{name}.pt")
+        ref = testing.prepare_reference(model_dir, ref_path, **kwargs)
+        models[name] = ({"model_dir": model_dir, "ref_path": ref_path}, ref["grad_norm"])
     jobs = [
         {"name": "direct", "kind": "compat"},
         {"name": "(2,1,1) llama", **models["llama"][0], "dp": 2, "tp": 1, "pp": 1},

@@ -120,7 +120,8 @@ def check_export(models, result: dict, export_dir) -> None:
 
     batch = torch.load(models["qwen2"]["ref_path"], weights_only=False)["batch"]
     exported = testing.exported_logprobs(str(export_dir), batch)
-    diff = max(float(np.abs(np.asarray(a) - b).max()) for a, b in zip(result["logp_after"], exported))
+    diff = max(float(np.abs(np.asarray(a) - b).max())
+               for a, b in zip(result["logp_after"], exported))
     print(f"\nexported (1,2,2) qwen2 tied: max |logp(export) - logp(engine)| = {diff:.2e}")
     assert diff <= 1e-5
 
