@@ -93,3 +93,10 @@ def test_cli_missing_model_dir_fails_before_workers(tmp_path):
     )
     assert proc.returncode == 2
     assert "model.path" in proc.stderr and "config.json" in proc.stderr
+
+
+def test_shipped_cluster_spec_loads():
+    from pathlib import Path
+
+    cfg = load_config(Path(__file__).parents[2] / "cluster" / "local.yaml")
+    assert cfg.cluster.dashboard is True and cfg.cluster.host == "127.0.0.1"
