@@ -97,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     from flowrl.config import ConfigError
 
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    level = logging.INFO if args.verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("distributed").setLevel(level)  # distributed sets itself to INFO on import
     try:
         return args.func(args)
     except ConfigError as exc:

@@ -63,6 +63,8 @@ def resolve_inputs(cfg: RunConfig) -> RunConfig:
     for f in train_files.split(","):
         if not Path(f).is_file():
             raise ConfigError("data.train_files", f, "no such file", "point data.train_files at Parquet prompt files")
+    if cfg.actor.strategy == "megatron":
+        _check_megatron_layout(cfg, model_path)
     run_dir = cfg.trainer.run_dir or str(Path("runs") / datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"))
     return dataclasses.replace(
         cfg,
@@ -70,6 +72,29 @@ def resolve_inputs(cfg: RunConfig) -> RunConfig:
         data=dataclasses.replace(cfg.data, train_files=train_files),
         trainer=dataclasses.replace(cfg.trainer, run_dir=str(Path(run_dir).resolve())),
     )
+
+
+def _check_megatron_layout(cfg: RunConfig, model_path: str) -> None:
+    """Heads, KV heads, layers and vocabulary against each megatron group's (tp, pp)."""
+    from transformers import AutoConfig
+
+    from flowrl.parallel.mesh import ParallelDims, validate_model_layout
+
+    hf = AutoConfig.from_pretrained(model_path)
+    groups = [("actor", cfg.actor)] + ([("ref", cfg.ref)] if cfg.needs_reference else [])
+    for name, g in groups:
+        vpp = getattr(g, "virtual_pipeline_model_parallel_size", 1)
+        try:
+            dims = ParallelDims(dp=g.data_parallel_size, tp=g.tensor_model_parallel_size,
+                                pp=g.pipeline_model_parallel_size, vpp=vpp if vpp > 1 else None)
+            validate_model_layout(dims, num_attention_heads=hf.num_attention_heads,
+                                  num_key_value_heads=getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads,
+                                  num_layers=hf.num_hidden_layers, vocab_size=hf.vocab_size)
+        except ValueError as exc:
+            raise ConfigError(f"{name}.tensor_model_parallel_size/pipeline_model_parallel_size",
+                              (g.tensor_model_parallel_size, g.pipeline_model_parallel_size),
+                              f"does not fit the model in {model_path}: {exc}",
+                              "pick a layout from `flowrl parallel-plan` or the message above") from exc
 
 
 class GRPORun:
@@ -137,7 +162,7 @@ class GRPORun:
                 "actor", "flowrl.roles.policy:PolicyRole",
                 {"model_dir": cfg.model.path, "actor": a, "dtype": cfg.model.dtype, "temperature": r.temperature,
                  "response_length": r.response_length, "use_old_logprobs": cfg.needs_old_logprobs,
-                 "seed": cfg.trainer.seed, "engine_kwargs": _engine_kwargs(a)},
+                 "seed": cfg.trainer.seed, "engine_kwargs": _engine_kwargs(a, a.strategy)},
                 _mesh(a),
             ),
         ]
@@ -145,7 +170,7 @@ class GRPORun:
             specs.append(GroupSpec(
                 "ref", "flowrl.roles.reference:ReferenceRole",
                 {"model_dir": cfg.model.path, "strategy": a.strategy, "dtype": cfg.model.dtype, "temperature": r.temperature,
-                 "micro_batch_size": cfg.ref.log_prob_micro_batch_size_per_gpu, "engine_kwargs": _engine_kwargs(cfg.ref)},
+                 "micro_batch_size": cfg.ref.log_prob_micro_batch_size_per_gpu, "engine_kwargs": _engine_kwargs(cfg.ref, a.strategy)},
                 _mesh(cfg.ref),
             ))
         groups = self.session.create_groups(specs)
@@ -190,16 +215,17 @@ def _mesh(group_cfg: Any) -> Any:
     return GroupMesh(dp=group_cfg.data_parallel_size, tp=group_cfg.tensor_model_parallel_size, pp=group_cfg.pipeline_model_parallel_size)
 
 
-def _engine_kwargs(group_cfg: Any) -> dict:
+def _engine_kwargs(group_cfg: Any, strategy: str) -> dict:
     """Mesh settings the megatron backend needs (the dp backend takes none)."""
-    if getattr(group_cfg, "strategy", "dp") != "megatron" and not (
-        group_cfg.tensor_model_parallel_size > 1 or group_cfg.pipeline_model_parallel_size > 1
-    ):
+    if strategy != "megatron":
         return {}
+    vpp = getattr(group_cfg, "virtual_pipeline_model_parallel_size", 1)
     return {
         "tp": group_cfg.tensor_model_parallel_size,
         "pp": group_cfg.pipeline_model_parallel_size,
         "dp": group_cfg.data_parallel_size,
+        "vpp": vpp if vpp > 1 else None,
+        **({"use_distributed_optimizer": True} if getattr(group_cfg, "use_distributed_optimizer", False) else {}),
     }
 
 

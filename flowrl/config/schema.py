@@ -179,10 +179,24 @@ class ActorConfig(ParallelFields):
     """Weight of the KL loss."""
     kl_loss_type: str = "low_var_kl"
     """KL estimator: k1, abs, k2 (mse), k3 (low_var_kl)."""
+    virtual_pipeline_model_parallel_size: int = 1
+    """Model chunks per pipeline stage (> 1: megatron's interleaved 1F1B schedule)."""
+    use_distributed_optimizer: bool = False
+    """Shard optimizer states over data-parallel ranks (megatron strategy)."""
 
     def __post_init__(self) -> None:
         self._check_mesh()
         _in("strategy", self.strategy, TRAIN_STRATEGIES)
+        vpp = self.virtual_pipeline_model_parallel_size
+        check(isinstance(vpp, int) and vpp >= 1, "virtual_pipeline_model_parallel_size", vpp, "must be an integer >= 1", "use 1")
+        if vpp > 1:
+            check(
+                self.strategy == "megatron" and self.pipeline_model_parallel_size > 1,
+                "virtual_pipeline_model_parallel_size",
+                vpp,
+                "needs actor.strategy=megatron and actor.pipeline_model_parallel_size > 1",
+                "set both, or virtual_pipeline_model_parallel_size=1",
+            )
         _positive("ppo_mini_batch_size", self.ppo_mini_batch_size, "use data.train_batch_size for one step per batch")
         _positive("ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu, "use e.g. 64")
         _positive("ppo_epochs", self.ppo_epochs, "use 1")
@@ -193,6 +207,8 @@ class ActorConfig(ParallelFields):
         check(self.clip_ratio_c > 1, "clip_ratio_c", self.clip_ratio_c, "must be > 1", "use 3.0")
         check(self.kl_loss_coef >= 0, "kl_loss_coef", self.kl_loss_coef, "must be >= 0", "use 0.001")
         if self.strategy == "dp":
+            check(not self.use_distributed_optimizer, "use_distributed_optimizer", True,
+                  "is a megatron option", "set actor.strategy=megatron or use_distributed_optimizer=false")
             check(
                 self.tensor_model_parallel_size == 1 and self.pipeline_model_parallel_size == 1,
                 "tensor_model_parallel_size",

@@ -150,3 +150,8 @@ class PolicyRole:
     def save_hf(self, directory: str) -> None:
         if self.rank == 0:
             self.engine.save_hf(directory)
+
+    def close(self) -> None:
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()

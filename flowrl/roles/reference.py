@@ -34,3 +34,8 @@ class ReferenceRole:
         logp_T, _ = self.engine.forward_logprobs(batch, micro_batch_size=self.micro_batch_size, temperature=self.temperature)
         array = experience.list_column(logp_T, batch.response_cu_B1, experience.TOKEN_FLOATS)
         return pa.table({column: array})
+
+    def close(self) -> None:
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()

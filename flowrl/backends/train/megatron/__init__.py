@@ -1,0 +1,8 @@
+"""megatron-core training backend: Llama/Qwen2 GPTModel with dp x tp x pp (x vpp) on gloo or NCCL.
+
+Modules: ``compat`` (CPU patches for megatron-core), ``model`` (TransformerConfig / GPTModel from an
+HF config), ``convert`` (pure HF <-> megatron shard adapter), ``batching`` (padded micro-batches),
+``vocab_parallel`` (log-probs and entropy over a TP-sharded vocabulary), ``engine``
+(``MegatronEngine``), ``testing`` (tiny models, references and per-layout checks shared by the CPU
+and GPU parity tests). Nothing heavy is imported here: import the module you need.
+"""

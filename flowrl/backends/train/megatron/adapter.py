@@ -1,0 +1,122 @@
+"""The ``megatron`` train backend behind the same interface as ``torch_dp.TorchDPEngine``.
+
+Roles hand engines :class:`~flowrl.data.packed.PackedBatch` objects (flat response tokens with
+offsets); :class:`MegatronEngine` takes per-row dicts. This adapter converts both ways and keeps
+the roles backend-agnostic: ``forward_logprobs``, ``train_step``, ``all_reduce_sum`` (over the
+data-parallel group only: tp/pp peers hold the same rows), ``hf_state_dict`` (complete on global
+rank 0), ``save_hf``, ``param_bytes_local``, ``close``.
+
+A frozen engine (the reference policy) is the same engine that never steps its optimizer.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from flowrl.data.packed import PackedBatch
+
+LossFn = Callable[[torch.Tensor, "torch.Tensor | None", PackedBatch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+def _items(batch: PackedBatch) -> list[dict]:
+    """Per-row dicts: prompt/response id lists plus each token field's row slice."""
+    p_cu, r_cu = batch.prompt_cu_B1.tolist(), batch.response_cu_B1.tolist()
+    prompt, response = batch.prompt_P.tolist(), batch.response_T.tolist()
+    items = []
+    for i in range(batch.num_rows):
+        item = {"prompt_ids": prompt[p_cu[i] : p_cu[i + 1]], "response_ids": response[r_cu[i] : r_cu[i + 1]]}
+        for name, values in batch.token_fields.items():
+            item[name] = values[r_cu[i] : r_cu[i + 1]]
+        items.append(item)
+    return items
+
+
+def _packed(items: list[dict], cu_seqlens_B1: torch.Tensor, field_names: list[str]) -> PackedBatch:
+    """Rebuild a PackedBatch from a micro-batch's items (for the role's loss function)."""
+
+    def flat(key: str, dtype: torch.dtype) -> torch.Tensor:
+        parts = [torch.as_tensor(it[key], dtype=dtype) for it in items]
+        return torch.cat(parts) if parts else torch.empty(0, dtype=dtype)
+
+    prompt_len = torch.tensor([len(it["prompt_ids"]) for it in items], dtype=torch.long)
+    return PackedBatch(
+        prompt_P=flat("prompt_ids", torch.long),
+        prompt_cu_B1=torch.cat([torch.zeros(1, dtype=torch.long), prompt_len.cumsum(0)]),
+        response_T=flat("response_ids", torch.long),
+        response_cu_B1=cu_seqlens_B1.cpu(),
+        token_fields={name: torch.cat([torch.as_tensor(it[name]) for it in items]) for name in field_names},
+    )
+
+
+class MegatronTrainEngine:
+    def __init__(
+        self,
+        model_dir: str,
+        *,
+        tp: int,
+        pp: int,
+        dp: int,
+        vpp: int | None = None,
+        trainable: bool = True,
+        dtype: str = "float32",
+        lr: float = 1e-5,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        grad_clip: float = 1.0,
+        seed: int = 0,
+        use_distributed_optimizer: bool = False,
+    ) -> None:
+        from flowrl.backends.train.megatron.engine import MegatronEngine
+
+        self.trainable = trainable
+        self.engine = MegatronEngine(
+            model_dir, tp=tp, pp=pp, vpp=vpp, dp=dp, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps,
+            grad_clip=grad_clip, use_distributed_optimizer=use_distributed_optimizer and trainable,
+            bf16=dtype == "bfloat16", seed=seed,
+        )
+
+    def forward_logprobs(
+        self, batch: PackedBatch, *, micro_batch_size: int, temperature: float = 1.0, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        logps, entropies = self.engine.forward_logprobs(
+            _items(batch), micro_batch_size=micro_batch_size, temperature=temperature, with_entropy=with_entropy
+        )
+        logp_T = torch.from_numpy(np.concatenate(logps)) if logps else torch.empty(0)
+        entropy_T = torch.from_numpy(np.concatenate(entropies)) if entropies else None
+        return logp_T, entropy_T
+
+    def train_step(
+        self, batch: PackedBatch, *, micro_batch_size: int, loss_fn: LossFn, temperature: float = 1.0, with_entropy: bool = True
+    ) -> dict[str, float]:
+        if not self.trainable:
+            raise RuntimeError("train_step on a frozen (reference) engine")
+        names = list(batch.token_fields)
+
+        def megatron_loss(logp_T, entropy_T, items, cu_seqlens_B1):  # noqa: ANN001, ANN202
+            return loss_fn(logp_T, entropy_T if with_entropy else None, _packed(items, cu_seqlens_B1, names))
+
+        return self.engine.train_step(_items(batch), micro_batch_size=micro_batch_size, loss_fn=megatron_loss, temperature=temperature)
+
+    def all_reduce_sum(self, values: list[float]) -> list[float]:
+        from megatron.core import parallel_state as ps
+
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, group=ps.get_data_parallel_group())
+        return t.tolist()
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
+        return self.engine.hf_state_dict()
+
+    def save_hf(self, directory: str) -> None:
+        self.engine.save_hf(directory)
+
+    def param_bytes_local(self) -> int:
+        return self.engine.param_bytes_local()
+
+    def close(self) -> None:
+        self.engine.close()

@@ -1,0 +1,233 @@
+"""State-dict adapter between Hugging Face Llama/Qwen2 checkpoints and megatron GPTModel shards.
+
+Pure tensor functions (torch only, no megatron, no process group), in the spirit of torchtitan's
+state-dict adapters. One *shard* is the state dict of one model chunk: the parameters held by
+tensor-parallel rank ``tp_rank`` of pipeline stage ``pp_rank`` (virtual stage ``vpp_rank`` when the
+interleaved schedule is used), with megatron names and layer indices restarting at 0 in each chunk.
+
+The name map (megatron local layer spec, no Transformer Engine):
+
+==============================================  ==========================================  =====
+HF                                              megatron                                    split
+==============================================  ==========================================  =====
+model.embed_tokens.weight                       embedding.word_embeddings.weight            dim 0
+model.layers.i.input_layernorm.weight           decoder.layers.j.input_layernorm.weight     none
+model.layers.i.self_attn.{q,k,v}_proj.weight    decoder.layers.j.self_attention.linear_qkv  dim 0
+  (and .bias for Qwen2)                           interleaved per KV group: [q heads, k, v]
+model.layers.i.self_attn.o_proj.weight          ...self_attention.linear_proj.weight        dim 1
+model.layers.i.post_attention_layernorm.weight  ...pre_mlp_layernorm.weight                 none
+model.layers.i.mlp.{gate,up}_proj.weight        ...mlp.linear_fc1.weight: [gate_r; up_r]    dim 0
+model.layers.i.mlp.down_proj.weight             ...mlp.linear_fc2.weight                    dim 1
+model.norm.weight                               decoder.final_layernorm.weight              none
+lm_head.weight (absent when tied)               output_layer.weight                         dim 0
+==============================================  ==========================================  =====
+
+The vocabulary is padded to a multiple of ``make_vocab_size_divisible_by * tp`` (megatron's rule,
+``flowrl.parallel.mesh.padded_vocab_size``);
+padded rows of the embedding and output layer are zero and are dropped on the way back. With tied
+embeddings and ``pp > 1`` the last stage holds a copy of the embedding as ``output_layer.weight``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import torch
+
+from flowrl.parallel.mesh import padded_vocab_size
+
+Shards = Mapping[tuple[int, int, int | None], Mapping[str, torch.Tensor]]
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ArchSpec:
+    """The facts of a Llama/Qwen2 HF config that the megatron model and the adapter need."""
+
+    vocab_size: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    qkv_bias: bool
+    tied_embeddings: bool
+    rope_theta: float
+    rope_parameters: dict
+    norm_eps: float
+    max_position_embeddings: int
+
+
+def arch_spec(hf_config: Any) -> ArchSpec:
+    """Read a transformers Llama/Qwen2 config; raises ValueError for what megatron can't mirror."""
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"model_type {model_type!r} is not supported by the megatron backend; "
+            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    if getattr(hf_config, "hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act={hf_config.hidden_act!r}: only SwiGLU ('silu') is supported")
+    if getattr(hf_config, "mlp_bias", False):
+        raise ValueError("mlp_bias=True is not supported (megatron would bias every linear)")
+    if model_type == "llama" and getattr(hf_config, "attention_bias", False):
+        raise ValueError("Llama attention_bias=True is not supported (no megatron o_proj bias)")
+    if getattr(hf_config, "use_sliding_window", False):
+        raise ValueError("use_sliding_window=True is not supported; set it to False")
+    rope = dict(getattr(hf_config, "rope_parameters", None) or {})
+    rope_theta = rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    num_heads = hf_config.num_attention_heads
+    return ArchSpec(
+        vocab_size=hf_config.vocab_size,
+        hidden_size=hf_config.hidden_size,
+        ffn_hidden_size=hf_config.intermediate_size,
+        num_layers=hf_config.num_hidden_layers,
+        num_heads=num_heads,
+        num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or num_heads,
+        head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads,
+        qkv_bias=model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
+        tied_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        rope_theta=float(rope_theta),
+        rope_parameters=rope,
+        norm_eps=hf_config.rms_norm_eps,
+        max_position_embeddings=hf_config.max_position_embeddings,
+    )
+
+
+def chunk_layers(num_layers: int, *, pp_rank: int, pp: int, vpp_rank: int | None = None,
+                 vpp: int | None = None) -> range:
+    """Global (HF) layer indices held by one model chunk, as megatron assigns them.
+
+    With the interleaved schedule chunk ``v`` of stage ``p`` holds layers starting at
+    ``v * num_layers / vpp + p * num_layers / (pp * vpp)`` (transformer_layer.py,
+    get_transformer_layer_offset).
+    """
+    num_chunks = pp * (vpp or 1)
+    if num_layers % num_chunks:
+        raise ValueError(f"num_layers={num_layers} is not divisible by pp*vpp={num_chunks}")
+    per_chunk = num_layers // num_chunks
+    start = (vpp_rank or 0) * (num_layers // (vpp or 1)) + pp_rank * per_chunk
+    return range(start, start + per_chunk)
+
+
+def chunk_role(*, pp_rank: int, pp: int, vpp_rank: int | None = None,
+               vpp: int | None = None) -> tuple[bool, bool]:
+    """(pre_process, post_process) of one model chunk: holds the embedding / the output head."""
+    first = pp_rank == 0 and (vpp_rank or 0) == 0
+    last = pp_rank == pp - 1 and (vpp_rank or 0) == (vpp or 1) - 1
+    return first, last
+
+
+def _qkv_groups(arch: ArchSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """[q; k; v] rows regrouped per KV group: [num_kv, (q_per_group + 2) * head_dim, ...]."""
+    rest = q.shape[1:]
+    g, d = arch.num_kv_heads, arch.head_dim
+    return torch.cat([q.reshape(g, -1, *rest), k.reshape(g, d, *rest), v.reshape(g, d, *rest)],
+                     dim=1)
+
+
+def _pad_rows(w: torch.Tensor, rows: int) -> torch.Tensor:
+    return torch.cat([w, w.new_zeros(rows - w.shape[0], *w.shape[1:])]) if rows > w.shape[0] else w
+
+
+def hf_to_megatron(hf_state: Mapping[str, torch.Tensor], hf_config: Any, *, tp_rank: int, tp: int,
+                   pp_rank: int, pp: int, vpp_rank: int | None = None, vpp: int | None = None,
+                   make_vocab_size_divisible_by: int = 128) -> dict[str, torch.Tensor]:
+    """The megatron state dict of exactly one model chunk (contiguous clones, HF dtype)."""
+    arch = arch_spec(hf_config)
+    if arch.num_heads % tp or (arch.num_kv_heads % tp and tp % arch.num_kv_heads):
+        raise ValueError(f"tp={tp} must divide num_attention_heads={arch.num_heads}, and it and "
+                         f"num_key_value_heads={arch.num_kv_heads} must divide one another")
+    if arch.ffn_hidden_size % tp:
+        raise ValueError(f"tp={tp} must divide intermediate_size={arch.ffn_hidden_size}")
+    pre, post = chunk_role(pp_rank=pp_rank, pp=pp, vpp_rank=vpp_rank, vpp=vpp)
+    vocab = padded_vocab_size(arch.vocab_size, tp, make_vocab_size_divisible_by)
+
+    def col(w):  # column-parallel: split dim 0
+        return w.chunk(tp, dim=0)[tp_rank]
+
+    def row(w):  # row-parallel: split dim 1
+        return w.chunk(tp, dim=1)[tp_rank]
+
+    out = {}
+    embed = hf_state["model.embed_tokens.weight"]
+    if pre:
+        out["embedding.word_embeddings.weight"] = col(_pad_rows(embed, vocab))
+    if post:
+        out["decoder.final_layernorm.weight"] = hf_state["model.norm.weight"]
+        if not arch.tied_embeddings:
+            out["output_layer.weight"] = col(_pad_rows(hf_state["lm_head.weight"], vocab))
+        elif not pre:  # tied, pp > 1: the last stage keeps its own copy of the embedding
+            out["output_layer.weight"] = col(_pad_rows(embed, vocab))
+    layers = chunk_layers(arch.num_layers, pp_rank=pp_rank, pp=pp, vpp_rank=vpp_rank, vpp=vpp)
+    for j, i in enumerate(layers):
+        h, m = f"model.layers.{i}.", f"decoder.layers.{j}."
+        attn = h + "self_attn."
+        out[m + "input_layernorm.weight"] = hf_state[h + "input_layernorm.weight"]
+        suffixes = ("weight", "bias") if arch.qkv_bias else ("weight",)
+        for s in suffixes:
+            qkv = _qkv_groups(arch, *(hf_state[f"{attn}{p}_proj.{s}"] for p in "qkv"))
+            # Split the flat interleaved rows: whole KV groups per rank when tp <= kv heads; with
+            # tp > kv heads a group spans tp / kv ranks (attention.py:1398 gathers it back).
+            out[m + f"self_attention.linear_qkv.{s}"] = col(qkv.reshape(-1, *qkv.shape[2:]))
+        out[m + "self_attention.linear_proj.weight"] = row(hf_state[attn + "o_proj.weight"])
+        out[m + "pre_mlp_layernorm.weight"] = hf_state[h + "post_attention_layernorm.weight"]
+        gate, up = hf_state[h + "mlp.gate_proj.weight"], hf_state[h + "mlp.up_proj.weight"]
+        out[m + "mlp.linear_fc1.weight"] = torch.cat([col(gate), col(up)])
+        out[m + "mlp.linear_fc2.weight"] = row(hf_state[h + "mlp.down_proj.weight"])
+    return {name: t.detach().clone().contiguous() for name, t in out.items()}
+
+
+def megatron_to_hf(shards: Shards, hf_config: Any, *, tp: int, pp: int, vpp: int | None = None,
+                   ) -> dict[str, torch.Tensor]:
+    """Gather every chunk's shard (keyed ``(tp_rank, pp_rank, vpp_rank)``) back to HF names.
+
+    TP-replicated tensors (norms) are read from tp_rank 0; padded vocabulary rows are dropped;
+    ``lm_head.weight`` is omitted when the embeddings are tied (as ``save_pretrained`` does).
+    """
+    arch = arch_spec(hf_config)
+    out: dict[str, torch.Tensor] = {}
+    vpps = list(range(vpp)) if vpp else [None]
+
+    def cat(pp_rank, vpp_rank, name, dim):
+        return torch.cat([shards[(r, pp_rank, vpp_rank)][name] for r in range(tp)], dim=dim)
+
+    for pp_rank in range(pp):
+        for vpp_rank in vpps:
+            pre, post = chunk_role(pp_rank=pp_rank, pp=pp, vpp_rank=vpp_rank, vpp=vpp)
+            first = shards[(0, pp_rank, vpp_rank)]
+            if pre:
+                embed = cat(pp_rank, vpp_rank, "embedding.word_embeddings.weight", 0)
+                out["model.embed_tokens.weight"] = embed[: arch.vocab_size]
+            if post:
+                out["model.norm.weight"] = first["decoder.final_layernorm.weight"]
+                if not arch.tied_embeddings:
+                    lm_head = cat(pp_rank, vpp_rank, "output_layer.weight", 0)
+                    out["lm_head.weight"] = lm_head[: arch.vocab_size]
+            layers = chunk_layers(arch.num_layers, pp_rank=pp_rank, pp=pp, vpp_rank=vpp_rank,
+                                  vpp=vpp)
+            for j, i in enumerate(layers):
+                h, m = f"model.layers.{i}.", f"decoder.layers.{j}."
+                out[h + "input_layernorm.weight"] = first[m + "input_layernorm.weight"]
+                out[h + "post_attention_layernorm.weight"] = first[m + "pre_mlp_layernorm.weight"]
+                suffixes = ("weight", "bias") if arch.qkv_bias else ("weight",)
+                for s in suffixes:
+                    qkv = cat(pp_rank, vpp_rank, m + f"self_attention.linear_qkv.{s}", 0)
+                    rest = qkv.shape[1:]
+                    d = arch.head_dim
+                    q, k, v = qkv.reshape(arch.num_kv_heads, -1, *rest).split(
+                        [arch.num_heads // arch.num_kv_heads * d, d, d], dim=1)
+                    for p, t in zip("qkv", (q, k, v)):
+                        out[f"{h}self_attn.{p}_proj.{s}"] = t.reshape(-1, *rest)
+                out[h + "self_attn.o_proj.weight"] = cat(
+                    pp_rank, vpp_rank, m + "self_attention.linear_proj.weight", 1)
+                fc1 = [shards[(r, pp_rank, vpp_rank)][m + "mlp.linear_fc1.weight"].chunk(2)
+                       for r in range(tp)]
+                out[h + "mlp.gate_proj.weight"] = torch.cat([g for g, _ in fc1])
+                out[h + "mlp.up_proj.weight"] = torch.cat([u for _, u in fc1])
+                out[h + "mlp.down_proj.weight"] = cat(
+                    pp_rank, vpp_rank, m + "mlp.linear_fc2.weight", 1)
+    return {name: t.contiguous() for name, t in out.items()}

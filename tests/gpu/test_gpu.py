@@ -1,0 +1,25 @@
+"""GPU checks, skipped without CUDA. Each prepared script runs in its own process with a timeout."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_megatron_parity_gpu():
+    pytest.importorskip("megatron.core")
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "megatron_parity_gpu.py")],
+                          capture_output=True, text=True, timeout=1500)
+    print(proc.stdout[-5000:])
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
