@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from flowrl import __version__
@@ -97,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     from flowrl.config import ConfigError
 
     args = build_parser().parse_args(argv)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # our own progress bar is enough
     level = logging.INFO if args.verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("distributed").setLevel(level)  # distributed sets itself to INFO on import

@@ -65,8 +65,8 @@ class ModelConfig:
 
 @dataclass(kw_only=True)
 class OptimConfig:
-    lr: float = 2e-3
-    """AdamW learning rate."""
+    lr: float = 5e-4
+    """AdamW learning rate (5e-4 suits the embedded tiny model; real models want ~1e-6)."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     betas: tuple[float, float] = (0.9, 0.99)

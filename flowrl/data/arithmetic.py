@@ -1,0 +1,88 @@
+"""Two-digit addition prompts in verl's Parquet format: the embedded default task.
+
+Every pair ``a + b`` with ``10 <= a, b <= 99`` (8,100 pairs) belongs to exactly one split, chosen by
+a fixed hash of the pair, so train and test are disjoint whatever seeds are used. ``seed`` only
+chooses which pairs of a split are drawn and in which order.
+
+Rows have verl's columns::
+
+    data_source   "flowrl/addition"
+    prompt        [{"role": "user", "content": "37+48="}]
+    ability       "math"
+    reward_model  {"style": "rule", "ground_truth": "85"}
+    extra_info    {"split": "train", "index": 0}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+from pathlib import Path
+
+DATA_SOURCE = "flowrl/addition"
+SPLITS = ("train", "test")
+OPERANDS = range(10, 100)
+# One pair in TEST_MODULUS goes to the test split (810 of 8,100).
+TEST_MODULUS = 10
+
+
+def addition_prompt(a: int, b: int) -> str:
+    """The prompt text for ``a + b``: ``"37+48="``."""
+    return f"{a}+{b}="
+
+
+def _split_of(a: int, b: int) -> str:
+    digest = hashlib.sha256(f"{a}+{b}".encode()).digest()
+    return "test" if int.from_bytes(digest[:8], "big") % TEST_MODULUS == 0 else "train"
+
+
+def split_pairs(split: str) -> list[tuple[int, int]]:
+    """All ``(a, b)`` pairs of ``split`` in a fixed order."""
+    if split not in SPLITS:
+        raise ValueError(f"split={split!r} is not a split; use one of {', '.join(SPLITS)}")
+    return [(a, b) for a in OPERANDS for b in OPERANDS if _split_of(a, b) == split]
+
+
+def make_addition_rows(num: int, seed: int, split: str) -> list[dict]:
+    """``num`` distinct addition prompts of ``split``, drawn deterministically from ``seed``."""
+    pairs = split_pairs(split)
+    if not 0 <= num <= len(pairs):
+        raise ValueError(
+            f"num={num} is out of range for split {split!r}, which has {len(pairs)} pairs; "
+            f"ask for at most {len(pairs)}"
+        )
+    chosen = random.Random(f"flowrl/addition/{split}/{seed}").sample(pairs, num)
+    return [
+        {
+            "data_source": DATA_SOURCE,
+            "prompt": [{"role": "user", "content": addition_prompt(a, b)}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+            "extra_info": {"split": split, "index": index},
+        }
+        for index, (a, b) in enumerate(chosen)
+    ]
+
+
+def write_addition_parquet(
+    dir: str | os.PathLike, num_train: int, num_test: int, seed: int
+) -> tuple[Path, Path]:
+    """Write ``train.parquet`` and ``test.parquet`` under ``dir``; return their paths.
+
+    Each file is written to a temporary name first and renamed, so a reader never sees half a file.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out_dir = Path(dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for split, num in (("train", num_train), ("test", num_test)):
+        table = pa.Table.from_pylist(make_addition_rows(num, seed, split))
+        path = out_dir / f"{split}.parquet"
+        tmp_path = out_dir / f".{split}.parquet.tmp-{os.getpid()}"
+        pq.write_table(table, tmp_path)
+        os.replace(tmp_path, path)
+        paths.append(path)
+    return paths[0], paths[1]

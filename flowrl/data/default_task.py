@@ -1,0 +1,203 @@
+"""The embedded default task: two-digit addition with a warmed-up tiny model.
+
+``prepare_default_task(root)`` writes verl-format train/test Parquet files, builds the character
+tokenizer and a tiny Qwen2 model, warms the model up with a short supervised run and saves it as
+an ordinary transformers directory. The layout under ``root``::
+
+    root/
+      model/            config.json, model.safetensors, tokenizer files (save_pretrained)
+      train.parquet
+      test.parquet
+      task.json         what was built and how (written last)
+
+The result is cached: a ``root`` that already holds a task built with the same version, seed,
+preset and settings is returned as is. Everything is built in a temporary sibling directory and
+renamed into place, so ``root`` is either absent or complete, never half written.
+
+With the defaults (preset "default", seed 0) the warm-up takes about 525 steps and 15 s on one
+core; the saved policy answers 88% of train prompts greedily but only 12% of answers sampled at
+temperature 1.0 are right, and 40 GRPO-style steps (32 prompts x 8 samples, AdamW lr 5e-4) lift
+the sampled accuracy to about 0.6.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from flowrl.models.warmup import WarmupConfig
+
+# Bump when anything that changes the built task changes (data, model, warm-up recipe).
+TASK_VERSION = 1
+TASK_FILE = "task.json"
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True)
+class DefaultTask:
+    """A prepared default task on disk."""
+
+    root: Path
+    """The task directory."""
+    model_dir: Path
+    """Warmed-up model and tokenizer, loadable with ``AutoModelForCausalLM/AutoTokenizer``."""
+    train_path: Path
+    """Train prompts, verl Parquet format."""
+    test_path: Path
+    """Test prompts (pairs disjoint from train), verl Parquet format."""
+    initial_greedy_accuracy: float
+    """Greedy exact-match accuracy of the saved model on the first train prompts."""
+    initial_sampled_accuracy: float
+    """Accuracy of answers sampled at temperature 1.0 on the same prompts."""
+    warmup_steps: int
+    """Supervised steps the warm-up took."""
+    warmup_seconds: float
+    """Wall-clock time of the warm-up."""
+
+
+def _task_key(
+    *, seed: int, preset: str, num_train: int, num_test: int, warmup: WarmupConfig,
+    num_eval_rows: int,
+) -> dict:
+    return {
+        "version": TASK_VERSION,
+        "seed": seed,
+        "preset": preset,
+        "num_train": num_train,
+        "num_test": num_test,
+        "num_eval_rows": num_eval_rows,
+        "warmup": dataclasses.asdict(warmup),
+    }
+
+
+def _load_task(root: Path, key: dict) -> DefaultTask | None:
+    """The task in ``root`` if it is complete and was built with ``key``, else None."""
+    try:
+        record = json.loads((root / TASK_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if record.get("key") != key:
+        return None
+    task = DefaultTask(
+        root=root,
+        model_dir=root / "model",
+        train_path=root / "train.parquet",
+        test_path=root / "test.parquet",
+        initial_greedy_accuracy=record["initial_greedy_accuracy"],
+        initial_sampled_accuracy=record["initial_sampled_accuracy"],
+        warmup_steps=record["warmup_steps"],
+        warmup_seconds=record["warmup_seconds"],
+    )
+    required = (task.model_dir / "config.json", task.train_path, task.test_path)
+    return task if all(path.exists() for path in required) else None
+
+
+def _build(
+    out: Path, *, seed: int, preset: str, num_train: int, num_test: int, warmup: WarmupConfig,
+    num_eval_rows: int, key: dict,
+) -> None:
+    """Build a complete task into the (empty) directory ``out``."""
+    from flowrl.data.arithmetic import make_addition_rows, split_pairs, write_addition_parquet
+    from flowrl.models.char_tokenizer import build_char_tokenizer
+    from flowrl.models.tiny import build_tiny_model, tiny_preset
+    from flowrl.models.warmup import evaluate_accuracy, torch_threads, warm_up
+
+    write_addition_parquet(out, num_train, num_test, seed)
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(tokenizer, **tiny_preset(preset), seed=seed)
+    # The warm-up sees every train pair (in a seeded order), never a test pair.
+    warmup_rows = make_addition_rows(len(split_pairs("train")), seed, "train")
+    result = warm_up(model, tokenizer, warmup_rows, warmup, seed=seed)
+    eval_rows = make_addition_rows(num_eval_rows, seed, "train")
+    with torch_threads(warmup.num_threads):
+        greedy = evaluate_accuracy(model, tokenizer, eval_rows, num_samples=1, temperature=0.0)
+        sampled = evaluate_accuracy(
+            model, tokenizer, eval_rows, num_samples=4, temperature=1.0, seed=seed
+        )
+    model.save_pretrained(out / "model")
+    tokenizer.save_pretrained(out / "model")
+    record = {
+        "key": key,
+        "initial_greedy_accuracy": greedy,
+        "initial_sampled_accuracy": sampled,
+        "warmup_steps": result.num_steps,
+        "warmup_seconds": round(result.seconds, 3),
+        "warmup_final_loss": result.final_loss,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    (out / TASK_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def prepare_default_task(
+    root: str | os.PathLike,
+    *,
+    seed: int = 0,
+    preset: str = "default",
+    force: bool = False,
+    num_train: int = 4096,
+    num_test: int = 512,
+    warmup: WarmupConfig | None = None,
+    num_eval_rows: int = 256,
+) -> DefaultTask:
+    """Build (or reuse) the default addition task under ``root``; see the module docstring.
+
+    ``warmup`` defaults to ``WarmupConfig()``; tests pass a few steps. ``num_eval_rows`` train
+    prompts measure the initial accuracies. ``force`` rebuilds even when a matching task exists.
+    """
+    root = Path(root)
+    warmup = WarmupConfig() if warmup is None else warmup
+    if num_eval_rows < 1:
+        raise ValueError(f"num_eval_rows={num_eval_rows} must be at least 1")
+    key = _task_key(
+        seed=seed, preset=preset, num_train=num_train, num_test=num_test, warmup=warmup,
+        num_eval_rows=num_eval_rows,
+    )
+    if not force and (task := _load_task(root, key)) is not None:
+        return task
+    foreign = root.exists() and (
+        not root.is_dir() or (any(root.iterdir()) and not (root / TASK_FILE).exists())
+    )
+    if foreign:
+        raise ValueError(
+            f"{root} exists and is not a flowrl default-task directory; pass an empty or new "
+            "directory (its contents would be replaced)"
+        )
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the task is an ordinary directory
+    try:
+        _build(
+            tmp, seed=seed, preset=preset, num_train=num_train, num_test=num_test,
+            warmup=warmup, num_eval_rows=num_eval_rows, key=key,
+        )
+        # Another process may have finished the same task meanwhile: keep theirs (it may be in use).
+        if force or _load_task(root, key) is None:
+            _replace_dir(tmp, root)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    task = _load_task(root, key)
+    assert task is not None, f"{root} does not hold the task just built"
+    return task
+
+
+def _replace_dir(new: Path, root: Path) -> None:
+    """Rename ``new`` to ``root``; an existing ``root`` is moved aside first and then deleted."""
+    old = None
+    if root.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{root.name}.old-", dir=root.parent))
+        os.rename(root, old / "task")
+    try:
+        os.rename(new, root)
+    except OSError:
+        # Another process put a task in place between our two renames: keep theirs.
+        if not root.exists() and old is not None:
+            os.rename(old / "task", root)
+        if not root.exists():
+            raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
