@@ -99,9 +99,10 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # our own progress bar is enough
+    if not args.verbose:  # read by dask's config when distributed is first imported
+        os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
     level = logging.INFO if args.verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("distributed").setLevel(level)  # distributed sets itself to INFO on import
     try:
         return args.func(args)
     except ConfigError as exc:

@@ -154,6 +154,11 @@ class Session:
             except Exception as exc:  # noqa: BLE001 - shutting down anyway
                 log.warning("group %s teardown: %s", group.name, exc)
         self.groups.clear()
+        if self.client is not None and self.cluster is not None:
+            try:  # close the clients that graph nodes opened inside workers, before their scheduler goes
+                self.client.run(_close_worker_client, wait=True)
+            except Exception as exc:  # noqa: BLE001 - shutting down anyway
+                log.debug("closing worker clients: %s", exc)
         if self.client is not None:
             self.client.close(timeout=30)
             self.client = None
@@ -166,3 +171,11 @@ class Session:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+async def _close_worker_client(dask_worker: Any) -> None:
+    client = getattr(dask_worker, "_client", None)
+    if client is not None:
+        result = client.close()
+        if hasattr(result, "__await__"):
+            await result

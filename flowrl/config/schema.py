@@ -252,7 +252,7 @@ class AlgorithmConfig:
 
 @dataclass(kw_only=True)
 class TrainerConfig:
-    total_training_steps: int = 40
+    total_training_steps: int = 60
     """RL iterations to run."""
     seed: int = 0
     """Seed for data order, sampling and initialisation."""
