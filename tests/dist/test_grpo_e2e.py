@@ -40,6 +40,9 @@ def test_run_directory_holds_config_metrics_and_experience(run_dir):
         assert "timing_s/old_log_prob" in row  # ppo_mini_batch_size < train_batch_size
         assert row["actor/num_optimizer_steps"] == 2
         assert 0.0 <= row["critic/score/mean"] <= 1.0
+        # the rollout's log-probs and the trainer's pre-update log-probs come from the same
+        # weights (synced after every update): they must agree
+        assert row["rollout/logprob_diff_max"] < 1e-4
     for step in range(3):
         table = pq.read_table(ex.step_path(run_dir, step))
         assert table.num_rows == 8 * 4
