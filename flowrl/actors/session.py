@@ -65,6 +65,12 @@ class Session:
         from distributed import Client, LocalCluster
 
         cluster = None
+        import dask
+
+        # Dask's nanny sets MALLOC_TRIM_THRESHOLD_=65536 in new workers, which pins glibc's mmap
+        # threshold: every tensor over 128 KiB then gets fresh pages (measured: 238k vs 4k page
+        # faults and ~25% longer GRPO steps). Torch workers do better with glibc's default.
+        dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None})
         if scheduler_address:
             client = Client(scheduler_address, timeout=startup_timeout_s)
         else:
