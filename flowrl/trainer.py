@@ -125,6 +125,7 @@ class GRPORun:
         self.session: Any = None
         self.groups: Any = None
         self.next_step = 0
+        self._pending_sync: Any = None  # the previous iteration's weight-sync future
 
     @classmethod
     def open(cls, cfg: RunConfig) -> "GRPORun":
@@ -148,6 +149,7 @@ class GRPORun:
         self.session = Session.start(
             sum(sizes), scheduler_address=c.scheduler_address, host=c.host, dashboard=c.dashboard,
             memory_limit=c.memory_limit, timeout_s=c.timeout_s, startup_timeout_s=c.startup_timeout_s,
+            low_latency=c.low_latency,
         )
         r, a = cfg.rollout, cfg.actor
         sampling = SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.response_length)
@@ -186,15 +188,32 @@ class GRPORun:
         return build_iteration(self.cfg, self.groups, prompts, step=step, tokenizer_dir=self.cfg.model.path)
 
     def step(self) -> tuple[Any, dict[str, float]]:
-        """Build and run the next iteration; returns (experience table, metrics)."""
+        """Build and run the next iteration; returns (experience table, metrics).
+
+        The iteration's weight sync keeps running after this returns; the next ``step`` (or
+        ``close``) collects it, and its timing lands in that step's metrics
+        (``timing_s/sync_weights`` is the previous sync's). ``timing_s/step`` spans submission
+        to result, so it includes whatever of the previous sync had not finished.
+        """
         from flowrl.data import experience
 
         step = self.next_step
         start = time.perf_counter()
-        out = self.session.compute(self.graph(step))
-        wall = time.perf_counter() - start
+        graph = self.graph(step)
+        result, sync = self.session.submit(graph.outputs)
         self.next_step += 1
-        metrics = dict(out.metrics)
+        metrics: dict[str, float] = {}
+        try:
+            metrics.update(self._collect_sync())
+            out = result.result(timeout=self.cfg.cluster.timeout_s)
+        except BaseException:
+            sync.cancel()
+            raise
+        finally:
+            result.release()
+        self._pending_sync = sync
+        wall = time.perf_counter() - start
+        metrics.update(out.metrics)
         metrics["timing_s/step"] = wall
         metrics["perf/throughput"] = metrics["num_tokens"] / wall
         metrics["perf/time_per_step"] = wall
@@ -203,8 +222,22 @@ class GRPORun:
             experience.write_parquet(out.value, experience.step_path(self.run_dir, step))
         return out.value, metrics
 
+    def _collect_sync(self) -> dict[str, float]:
+        """Wait for the previous iteration's weight sync; raise its error if it failed."""
+        if self._pending_sync is None:
+            return {}
+        future, self._pending_sync = self._pending_sync, None
+        try:
+            return {k: v for k, v in future.result(timeout=self.cfg.cluster.timeout_s).metrics.items() if "sync_weights" in k}
+        finally:
+            future.release()
+
     def close(self) -> None:
         if self.session is not None:
+            try:
+                self._collect_sync()
+            except Exception as exc:  # noqa: BLE001 - reported, then shut down anyway
+                log.warning("the last weight sync failed: %s", exc)
             self.session.close()
             self.session = None
 

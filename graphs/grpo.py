@@ -12,12 +12,18 @@
 
 Each line below is one node; the math lives in ``flowrl.algos``, the machinery in
 ``flowrl.actors`` and ``flowrl.nodes``. Nothing runs until the graph is computed.
+
+The step's result (``collect``) does not wait for the weight sync: the rollout group runs its
+calls in reserved order, so the next iteration's ``gen`` cannot start before this ``sync_weights``
+has loaded the new weights, and the driver may submit the next graph while the sync runs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+import dask
 
 import pyarrow as pa
 
@@ -36,8 +42,32 @@ class GRPOGroups:
     ref: WorkerGroup | None = None
 
 
-def build_iteration(cfg: RunConfig, groups: GRPOGroups, prompts: pa.Table, *, step: int, tokenizer_dir: str) -> Any:
-    """The graph of one GRPO iteration; computing it returns a ``NodeOut(table, metrics)``."""
+@dataclass
+class IterationGraph:
+    """One iteration: ``result`` computes to ``NodeOut(table, metrics)``; ``sync`` to the weight
+    sync's ``NodeOut(None, metrics)``. Compute both (``Session.submit``)."""
+
+    result: Any
+    sync: Any
+
+    @property
+    def outputs(self) -> list[Any]:
+        return [self.result, self.sync]
+
+    def visualize(self, filename: str = "grpo", **kwargs: Any) -> Any:
+        """Draw the graph (needs graphviz)."""
+        return dask.visualize(*self.outputs, filename=filename, **kwargs)
+
+    def dependencies(self) -> dict[str, set[str]]:
+        """Task key -> the keys it depends on."""
+        from dask.highlevelgraph import HighLevelGraph
+
+        graph = HighLevelGraph.merge(*(o.__dask_graph__() for o in self.outputs))
+        return {str(k): {str(d) for d in deps} for k, deps in graph.get_all_dependencies().items()}
+
+
+def build_iteration(cfg: RunConfig, groups: GRPOGroups, prompts: pa.Table, *, step: int, tokenizer_dir: str) -> IterationGraph:
+    """The graph of one GRPO iteration."""
     algo, actor = cfg.algorithm, cfg.actor
     samples = node("gen", nodes.generate, groups.rollout.bind(), prompts, seed=cfg.trainer.seed * 100003 + step, step=step)
     scored = node("reward", nodes.reward, samples, tokenizer_dir, algo.reward_fn, step=step)
@@ -62,4 +92,4 @@ def build_iteration(cfg: RunConfig, groups: GRPOGroups, prompts: pa.Table, *, st
     mini_batch_rows = actor.ppo_mini_batch_size * cfg.rollout.n // actor.data_parallel_size
     stats = node("update_actor", nodes.update, groups.actor.bind(), batch, mini_batch_rows, step=step)
     synced = node("sync_weights", nodes.sync_weights, groups.actor.bind(), groups.rollout.bind(), stats, step=step)
-    return node("collect", nodes.collect, batch, stats, synced, step=step)
+    return IterationGraph(result=node("collect", nodes.collect, batch, stats, step=step), sync=synced)

@@ -39,7 +39,7 @@ class DataConfig:
     """Parquet file(s) of validation prompts (optional)."""
     prompt_key: str = "prompt"
     """Column holding the chat messages (a list of {role, content}) or a plain string."""
-    train_batch_size: int = 32
+    train_batch_size: int = 64
     """Prompts per step (each sampled ``rollout.n`` times)."""
     max_prompt_length: int = 32
     """Prompts longer than this many tokens are reported and left out."""
@@ -113,7 +113,7 @@ class RolloutConfig(ParallelFields):
     """Generation backend: ``hf`` (transformers generate, CPU) or ``vllm`` (GPU)."""
     data_parallel_size: int = 2
     """Rollout workers; each generates its share of the batch."""
-    n: int = 8
+    n: int = 16
     """Samples per prompt (the GRPO group size)."""
     temperature: float = 1.0
     """Sampling temperature; trainer log-probs use the same temperature, as in verl."""
@@ -123,7 +123,7 @@ class RolloutConfig(ParallelFields):
     """Top-k sampling (-1 disables)."""
     response_length: int = 8
     """Maximum new tokens per response; generation stops earlier at EOS."""
-    micro_batch_size: int = 256
+    micro_batch_size: int = 512
     """Sequences per ``generate`` call on one worker."""
 
     def __post_init__(self) -> None:
@@ -154,9 +154,9 @@ class ActorConfig(ParallelFields):
     """Data-parallel ranks of the policy."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer settings."""
-    ppo_mini_batch_size: int = 32
+    ppo_mini_batch_size: int = 64
     """Prompts per optimizer step (times ``rollout.n`` samples), as in verl."""
-    ppo_micro_batch_size_per_gpu: int = 128
+    ppo_micro_batch_size_per_gpu: int = 256
     """Samples per forward/backward on one rank (gradient accumulation)."""
     ppo_epochs: int = 1
     """Passes over each batch."""
@@ -220,7 +220,7 @@ class ActorConfig(ParallelFields):
 
 @dataclass(kw_only=True)
 class ReferenceConfig(ParallelFields):
-    data_parallel_size: int = 1
+    data_parallel_size: int = 2
     """Reference-policy workers (only started when ``actor.use_kl_loss``)."""
     log_prob_micro_batch_size_per_gpu: int = 256
     """Samples per forward pass on one rank."""
@@ -281,6 +281,9 @@ class ClusterConfig:
     """Memory limit per LocalCluster worker process."""
     timeout_s: float = 600.0
     """Timeout of every wait on a worker group call or graph result."""
+    low_latency: bool = True
+    """Cap Dask's message-batching intervals at 0.5 ms in this process (the LocalCluster's
+    scheduler lives here): about 5x less scheduling latency per graph node."""
     startup_timeout_s: float = 180.0
     """Timeout for starting the cluster and the worker groups."""
 

@@ -14,7 +14,7 @@ def test_defaults_are_valid_and_match_verl_names():
     assert isinstance(cfg, RunConfig)
     assert cfg.algorithm.adv_estimator == "grpo"
     assert cfg.actor.kl_loss_type == "low_var_kl"
-    assert cfg.rollout.n == 8
+    assert cfg.rollout.n == 16 and cfg.data.train_batch_size == 64
     # one optimizer step per batch -> no separate old-log-prob pass
     assert cfg.num_optimizer_steps_per_batch == 1 and not cfg.needs_old_logprobs
 
@@ -43,7 +43,7 @@ def test_yaml_file_then_overrides(tmp_path):
         ("rollout.n=2.5", "rollout.n", "expected an integer"),
         ("actor.use_kl_loss=maybe", "actor.use_kl_loss", "true or false"),
         ("rollout.name=sglang", "rollout.name", "hf, vllm"),
-        ("actor.ppo_mini_batch_size=5", "actor.ppo_mini_batch_size", "must divide data.train_batch_size=32"),
+        ("actor.ppo_mini_batch_size=5", "actor.ppo_mini_batch_size", "must divide data.train_batch_size=64"),
         ("algorithm.adv_estimator=nope", "algorithm.adv_estimator", "grpo"),
         ("actor.kl_loss_type=k9", "actor.kl_loss_type", "low_var_kl"),
         ("actor.tensor_model_parallel_size=2", "actor.tensor_model_parallel_size", "actor.strategy=megatron"),
