@@ -20,7 +20,7 @@ flowrl.
     python benchmarks/vs_trl.py --scale both --repeats 3 --out benchmarks/results/vs_trl.json
 
 Scales: ``default`` is the ``default`` preset (the default task's architecture, 0.13M parameters,
-random init), 8-token responses, 32 prompts x 8 samples; ``large`` is the ``10m`` preset (10.7M parameters, random init)
+random init), 8-token responses, 64 prompts x 16 samples (the default config's batch); ``large`` is the ``10m`` preset (10.7M parameters, random init)
 with 64-token responses, 4 prompts x 8 samples. At random init the 10m model now and then samples EOS
 (16 of 256 responses stopped early), so :func:`suppress_eos` pushes EOS's logit down and every
 response runs to 64 tokens.
@@ -79,7 +79,7 @@ class Scale:
 
 
 SCALES = {
-    "default": Scale(preset="default", max_position_embeddings=64, response_length=8, num_prompts=32, steps_per_block=6),
+    "default": Scale(preset="default", max_position_embeddings=64, response_length=8, num_prompts=64, group_size=16, steps_per_block=6),
     "large": Scale(
         preset="10m", max_position_embeddings=128, response_length=64, num_prompts=4, steps_per_block=3, suppress_eos=True
     ),

@@ -3,6 +3,7 @@
     flowrl train [CONFIG.yaml] [key.sub=value ...]   run GRPO (no arguments: the embedded default)
     flowrl config [CONFIG.yaml] [key=value ...]      print the resolved config, or --fields to list them
     flowrl parallel-plan --model 7B --gpus 64 ...    rank (dp, tp, pp) layouts for a model
+    flowrl reshard-plan --train tp=4,pp=2 --gen tp=2  the transfers from training to generation shards
     flowrl --version
 
 A configuration mistake prints ``error: <key>=<value>: <problem>; fix: <fix>`` and exits with 2
@@ -68,6 +69,12 @@ def cmd_parallel_plan(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_reshard_plan(args: argparse.Namespace) -> int:
+    from flowrl.parallel.reshard_cli import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flowrl", description="RL post-training of LLMs as Dask task graphs.")
     parser.add_argument("--version", action="version", version=f"flowrl {__version__}")
@@ -91,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
     if add_arguments is not None:
         add_arguments(p)
     p.set_defaults(func=cmd_parallel_plan)
+
+    p = sub.add_parser("reshard-plan", help="what each rank sends to go from the training mesh to the generation mesh")
+    from flowrl.parallel.reshard_cli import add_arguments as add_reshard_arguments
+
+    add_reshard_arguments(p)
+    p.set_defaults(func=cmd_reshard_plan)
     return parser
 
 

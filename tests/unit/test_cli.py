@@ -35,3 +35,10 @@ def test_parallel_plan_subcommand(capsys):
     assert main(["parallel-plan", "--model", "7B", "--gpus", "16", "--top", "2"]) == 0
     assert "tp" in capsys.readouterr().out
     assert main(["parallel-plan", "--model", "7B", "--gpus", "0"]) == 2
+
+
+def test_reshard_plan_subcommand(capsys):
+    assert main(["reshard-plan", "--train", "tp=4,pp=2", "--gen", "tp=2"]) == 0
+    out = capsys.readouterr().out
+    assert "naive" in out.lower()
+    assert main(["reshard-plan", "--train", "tp=3", "--gen", "tp=1"]) == 2
