@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import pyarrow as pa
 
 from flowrl.data import experience
+from flowrl.parallel.mesh import ParallelDims
 
 
 class Scatter(str, Enum):
@@ -29,36 +30,18 @@ class Gather(str, Enum):
     ALL = "all"  # every rank's result, in rank order
 
 
-@dataclass(frozen=True)
-class GroupMesh:
-    """Rank layout of a group: Megatron's default order, tp fastest, then dp, then pp.
-
-    ``rank = tp_rank + tp * (dp_rank + dp * pp_rank)``.
-    """
+@dataclass(frozen=True, kw_only=True)
+class GroupMesh(ParallelDims):
+    """A group's rank layout: :class:`ParallelDims` (Megatron's rank order, tp fastest, then dp,
+    then pp) with every axis defaulting to 1, plus which ranks answer for each dp group."""
 
     dp: int = 1
     tp: int = 1
     pp: int = 1
 
-    @property
-    def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
-
-    def coords(self, rank: int) -> tuple[int, int, int]:
-        """(dp_rank, tp_rank, pp_rank) of a global rank."""
-        if not 0 <= rank < self.world_size:
-            raise ValueError(f"rank {rank} outside a group of {self.world_size}")
-        tp_rank = rank % self.tp
-        dp_rank = (rank // self.tp) % self.dp
-        pp_rank = rank // (self.tp * self.dp)
-        return dp_rank, tp_rank, pp_rank
-
-    def rank(self, dp_rank: int, tp_rank: int, pp_rank: int) -> int:
-        return tp_rank + self.tp * (dp_rank + self.dp * pp_rank)
-
     def output_ranks(self) -> list[int]:
         """One rank per dp group whose result stands for the group: tp 0 of the last stage."""
-        return [self.rank(d, 0, self.pp - 1) for d in range(self.dp)]
+        return [self.coords_rank(d, 0, self.pp - 1) for d in range(self.dp)]
 
 
 def scatter(mode: Scatter, payload: Any, mesh: GroupMesh) -> list[Any]:
@@ -68,7 +51,7 @@ def scatter(mode: Scatter, payload: Any, mesh: GroupMesh) -> list[Any]:
     if not isinstance(payload, pa.Table):
         raise TypeError(f"split dispatch needs an Arrow table, got {type(payload).__name__}")
     shares = experience.split(payload, mesh.dp)
-    return [shares[mesh.coords(r)[0]] for r in range(mesh.world_size)]
+    return [shares[mesh.rank_coords(r)[0]] for r in range(mesh.world_size)]
 
 
 def gather(mode: Gather, results: Sequence[Any], mesh: GroupMesh) -> Any:

@@ -7,13 +7,13 @@ from flowrl.actors.dispatch import Gather, GroupMesh, Scatter, gather, scatter
 def test_mesh_rank_order_is_megatrons_tp_fastest_then_dp_then_pp():
     mesh = GroupMesh(dp=2, tp=2, pp=2)
     # rank = tp + 2 * (dp + 2 * pp)
-    assert [mesh.coords(r) for r in range(8)] == [
+    assert [mesh.rank_coords(r) for r in range(8)] == [
         (0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0), (0, 0, 1), (0, 1, 1), (1, 0, 1), (1, 1, 1)
     ]
-    assert all(mesh.rank(*mesh.coords(r)) == r for r in range(8))
+    assert all(mesh.coords_rank(*mesh.rank_coords(r)) == r for r in range(8))
     assert mesh.output_ranks() == [4, 6]  # tp 0 of the last stage, per dp rank
     with pytest.raises(ValueError):
-        mesh.coords(8)
+        mesh.rank_coords(8)
 
 
 def test_split_gives_tp_and_pp_peers_the_same_share():

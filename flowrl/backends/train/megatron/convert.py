@@ -36,6 +36,7 @@ from typing import Any, Mapping
 import torch
 
 from flowrl.parallel.mesh import padded_vocab_size
+from flowrl.parallel.shard_spec import ModelShape
 
 Shards = Mapping[tuple[int, int, int | None], Mapping[str, torch.Tensor]]
 
@@ -43,18 +44,10 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ArchSpec:
-    """The facts of a Llama/Qwen2 HF config that the megatron model and the adapter need."""
+class ArchSpec(ModelShape):
+    """A model's shape (:class:`~flowrl.parallel.shard_spec.ModelShape`) plus the facts the
+    megatron model needs to mirror the HF one numerically."""
 
-    vocab_size: int
-    hidden_size: int
-    ffn_hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    qkv_bias: bool
-    tied_embeddings: bool
     rope_theta: float
     rope_parameters: dict
     norm_eps: float
