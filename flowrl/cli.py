@@ -4,6 +4,7 @@
     flowrl config [CONFIG.yaml] [key=value ...]      print the resolved config, or --fields to list them
     flowrl parallel-plan --model 7B --gpus 64 ...    rank (dp, tp, pp) layouts for a model
     flowrl reshard-plan --train tp=4,pp=2 --gen tp=2  the transfers from training to generation shards
+    flowrl export-hf CHECKPOINT OUT_DIR [--config-dir DIR]  a checkpoint as a transformers directory
     flowrl --version
 
 A configuration mistake prints ``error: <key>=<value>: <problem>; fix: <fix>`` and exits with 2
@@ -75,6 +76,32 @@ def cmd_reshard_plan(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_export_hf(args: argparse.Namespace) -> int:
+    """Write a checkpoint as a transformers directory; exit 2 with a message on a bad path."""
+    from flowrl.checkpoint import load_meta
+    from flowrl.checkpoint.hf_export import export_hf
+
+    try:
+        meta = load_meta(args.checkpoint)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    config_dir = args.config_dir
+    if config_dir is None:
+        config_dir = ((meta.get("extra") or {}).get("config") or {}).get("model", {}).get("path")
+        if not config_dir:
+            print(f"error: {args.checkpoint} does not record the model it started from (extra.config.model.path); "
+                  "fix: pass --config-dir <the Hugging Face model directory the run started from>", file=sys.stderr)
+            return EXIT_CONFIG
+    try:
+        out = export_hf(args.checkpoint, args.out_dir, config_dir)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"exported step {meta['step']} of {args.checkpoint} to {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flowrl", description="RL post-training of LLMs as Dask task graphs.")
     parser.add_argument("--version", action="version", version=f"flowrl {__version__}")
@@ -104,6 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_reshard_arguments(p)
     p.set_defaults(func=cmd_reshard_plan)
+
+    p = sub.add_parser("export-hf", help="write a flowrl checkpoint as a transformers directory (from_pretrained loads it)")
+    p.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint directory, e.g. <run_dir>/checkpoints/step_00000010")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="where to write the transformers directory")
+    p.add_argument("--config-dir", default=None, metavar="DIR",
+                   help="the HF model directory the run started from (config.json, tokenizer); default: the "
+                        "checkpoint's recorded model.path")
+    p.set_defaults(func=cmd_export_hf)
     return parser
 
 

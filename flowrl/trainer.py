@@ -2,8 +2,13 @@
 
 Everything that can be checked without workers is checked first (config, files, dataset), so a
 mistake fails before any process starts. The run directory holds ``config.yaml`` (resolved),
-``metrics.jsonl``, ``experience/step_XXXXXX.parquet`` and ``rejected_prompts.jsonl`` if any
-prompt row was unusable.
+``metrics.jsonl``, ``experience/step_XXXXXX.parquet``, ``rejected_prompts.jsonl`` if any
+prompt row was unusable, and ``checkpoints/step_XXXXXXXX`` when ``trainer.save_freq > 0``.
+
+Resume (``trainer.resume_mode``): the checkpoint's parameters and optimizer state go to every
+actor rank, its parameters to every rollout rank, and the loop continues at the saved
+``next_step``. Data order and sampling seeds are pure functions of (seed, step), so a resumed run
+repeats the uninterrupted one exactly; ``metrics.jsonl`` keeps its rows before ``next_step``.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from flowrl.config import ConfigError, RunConfig, dump_config
+from flowrl.config import ConfigError, RunConfig, dump_config, to_dict
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +71,39 @@ def resolve_inputs(cfg: RunConfig) -> RunConfig:
     if cfg.actor.strategy == "megatron":
         _check_megatron_layout(cfg, model_path)
     run_dir = cfg.trainer.run_dir or str(Path("runs") / datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"))
+    resume_mode = cfg.trainer.resume_mode
+    if resume_mode not in ("auto", "disable"):
+        resume_mode = str(_check_resume_path(cfg, resume_mode))
     return dataclasses.replace(
         cfg,
         model=dataclasses.replace(cfg.model, path=str(model_path)),
         data=dataclasses.replace(cfg.data, train_files=train_files),
-        trainer=dataclasses.replace(cfg.trainer, run_dir=str(Path(run_dir).resolve())),
+        trainer=dataclasses.replace(cfg.trainer, run_dir=str(Path(run_dir).resolve()), resume_mode=resume_mode),
     )
+
+
+def _check_resume_path(cfg: RunConfig, path: str) -> Path:
+    """``trainer.resume_mode=PATH``: a complete checkpoint the run can load (before any worker)."""
+    from flowrl.checkpoint import load_meta
+
+    if cfg.actor.strategy == "megatron":
+        raise ConfigError("trainer.resume_mode", path, "with actor.strategy=megatron: sharded megatron checkpoints "
+                          "are not wired yet", "use trainer.resume_mode=disable (or actor.strategy=dp)")
+    resolved = Path(path).resolve()
+    if not resolved.is_dir():
+        raise ConfigError("trainer.resume_mode", path, "is neither auto, disable nor an existing checkpoint directory",
+                          "use auto, disable or the path of a checkpoint (e.g. <run_dir>/checkpoints/step_00000010)")
+    try:
+        load_meta(resolved)
+    except ValueError as exc:
+        raise ConfigError("trainer.resume_mode", path, f"is not a loadable checkpoint: {exc}",
+                          "point it at a complete checkpoint directory, or use auto / disable") from exc
+    return resolved
+
+
+def checkpoint_root(run_dir: str | Path) -> Path:
+    """Where a run's checkpoints live."""
+    return Path(run_dir) / "checkpoints"
 
 
 def _check_megatron_layout(cfg: RunConfig, model_path: str) -> None:
@@ -126,6 +158,28 @@ class GRPORun:
         self.groups: Any = None
         self.next_step = 0
         self._pending_sync: Any = None  # the previous iteration's weight-sync future
+        self._carried: dict[str, float] = {}  # sync metrics collected early (by a save), for the next step
+        self.resume_from: str | None = self._find_resume()
+        if self.resume_from is not None:
+            from flowrl.checkpoint import load_meta
+
+            meta = load_meta(self.resume_from)
+            self.next_step = int(meta.get("extra", {}).get("next_step", meta["step"]))
+
+    def _find_resume(self) -> str | None:
+        """The checkpoint ``trainer.resume_mode`` selects (checked before any worker starts)."""
+        from flowrl.checkpoint import latest_checkpoint
+
+        mode = self.cfg.trainer.resume_mode
+        if mode == "disable":
+            return None
+        if mode == "auto":
+            found = latest_checkpoint(checkpoint_root(self.run_dir))
+            if found is not None and self.cfg.actor.strategy == "megatron":
+                raise ConfigError("trainer.resume_mode", mode, f"found {found}, but sharded megatron checkpoints are "
+                                  "not wired yet", "use trainer.resume_mode=disable or a fresh trainer.run_dir")
+            return found
+        return str(_check_resume_path(self.cfg, mode))
 
     @classmethod
     def open(cls, cfg: RunConfig) -> "GRPORun":
@@ -177,6 +231,45 @@ class GRPORun:
             ))
         groups = self.session.create_groups(specs)
         self.groups = GRPOGroups(rollout=groups["rollout"], actor=groups["actor"], ref=groups.get("ref"))
+        if self.resume_from is not None:
+            self._restore(self.resume_from)
+
+    def _restore(self, path: str) -> None:
+        """Checkpoint ``path`` into every actor rank (parameters and optimizer) and every rollout
+        rank (parameters). Called right after the groups start, before any graph."""
+        from flowrl.actors.dispatch import Scatter
+        from flowrl.checkpoint import load_full, load_meta
+
+        start = time.perf_counter()
+        meta = load_meta(path)
+        params = load_full(path, as_torch=True)
+        optim = {state: load_full(path, state=state, as_torch=True) for state in meta["optim"]}
+        optim_step = int(meta.get("extra", {}).get("optim_step", 0))
+        self.groups.actor.bind().run("load_checkpoint", kwargs={"params": params, "optim": optim, "optim_step": optim_step})
+        self.groups.rollout.bind().run("load_hf_state", params, scatter_mode=Scatter.BROADCAST)
+        log.info("resumed from %s at step %d (%.1fs)", path, self.next_step, time.perf_counter() - start)
+
+    def save_checkpoint(self) -> str:
+        """Save the state after the last finished step as ``checkpoints/step_<next_step>`` and
+        prune to ``trainer.max_ckpt_to_keep``; returns the checkpoint's path. Call between steps."""
+        from flowrl.actors.dispatch import Gather
+        from flowrl.checkpoint import checkpoint_dir, prune_checkpoints, save_checkpoint
+
+        if self.cfg.actor.strategy == "megatron":
+            raise ConfigError("trainer.save_freq", self.cfg.trainer.save_freq, "with actor.strategy=megatron: sharded "
+                              "megatron checkpoints are not wired yet", "use trainer.save_freq=0")
+        start = time.perf_counter()
+        self._carried.update(self._collect_sync())  # the actor call below must follow the sync
+        state, _ = self.groups.actor.bind().run("checkpoint_state", gather_mode=Gather.FIRST)
+        root = checkpoint_root(self.run_dir)
+        step = self.next_step
+        path = save_checkpoint(
+            checkpoint_dir(root, step), step=step, params=state["params"], optim=state["optim"],
+            extra={"next_step": step, "optim_step": int(state["optim_step"]), "config": to_dict(self.cfg)},
+        )
+        prune_checkpoints(root, self.cfg.trainer.max_ckpt_to_keep)
+        log.info("saved %s (%.1fs)", path, time.perf_counter() - start)
+        return path
 
     def graph(self, step: int | None = None) -> Any:
         """The (uncomputed) graph of ``step`` (default: the next one). Building reserves the
@@ -202,7 +295,8 @@ class GRPORun:
         graph = self.graph(step)
         result, sync = self.session.submit(graph.outputs)
         self.next_step += 1
-        metrics: dict[str, float] = {}
+        metrics: dict[str, float] = dict(self._carried)
+        self._carried = {}
         try:
             metrics.update(self._collect_sync())
             out = result.result(timeout=self.cfg.cluster.timeout_s)
@@ -268,23 +362,28 @@ def train(cfg: RunConfig, *, on_step: Callable[[int, dict[str, float]], None] | 
 
     cfg = resolve_inputs(cfg)
     start = time.perf_counter()
-    run = GRPORun(cfg)  # dataset and run dir checked before any worker starts
+    run = GRPORun(cfg)  # dataset, run dir and resume checkpoint checked before any worker starts
+    first = run.next_step
+    _drop_metrics_from(run.run_dir / "metrics.jsonl", first)  # a resumed run rewrites steps >= first
     logger = JsonlLogger(run.run_dir / "metrics.jsonl")
     history: list[dict[str, float]] = []
     total = cfg.trainer.total_training_steps
+    save_freq = cfg.trainer.save_freq
     bar = None
     try:
         run.start_workers()
         if cfg.trainer.progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=total, desc="grpo", unit="step", dynamic_ncols=True)
-        for step in range(total):
+            bar = tqdm(total=total, initial=min(first, total), desc="grpo", unit="step", dynamic_ncols=True)
+        for step in range(first, total):
             _, metrics = run.step()
             history.append(metrics)
             logger.log(step, metrics)
             if on_step is not None:
                 on_step(step, metrics)
+            if save_freq > 0 and ((step + 1) % save_freq == 0 or step + 1 == total):
+                run.save_checkpoint()
             if bar is not None:
                 bar.write(console_line(step, total, metrics))
                 bar.set_postfix(score=f"{metrics['critic/score/mean']:.3f}")
@@ -294,7 +393,7 @@ def train(cfg: RunConfig, *, on_step: Callable[[int, dict[str, float]], None] | 
             bar.close()
         logger.close()
         run.close()
-    scores = [m["critic/score/mean"] for m in history]
+    scores = [m["critic/score/mean"] for m in history] or [float("nan")]  # nan: resumed at the end
     k = min(5, len(scores))
     gen_tokens = sum(m["num_response_tokens"] for m in history)
     gen_time = sum(m["timing_s/step"] for m in history)
@@ -307,3 +406,20 @@ def train(cfg: RunConfig, *, on_step: Callable[[int, dict[str, float]], None] | 
         wall_s=time.perf_counter() - start,
         history=history,
     )
+
+
+def _drop_metrics_from(path: Path, step: int) -> None:
+    """Keep only ``metrics.jsonl`` rows of steps before ``step`` (the rest are run again)."""
+    import json
+
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by a crash
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] < step:
+            kept.append(line)
+    path.write_text("".join(line + "\n" for line in kept))

@@ -264,9 +264,23 @@ class TrainerConfig:
     """Write each step's experience table as ``experience/step_XXXXXX.parquet``."""
     progress: bool = True
     """Show a progress bar and one console line per step."""
+    save_freq: int = 0
+    """Save a checkpoint under ``<run_dir>/checkpoints`` every this many steps, and after the
+    last step (0: never). ``dp`` strategy only for now."""
+    max_ckpt_to_keep: int = 3
+    """Keep only this many newest checkpoints (0: keep all)."""
+    resume_mode: str = "auto"
+    """``auto``: resume from the newest complete checkpoint under ``<run_dir>/checkpoints`` if
+    there is one, else start fresh; ``disable``: always start fresh; or a checkpoint directory."""
 
     def __post_init__(self) -> None:
         _positive("total_training_steps", self.total_training_steps, "use e.g. 40")
+        check(self.save_freq >= 0, "save_freq", self.save_freq, "must be >= 0",
+              "use 0 (never save) or e.g. 10 (every 10 steps)")
+        check(self.max_ckpt_to_keep >= 0, "max_ckpt_to_keep", self.max_ckpt_to_keep, "must be >= 0",
+              "use 0 (keep all) or e.g. 3")
+        check(bool(self.resume_mode), "resume_mode", self.resume_mode, "must not be empty",
+              "use auto, disable or the path of a checkpoint directory")
 
 
 @dataclass(kw_only=True)
@@ -361,6 +375,13 @@ class RunConfig:
             f"times rollout.n={self.rollout.n} gives {samples_per_mini} samples, not divisible by "
             f"actor.data_parallel_size={dp}",
             "choose sizes so that ppo_mini_batch_size * rollout.n is a multiple of the data-parallel size",
+        )
+        check(
+            not (self.actor.strategy == "megatron" and self.trainer.save_freq > 0),
+            "trainer.save_freq",
+            self.trainer.save_freq,
+            "with actor.strategy=megatron: sharded megatron checkpoints are not wired yet",
+            "use trainer.save_freq=0 (or actor.strategy=dp)",
         )
         if self.actor.strategy == "dp":
             check(

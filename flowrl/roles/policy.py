@@ -147,6 +147,14 @@ class PolicyRole:
     def grad_state_dict(self) -> dict[str, torch.Tensor]:
         return self.engine.grad_state_dict()
 
+    def checkpoint_state(self) -> dict | None:
+        """Rank 0: ``{"params", "optim", "optim_step"}`` (see the engine); other ranks: None."""
+        return self.engine.checkpoint_state() if self.rank == 0 else None
+
+    def load_checkpoint(self, params: dict, optim: dict | None = None, optim_step: int = 0) -> None:
+        """Every rank: restore the full parameters and optimizer state of a checkpoint."""
+        self.engine.load_checkpoint(params, optim, optim_step)
+
     def save_hf(self, directory: str) -> None:
         if self.rank == 0:
             self.engine.save_hf(directory)

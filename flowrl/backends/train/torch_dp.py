@@ -159,5 +159,53 @@ class TorchDPEngine:
     def save_hf(self, directory: str) -> None:
         self.model.save_pretrained(directory)
 
+    # ----------------------------------------------------------------- checkpoints
+    OPTIM_STATES = ("exp_avg", "exp_avg_sq")
+
+    def checkpoint_state(self) -> dict:
+        """Full parameters by HF name (tied weights once, as ``named_parameters`` names them),
+        AdamW's ``exp_avg`` / ``exp_avg_sq`` by the same names, and the optimizer step count.
+
+        ``optim`` is empty before the first optimizer step. Replicas are identical, so any
+        rank's state is the model's."""
+        params = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        optim: dict[str, dict[str, torch.Tensor]] = {}
+        step = 0
+        if self.optimizer is not None:
+            for n, p in self.model.named_parameters():
+                state = self.optimizer.state.get(p)
+                if not state:
+                    continue
+                for key in self.OPTIM_STATES:
+                    optim.setdefault(key, {})[n] = state[key].detach().clone()
+                step = max(step, int(float(state["step"])))
+        return {"params": params, "optim": optim, "optim_step": step}
+
+    @torch.no_grad()
+    def load_checkpoint(self, params: dict, optim: dict | None = None, optim_step: int = 0) -> None:
+        """Restore parameters and (when given) AdamW state saved by ``checkpoint_state``,
+        exactly; every rank loads the same full tensors, so replicas stay identical."""
+        named = dict(self.model.named_parameters())
+        missing = sorted(set(named) - set(params))
+        unexpected = sorted(set(params) - set(named))
+        if missing or unexpected:
+            raise ValueError(f"checkpoint holds another model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        for n, p in named.items():
+            src = torch.as_tensor(params[n])
+            if tuple(src.shape) != tuple(p.shape):
+                raise ValueError(f"checkpoint parameter {n} has shape {tuple(src.shape)}, the model {tuple(p.shape)}")
+            p.copy_(src.to(p.dtype))
+        if self.optimizer is None or not optim:
+            return
+        for key in self.OPTIM_STATES:
+            if set(optim.get(key, {})) != set(named):
+                raise ValueError(f"checkpoint optimizer state {key!r} does not cover every parameter")
+        self.optimizer.state.clear()
+        for n, p in named.items():
+            self.optimizer.state[p] = {
+                "step": torch.tensor(float(optim_step), dtype=torch.float32),
+                **{key: torch.as_tensor(optim[key][n]).to(device=p.device, dtype=p.dtype).clone() for key in self.OPTIM_STATES},
+            }
+
     def param_bytes_local(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
