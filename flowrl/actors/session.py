@@ -178,8 +178,8 @@ class Session:
                 log.warning("group %s teardown: %s", group.name, exc)
         self.groups.clear()
         if self.client is not None and self.cluster is not None:
-            try:  # close the clients that graph nodes opened inside workers, before their scheduler goes
-                self.client.run(_close_worker_client, wait=True)
+            try:  # close worker-side clients before their scheduler goes; make worker exit quick
+                self.client.run(_prepare_worker_exit, wait=True)
             except Exception as exc:  # noqa: BLE001 - shutting down anyway
                 log.debug("closing worker clients: %s", exc)
         if self.client is not None:
@@ -196,9 +196,16 @@ class Session:
         self.close()
 
 
-async def _close_worker_client(dask_worker: Any) -> None:
+async def _prepare_worker_exit(dask_worker: Any) -> None:
+    """Close the client that graph nodes opened inside this worker, then collect garbage and
+    freeze the rest: interpreter shutdown with torch loaded otherwise spends seconds in its final
+    collection and the nanny kills the process after 4 s (seen on the controller worker)."""
+    import gc
+
     client = getattr(dask_worker, "_client", None)
     if client is not None:
         result = client.close()
         if hasattr(result, "__await__"):
             await result
+    gc.collect()
+    gc.freeze()
