@@ -3,7 +3,7 @@
 Names follow verl where verl has one (``data.train_batch_size``, ``rollout.n``,
 ``actor.ppo_mini_batch_size``, ``actor.kl_loss_type``, ``algorithm.adv_estimator``, ...), flattened:
 verl's ``actor_rollout_ref.actor.optim.lr`` is ``actor.optim.lr`` here. Every field has a docstring
-(the string literal under it), which ``flowrl train --help-config`` prints.
+(the string literal under it), which ``flowrl config --fields`` prints.
 
 Validation raises :class:`~flowrl.config.errors.ConfigError` naming the field, the value and the
 fix; the loader prefixes the section path. Cross-section rules live in :class:`RunConfig`.
