@@ -1,0 +1,18 @@
+"""Reshard transports: move parameter shards from the training layout to the generation layout.
+
+The plan is pure (``flowrl.parallel.reshard_plan``, bucketed by ``reshard_schedule``); this package
+executes it with torch: ``run_rank(job, ...)`` on every process of the plan (see ``exchange.py``),
+described by a picklable :class:`ReshardJob` (``job.py``). Roles expose ``reshard(job)``; the graph
+node ``nodes.reshard`` calls both groups at once and reports ``reshard/*`` metrics.
+"""
+
+from flowrl.backends.reshard.job import TRANSPORTS, ReshardJob, job_for_run, make_job
+
+__all__ = ["TRANSPORTS", "ReshardJob", "job_for_run", "make_job", "run_rank"]
+
+
+def run_rank(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201 - torch imported on first use
+    """See :func:`flowrl.backends.reshard.exchange.run_rank`."""
+    from flowrl.backends.reshard.exchange import run_rank as run
+
+    return run(*args, **kwargs)

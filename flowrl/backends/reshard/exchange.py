@@ -1,0 +1,225 @@
+"""Transports that execute a reshard plan on one process: local slicing plus point-to-point.
+
+Each process runs :func:`run_rank` with the local tensors it holds (``src``: its training shard,
+by the source spec's local names; ``dst``: the generation tensors to overwrite, by the destination
+spec's) and a process group whose ranks are the plan's processes (colocated: the worker group's
+own group; split: the joint group of ``flowrl.actors.joint``).
+
+``planned`` (the plan, bucketed by ``flowrl.parallel.reshard_schedule``):
+  1. local copies: ``dst[slice].copy_(src[slice])``, no buffer;
+  2. per round, every message to or from this process is posted at once (``recv``/``send`` on the
+     group), then waited for; a message that is one contiguous slice of a tensor of the wire dtype
+     travels without staging (dim-0 slices: most of a model), others are packed into (or unpacked
+     from) a staging buffer. Staging never exceeds one bucket per process.
+``naive`` (verl's gather-then-broadcast, for comparison): source rank 0's process gathers the full
+  model (every other source sends it what it lacks), sends it whole to every destination process,
+  and each slices its shard out; the full model is materialised on every destination process.
+
+Both report ``bytes_sent`` / ``bytes_received`` (over the group), ``bytes_local`` (copied in
+place), ``peak_extra_bytes`` (the most staging alive at once, counted by the transport itself, as
+every buffer it allocates goes through :class:`Staging`) and the plan's ``bytes_min``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping
+
+import torch
+
+from flowrl.backends.reshard.job import ReshardJob
+from flowrl.parallel.mesh import ParallelDims
+from flowrl.parallel.reshard_plan import Placement, Transfer, plan_reshard
+from flowrl.parallel.reshard_schedule import Schedule, schedule_plan
+from flowrl.parallel.shard_spec import ShardSpec, piece_index, shard_spec
+
+__all__ = ["Staging", "check_tensors", "execute_schedule", "run_rank"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+Tensors = Mapping[str, torch.Tensor]
+
+
+class Staging:
+    """Allocates the transport's buffers and tracks the bytes alive (and their peak)."""
+
+    def __init__(self) -> None:
+        self.live = 0
+        self.peak = 0
+
+    def alloc(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        buf = torch.empty(numel, dtype=dtype)
+        self.live += buf.nbytes
+        self.peak = max(self.peak, self.live)
+        return buf
+
+    def free(self, buf: torch.Tensor) -> None:
+        self.live -= buf.nbytes
+
+
+def check_tensors(spec: ShardSpec, rank: int, tensors: Tensors, side: str) -> None:
+    """Raise ValueError unless ``tensors`` holds every local tensor of ``rank``'s shard with the
+    spec's shape (extra tensors are ignored)."""
+    for local, shape in spec.shard_of(rank).tensors.items():
+        if local not in tensors:
+            raise ValueError(
+                f"reshard: {side} rank {rank} ({spec.style} layout {spec.dims}) needs local tensor "
+                f"{local!r}, which its engine does not have (it has e.g. {sorted(tensors)[:3]}); "
+                "the engine's model does not match the layout the job was planned for")
+        got = tuple(tensors[local].shape)
+        if got != tuple(shape):
+            raise ValueError(
+                f"reshard: {side} rank {rank}: {local!r} has shape {got} but the {spec.style} "
+                f"layout {spec.dims} of the planned model needs {tuple(shape)}; build the job from "
+                "the model both groups loaded (model.path)")
+
+
+def _view(tensors: Tensors, local: str, dim: int, offset: int, length: int) -> torch.Tensor:
+    return tensors[local].narrow(dim, offset, length)
+
+
+def _src_view(t: Transfer, src: Tensors) -> torch.Tensor:
+    return _view(src, t.src_local, t.dim, t.src_offset, t.length)
+
+
+def _dst_view(t: Transfer, dst: Tensors) -> torch.Tensor:
+    return _view(dst, t.dst_local, t.dim, t.dst_offset, t.length)
+
+
+def _as_is(view: torch.Tensor, wire: torch.dtype) -> bool:
+    return view.is_contiguous() and view.dtype == wire
+
+
+@torch.no_grad()
+def execute_schedule(schedule: Schedule, *, process: int, pg: Any, src: Tensors | None,
+                     dst: Tensors | None, wire: torch.dtype, staging: Staging) -> dict[str, int]:
+    """Run this process's part of ``schedule`` (local copies, then rounds) over ``pg``."""
+    bpe = torch.empty((), dtype=wire).element_size()
+    out = {"bytes_sent": 0, "bytes_received": 0, "bytes_local": 0}
+    for t in schedule.local_for(process):
+        _dst_view(t, dst).copy_(_src_view(t, src))
+        out["bytes_local"] += t.nbytes
+    for i, rnd in enumerate(schedule.rounds):
+        works, unpack, held = [], [], []
+        for m in rnd.messages:
+            if m.dst_process == process:
+                view = _dst_view(m.transfers[0], dst) if len(m.transfers) == 1 else None
+                if view is not None and _as_is(view, wire):
+                    buf = view
+                else:
+                    buf = staging.alloc(m.nbytes // bpe, wire)
+                    held.append(buf)
+                    unpack.append((m, buf))
+                works.append(pg.recv([buf], m.src_process, i))
+                out["bytes_received"] += m.nbytes
+            elif m.src_process == process:
+                views = [_src_view(t, src) for t in m.transfers]
+                if len(views) == 1 and _as_is(views[0], wire):
+                    buf = views[0]
+                else:
+                    buf = staging.alloc(m.nbytes // bpe, wire)
+                    held.append(buf)
+                    at = 0
+                    for v in views:
+                        buf[at:at + v.numel()].view(v.shape).copy_(v)
+                        at += v.numel()
+                works.append(pg.send([buf], m.dst_process, i))
+                out["bytes_sent"] += m.nbytes
+        for work in works:
+            work.wait()
+        for m, buf in unpack:
+            at = 0
+            for t in m.transfers:
+                view = _dst_view(t, dst)
+                view.copy_(buf[at:at + view.numel()].view(view.shape))
+                at += view.numel()
+        for buf in held:
+            staging.free(buf)
+    return out
+
+
+@torch.no_grad()
+def _run_naive(job: ReshardJob, *, process: int, pg: Any, src: Tensors | None,
+               dst: Tensors | None, dst_rank: int | None, wire: torch.dtype,
+               staging: Staging) -> dict[str, int]:
+    plan = job.plan()
+    full = shard_spec(plan.src.model, ParallelDims(dp=1, tp=1, pp=1), style="hf")
+    root = plan.placement.src[0]
+    gather = schedule_plan(
+        plan_reshard(plan.src, full, placement=Placement(plan.placement.src, (root,)),
+                     bytes_per_element=job.bytes_per_element), bucket_bytes=None)
+    receivers = sorted(set(plan.placement.dst) - {root})
+    flat = views = None
+    if process == root or process in receivers:
+        flat = staging.alloc(full.num_params, wire)  # the whole model, materialised here
+        views, at = {}, 0
+        for name, shape in full.params.items():
+            n = int(torch.Size(shape).numel())
+            views[name] = flat[at:at + n].view(shape)
+            at += n
+    out = execute_schedule(gather, process=process, pg=pg, src=src,
+                           dst=views if process == root else None, wire=wire, staging=staging)
+    if process == root:
+        works = [pg.send([flat], p, len(gather.rounds)) for p in receivers]
+        for work in works:
+            work.wait()
+        out["bytes_sent"] += flat.nbytes * len(receivers)
+    elif process in receivers:
+        pg.recv([flat], root, len(gather.rounds)).wait()
+        out["bytes_received"] += flat.nbytes
+    if dst_rank is not None:  # cut this process's destination shard out of the full model
+        for piece in plan.dst.shard_of(dst_rank).pieces:
+            ndim = len(plan.dst.params[piece.param])
+            dst[piece.local][piece_index(piece, local=True, ndim=ndim)].copy_(
+                views[piece.param][piece_index(piece, local=False, ndim=ndim)])
+    if flat is not None:
+        staging.free(flat)
+    return out
+
+
+def _process_group(job: ReshardJob, process: int) -> Any:
+    if job.joint is not None:
+        from flowrl.actors import joint
+
+        if not job.joint.host:
+            raise ValueError("ReshardJob.joint has no rendezvous address; the reshard node fills "
+                             "it in (nodes.reshard)")
+        return joint.join(job.joint, process)
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_rank() != process:
+        raise RuntimeError(f"colocated reshard: process {process} must be this worker group's rank "
+                           "(dist.get_rank())")
+    return dist.distributed_c10d._get_default_group()
+
+
+def run_rank(job: ReshardJob, *, src_rank: int | None = None, dst_rank: int | None = None,
+             src: Tensors | None = None, dst: Tensors | None = None, pg: Any = None,
+             ) -> dict[str, float]:
+    """This process's part of ``job``: it hosts source rank ``src_rank`` (holding ``src``) and/or
+    destination rank ``dst_rank`` (whose ``dst`` tensors are overwritten in place). Returns the
+    byte counts, the staging peak, the plan's minimum and the seconds spent."""
+    start = time.perf_counter()
+    plan = job.plan()
+    placement = plan.placement
+    procs = {placement.src[src_rank] if src_rank is not None else None,
+             placement.dst[dst_rank] if dst_rank is not None else None} - {None}
+    if len(procs) != 1:
+        raise ValueError(f"reshard: source rank {src_rank} and destination rank {dst_rank} are not "
+                         f"one process of the placement {placement}")
+    (process,) = procs
+    if src_rank is not None:
+        check_tensors(plan.src, src_rank, src, "source")
+    if dst_rank is not None:
+        check_tensors(plan.dst, dst_rank, dst, "destination")
+    pg = pg if pg is not None else _process_group(job, process)
+    wire = _DTYPES[job.wire_dtype]
+    staging = Staging()
+    if job.transport == "naive":
+        out = _run_naive(job, process=process, pg=pg, src=src, dst=dst, dst_rank=dst_rank,
+                         wire=wire, staging=staging)
+    else:
+        out = execute_schedule(job.schedule(), process=process, pg=pg, src=src, dst=dst,
+                               wire=wire, staging=staging)
+    return {**out, "peak_extra_bytes": staging.peak, "bytes_min": plan.bytes_min,
+            "model_bytes": plan.model_bytes, "process": process,
+            "seconds": time.perf_counter() - start}

@@ -1,0 +1,147 @@
+"""What one reshard moves, as a small picklable descriptor every rank receives.
+
+A :class:`ReshardJob` names the model, the source (training) and destination (generation)
+layouts with their storage styles (``flowrl.parallel.shard_spec``), the placement of ranks on
+processes, the transport, the staging bucket and the wire dtype. Every rank rebuilds the same
+plan and schedule from it (cached per process), so no transfer list crosses the network.
+
+``job_for_run(cfg)`` derives the job of a GRPO/PPO run: the actor group's layout (``dp`` strategy:
+full HF replicas; ``megatron``: its TP/PP shards) to the rollout group's (``hf``: a full model per
+worker; ``vllm``: its tp shards), split placement (the groups sit on disjoint workers) over the
+joint group ``"actor+rollout"``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from flowrl.actors.joint import JointSpec
+from flowrl.parallel.mesh import ParallelDims
+from flowrl.parallel.reshard_plan import Placement, ReshardPlan, plan_reshard
+from flowrl.parallel.reshard_schedule import Schedule, schedule_plan
+from flowrl.parallel.shard_spec import STYLES, ModelShape, shard_spec
+
+__all__ = ["DTYPE_BYTES", "TRANSPORTS", "ReshardJob", "job_for_run", "make_job"]
+
+TRANSPORTS = ("planned", "naive")
+"""``planned``: the planner's transfers, bucketed (colocated: within the group's process group;
+split: over a joint group). ``naive``: gather the full model on source rank 0, send it whole to
+every destination process, slice there (verl's scheme; kept for comparison)."""
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+JOINT_NAME = "actor+rollout"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReshardJob:
+    model: ModelShape
+    src_dims: ParallelDims
+    src_style: str
+    dst_dims: ParallelDims
+    dst_style: str
+    placement: Placement
+    transport: str = "planned"
+    bucket_bytes: int | None = 64 << 20
+    """Staging budget per process (sends plus receives in flight); None: unbounded."""
+    wire_dtype: str = "float32"
+    make_vocab_size_divisible_by: int = 128
+    joint: JointSpec | None = None
+    """Split placement: the joint group spanning both worker groups; None: the group's own."""
+
+    def __post_init__(self) -> None:
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"reshard transport={self.transport!r} is unknown; use one of "
+                             f"{', '.join(TRANSPORTS)}")
+        if self.wire_dtype not in DTYPE_BYTES:
+            raise ValueError(f"wire_dtype={self.wire_dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
+        for side in ("src_style", "dst_style"):
+            if getattr(self, side) not in STYLES:
+                raise ValueError(f"{side}={getattr(self, side)!r}; use one of {', '.join(STYLES)}")
+        self.placement.check(self.src_dims.world_size, self.dst_dims.world_size)
+        if self.joint is None and self.placement.kind != "colocated":
+            raise ValueError(f"a {self.placement.kind} placement needs a joint process group "
+                             "spanning both worker groups (ReshardJob.joint)")
+
+    @property
+    def bytes_per_element(self) -> int:
+        return DTYPE_BYTES[self.wire_dtype]
+
+    def _key(self) -> tuple:
+        return (self.model, self.src_dims, self.src_style, self.dst_dims, self.dst_style,
+                self.placement, self.bytes_per_element, self.make_vocab_size_divisible_by)
+
+    def plan(self) -> ReshardPlan:
+        """The plan (built once per process per job; the rendezvous address does not count)."""
+        return _plan(self._key())
+
+    def schedule(self) -> Schedule:
+        return _schedule(self._key(), self.bucket_bytes)
+
+
+@lru_cache(maxsize=8)
+def _plan(key: tuple) -> ReshardPlan:
+    model, src_dims, src_style, dst_dims, dst_style, placement, bpe, divisible_by = key
+    kw = {"make_vocab_size_divisible_by": divisible_by}
+    src = shard_spec(model, src_dims, style=src_style, **kw)
+    dst = shard_spec(model, dst_dims, style=dst_style, **kw)
+    return plan_reshard(src, dst, placement=placement, bytes_per_element=bpe)
+
+
+@lru_cache(maxsize=8)
+def _schedule(key: tuple, bucket_bytes: int | None) -> Schedule:
+    return schedule_plan(_plan(key), bucket_bytes=bucket_bytes)
+
+
+def make_job(model: Any, *, src: ParallelDims, dst: ParallelDims, placement: str = "colocated",
+             src_style: str = "megatron", dst_style: str = "hf", joint: JointSpec | None = None,
+             **kwargs: Any) -> ReshardJob:
+    """A job from layouts: ``placement="colocated"`` puts generation ranks on the training ranks'
+    processes by ``micro_dp_placement`` (both layouts span one group); ``"split"`` puts them on
+    processes after the training ones (the joint group's order). ``model``: anything
+    ``flowrl.parallel.shard_spec.model_shape`` takes. ``kwargs``: the other ReshardJob fields."""
+    from flowrl.parallel.reshard_plan import micro_dp_placement
+    from flowrl.parallel.shard_spec import model_shape
+
+    shape = model_shape(model)
+    if placement == "colocated":
+        divisible_by = kwargs.get("make_vocab_size_divisible_by", 128)
+        where = micro_dp_placement(
+            shard_spec(shape, src, style=src_style, make_vocab_size_divisible_by=divisible_by),
+            shard_spec(shape, dst, style=dst_style, make_vocab_size_divisible_by=divisible_by))
+    elif placement == "split":
+        where = Placement.split(src.world_size, dst.world_size)
+    else:
+        raise ValueError(f"placement={placement!r}; use 'colocated' or 'split'")
+    return ReshardJob(model=shape, src_dims=src, src_style=src_style, dst_dims=dst,
+                      dst_style=dst_style, placement=where, joint=joint, **kwargs)
+
+
+@lru_cache(maxsize=4)
+def _model_shape(path: str) -> ModelShape:
+    return ModelShape.from_hf_config(path)
+
+
+def job_for_run(cfg: Any, *, timeout_s: float | None = None) -> ReshardJob:
+    """The actor -> rollout job of a run config (``RunConfig``), split placement."""
+    actor, rollout = cfg.actor, cfg.rollout
+    if actor.strategy == "megatron":
+        vpp = getattr(actor, "virtual_pipeline_model_parallel_size", 1)
+        src = ParallelDims(dp=actor.data_parallel_size, tp=actor.tensor_model_parallel_size,
+                           pp=actor.pipeline_model_parallel_size, vpp=vpp if vpp > 1 else None)
+        src_style = "megatron"
+    else:  # dp: a full transformers replica per rank
+        src, src_style = ParallelDims(dp=actor.world_size, tp=1, pp=1), "hf"
+    dst = ParallelDims(dp=rollout.data_parallel_size, tp=rollout.tensor_model_parallel_size,
+                       pp=rollout.pipeline_model_parallel_size)
+    dst_style = "hf" if rollout.name == "hf" else "vllm"
+    bucket_mb = getattr(rollout, "reshard_bucket_mb", 64)
+    return ReshardJob(
+        model=_model_shape(cfg.model.path), src_dims=src, src_style=src_style, dst_dims=dst,
+        dst_style=dst_style, placement=Placement.split(src.world_size, dst.world_size),
+        transport=getattr(rollout, "reshard_transport", "planned"),
+        bucket_bytes=int(bucket_mb * 2**20) if bucket_mb else None, wire_dtype=cfg.model.dtype,
+        # the rendezvous address is filled in by the node (nodes.reshard)
+        joint=JointSpec(JOINT_NAME, "", 0, src.world_size + dst.world_size,
+                        timeout_s if timeout_s is not None else cfg.cluster.timeout_s),
+    )

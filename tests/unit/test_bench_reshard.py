@@ -1,0 +1,57 @@
+"""The reshard benchmark's bookkeeping (pure): summary rows and the table.
+
+The benchmark itself (a 79M-parameter model, minutes) is run by hand: ``python benchmarks/reshard.py``;
+``tests/dist/test_reshard_bench_core.py`` runs its core on a tiny model.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("bench_reshard", BENCH_DIR / "reshard.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = load_bench()
+
+
+def _record(transport, moved, wall, peaks, exact=True):
+    return {"case": "TP2 -> TP1", "placement": "colocated", "transport": transport, "model_bytes": 400,
+            "bytes_moved": moved, "bytes_min": 200, "peak_extra_bytes": peaks, "peak_bound_bytes": 400 + 64,
+            "wall_s": [wall, 2 * wall], "wall_s_median": wall, "exact": exact}
+
+
+def test_summary_compares_planned_with_naive():
+    rows = bench.summarize([_record("planned", 200, 1.0, [64, 32]), _record("naive", 600, 4.0, [800, 400])])
+    (row,) = rows
+    assert row["moved_over_min"] == 1.0  # 200 / 200
+    assert row["peak_extra_bytes_max"] == 64 and row["peak_within_bound"]  # 64 <= 400 + 64
+    assert row["naive_bytes_moved"] == 600 and row["naive_peak_extra_bytes_max"] == 800
+    assert row["wall_over_naive"] == pytest.approx(0.25)  # 1.0 s / 4.0 s
+    assert row["wall_over_naive_per_repeat"] == pytest.approx([0.25, 0.25])  # 2.0 / 8.0
+    assert row["exact"]
+    text = bench.format_table(rows)
+    assert "TP2 -> TP1" in text and "0.250" in text
+
+
+def test_summary_flags_a_wrong_shard_or_a_peak_over_the_bound():
+    rows = bench.summarize([_record("planned", 200, 1.0, [999]), _record("naive", 600, 4.0, [1], exact=False)])
+    assert not rows[0]["peak_within_bound"]  # 999 > 464
+    assert not rows[0]["exact"]
+
+
+def test_benchmark_model_is_at_least_50m_parameters():
+    import math
+
+    assert sum(math.prod(s) for s in bench.MODEL.param_shapes().values()) >= 50e6
