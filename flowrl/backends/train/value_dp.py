@@ -1,0 +1,101 @@
+"""The ``dp`` backend for a value model (the PPO critic): a token-classification head on the policy's
+model family, data parallel over torch.distributed like ``TorchDPEngine``.
+
+The model is ``AutoModelForTokenClassification(num_labels=1)`` loaded from a causal-LM directory
+(as verl and TRL build their critics): the backbone's weights come from the checkpoint, the
+one-output ``score`` head is new. The value of response token ``t`` is read at the position that
+predicts it (``pos - 1``: the state before the token is emitted), as verl slices its values.
+Gradients reduce once per optimizer step, with losses normalised by global counts, as in
+``torch_dp``.
+
+Shape letters: B rows, L padded length, T response tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from flowrl.backends.train.torch_dp import _DTYPES, TorchDPEngine
+from flowrl.data.packed import PackedBatch
+
+ValueLossFn = Callable[[torch.Tensor, PackedBatch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+class TorchDPValueEngine(TorchDPEngine):
+    def __init__(
+        self,
+        model_dir: str,
+        *,
+        trainable: bool = True,
+        dtype: str = "float32",
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        grad_clip: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        import transformers
+        from transformers import AutoConfig, AutoModelForTokenClassification
+
+        torch.manual_seed(seed)
+        verbosity = transformers.logging.get_verbosity()
+        transformers.logging.set_verbosity_error()  # "score head newly initialised" is the point
+        try:
+            config = AutoConfig.from_pretrained(model_dir, num_labels=1)
+            config.classifier_dropout = 0.0  # values must be deterministic
+            self.model = AutoModelForTokenClassification.from_pretrained(model_dir, config=config, dtype=_DTYPES[dtype])
+        finally:
+            transformers.logging.set_verbosity(verbosity)
+        self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
+        self.grad_clip = grad_clip
+        self.optimizer = None
+        if trainable:
+            self.model.train()
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
+        else:
+            self.model.eval()
+            self.model.requires_grad_(False)
+        self._broadcast_parameters()
+
+    def _values(self, mb: PackedBatch) -> torch.Tensor:
+        padded = mb.padded(self.pad_id)
+        scores_BL1 = self.model(input_ids=padded.input_ids_BL, attention_mask=padded.attention_mask_BL).logits
+        return scores_BL1[padded.row_T, padded.pos_T - 1, 0].float()
+
+    @torch.no_grad()
+    def forward_values(self, batch: PackedBatch, *, micro_batch_size: int) -> torch.Tensor:
+        """The value of every response token, flat ``_T`` (float32)."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            outs = [self._values(mb) for mb in batch.micro_batches(micro_batch_size)]
+        finally:
+            self.model.train(was_training)
+        return torch.cat(outs) if outs else torch.empty(0)
+
+    def train_step_values(self, batch: PackedBatch, *, micro_batch_size: int, loss_fn: ValueLossFn) -> dict[str, float]:
+        """One optimizer step over ``batch`` (this rank's share), accumulating micro-batches;
+        ``loss_fn(values_T, mb)`` returns a loss normalised by the global denominator. Stats are
+        token-weighted means over all ranks, plus ``grad_norm`` and ``lr``."""
+        assert self.optimizer is not None, "train_step_values on a frozen engine"
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        tokens = 0
+        for mb in batch.micro_batches(micro_batch_size):
+            loss, stats = loss_fn(self._values(mb), mb)
+            loss.backward()
+            n = mb.num_response_tokens
+            tokens += n
+            for k, v in stats.items():
+                sums[k] = sums.get(k, 0.0) + float(v) * n
+        grad_norm = self._reduce_gradients_and_step()
+        keys = sorted(sums)
+        totals = self.all_reduce_sum([sums[k] for k in keys] + [float(tokens)])
+        denom = max(totals[-1], 1.0)
+        out = {k: totals[i] / denom for i, k in enumerate(keys)}
+        out["grad_norm"] = grad_norm
+        out["lr"] = self.optimizer.param_groups[0]["lr"]
+        return out
