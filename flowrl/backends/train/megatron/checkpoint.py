@@ -1,0 +1,171 @@
+"""Sharded checkpoints of a :class:`MegatronEngine`: each rank writes / reads only its own chunks.
+
+Save (every rank of the engine's world calls :func:`save_sharded` together): global rank 0 creates
+the checkpoint's arrays in a temporary directory (``zarr_store.begin_checkpoint``, chunked along
+this layout's shards) and broadcasts its path; each rank of data-parallel rank 0 writes its
+``(tp_rank, pp_rank)`` shard of the parameters and of AdamW's ``exp_avg`` / ``exp_avg_sq``
+(``write_shard``: only the chunks it owns, in parallel); after a barrier rank 0 commits
+(``finalize_checkpoint``: meta.json, atomic rename). With bf16 parameters the fp32 main copies
+the optimizer updates are what is saved.
+
+Load (:func:`load_sharded`, every rank): the checkpoint may come from any layout or from the
+``dp`` backend (all checkpoints hold full HF-shaped arrays); each rank reads only the chunks
+overlapping its pieces of the target layout (``load_shard``) into its parameters and optimizer
+state. Bitwise: nothing is recomputed, only copied.
+
+Megatron's distributed optimizer keeps Adam's state in flat buffers sharded over data-parallel
+ranks; these functions refuse it (``ValueError``) rather than save a partial state.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Mapping
+
+import torch
+import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from flowrl.backends.train.megatron.engine import MegatronEngine
+    from flowrl.parallel.shard_spec import ShardSpec
+
+OPTIM_STATES = ("exp_avg", "exp_avg_sq")
+
+
+def engine_spec(engine: MegatronEngine) -> ShardSpec:
+    """The ``megatron``-style shard spec of the engine's layout (names as ``reshard_source``)."""
+    from flowrl.parallel.mesh import ParallelDims
+    from flowrl.parallel.shard_spec import ModelShape, shard_spec
+
+    dims = ParallelDims(dp=engine.dp, tp=engine.tp, pp=engine.pp, vpp=engine.vpp)
+    return shard_spec(ModelShape.from_hf_config(engine.hf_config), dims, style="megatron",
+                      make_vocab_size_divisible_by=engine.make_vocab_size_divisible_by)
+
+
+def _check_optimizer(engine: MegatronEngine) -> list[Any]:
+    """The megatron optimizers wrapping torch AdamW (one per param-group config)."""
+    optimizers = list(getattr(engine.optimizer, "chained_optimizers", None) or [engine.optimizer])
+    for opt in optimizers:
+        if getattr(getattr(opt, "ddp_config", None), "use_distributed_optimizer", False) or \
+                type(opt).__name__ == "DistributedOptimizer":
+            raise ValueError("sharded checkpoints do not support megatron's distributed optimizer "
+                             "(Adam state in flat dp-sharded buffers); set "
+                             "actor.use_distributed_optimizer=false to save or resume")
+    return optimizers
+
+
+def _local_params(engine: MegatronEngine) -> dict[str, torch.nn.Parameter]:
+    """This rank's parameters by the spec's megatron names (``model{v}.`` prefixes with vpp)."""
+    out = {}
+    for (_, vpp_rank), model in zip(engine._chunk_keys(), engine.models):
+        prefix = f"model{vpp_rank}." if engine.vpp else ""
+        out.update({prefix + k: v for k, v in engine._local_state(model).items()})
+    return out
+
+
+def _main(param: torch.Tensor) -> torch.Tensor:
+    """The tensor AdamW updates: the fp32 main copy of a bf16 parameter, else the parameter."""
+    return getattr(param, "main_param", None) if getattr(param, "main_param", None) is not None else param
+
+
+def _adam_states(engine: MegatronEngine) -> dict[int, dict]:
+    """``id(main tensor) -> (torch optimizer, its state dict)`` for every optimized tensor."""
+    table = {}
+    for opt in _check_optimizer(engine):
+        inner = opt.optimizer
+        for group in inner.param_groups:
+            for p in group["params"]:
+                table[id(p)] = (inner, p)
+    return table
+
+
+def save_sharded(engine: MegatronEngine, path: str | os.PathLike, *, step: int,
+                 extra: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """Every rank: save the engine's state as checkpoint ``path`` (see the module doc). Returns
+    ``{"path", "optim_step"}`` on global rank 0, None elsewhere."""
+    from megatron.core import parallel_state as ps
+
+    from flowrl.checkpoint import begin_checkpoint, finalize_checkpoint, write_shard
+
+    spec = engine_spec(engine)
+    params = _local_params(engine)
+    adam = _adam_states(engine)
+    mains = {n: _main(p) for n, p in params.items()}
+    states = {n: adam[id(m)][0].state.get(m) for n, m in mains.items() if id(m) in adam}
+    stepped = [s for s in states.values() if s]
+    optim_step = int(float(stepped[0]["step"])) if stepped else 0
+    if stepped and len(stepped) != len(mains):
+        missing = sorted(n for n in mains if not states.get(n))[:3]
+        raise RuntimeError(f"save_sharded: AdamW has no state for {missing}, but for other tensors; "
+                           "the optimizer state is inconsistent")
+    # rank 0 decides (every rank has stepped the same number of times) and creates the arrays
+    box: list[Any] = [None]
+    if dist.get_rank() == 0:
+        dtype = next(iter(mains.values())).dtype  # fp32 (the main copies when bf16)
+        try:
+            box[0] = begin_checkpoint(path, spec, dtype=dtype, optim_states=OPTIM_STATES if stepped else ())
+        except Exception as exc:  # noqa: BLE001 - reported to every rank, re-raised below
+            box[0] = exc
+    dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], Exception):
+        raise RuntimeError(f"save_sharded: rank 0 could not create the checkpoint: {box[0]}")
+    tmp = box[0]
+    error: Exception | None = None
+    try:
+        if ps.get_data_parallel_rank() == 0:  # dp replicas hold the same shard
+            key = (ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank())
+            optim = ({s: {n: states[n][s].detach() for n in mains} for s in OPTIM_STATES}
+                     if stepped else None)
+            write_shard(tmp, spec, key, {n: m.detach() for n, m in mains.items()}, optim=optim)
+    except Exception as exc:  # noqa: BLE001 - every rank must reach the barrier
+        error = exc
+    failed = [None] * dist.get_world_size()
+    dist.all_gather_object(failed, None if error is None else f"rank {dist.get_rank()}: {error}")
+    problems = [f for f in failed if f]
+    if problems:
+        if error is not None:
+            raise error
+        raise RuntimeError(f"save_sharded: other ranks failed: {'; '.join(problems)}")
+    if dist.get_rank() != 0:
+        return None
+    final = finalize_checkpoint(tmp, step=step, extra={**(extra or {}), "optim_step": optim_step})
+    return {"path": final, "optim_step": optim_step}
+
+
+@torch.no_grad()
+def load_sharded(engine: MegatronEngine, path: str | os.PathLike) -> int:
+    """Every rank: load checkpoint ``path`` (any layout) into the engine's parameters and, when
+    the checkpoint has them, AdamW's states; returns the optimizer step count restored."""
+    from megatron.core import parallel_state as ps
+
+    from flowrl.checkpoint import load_meta, load_shard
+
+    meta = load_meta(path)
+    spec = engine_spec(engine)
+    key = (ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank())
+    params = _local_params(engine)
+    adam = _adam_states(engine)
+    values = load_shard(path, spec, key, as_torch=True)
+    for name, param in params.items():
+        src = values[name]
+        main = _main(param)
+        main.copy_(src.to(main.dtype))
+        if main is not param:
+            param.copy_(src.to(param.dtype))
+    optim_step = int(meta.get("extra", {}).get("optim_step", 0))
+    saved = set(meta["optim"])
+    if not saved:
+        return 0
+    if not set(OPTIM_STATES) <= saved:
+        raise ValueError(f"{path}: optimizer states {sorted(saved)} are not AdamW's {list(OPTIM_STATES)}")
+    loaded = {s: load_shard(path, spec, key, state=s, as_torch=True) for s in OPTIM_STATES}
+    for inner, _ in {id(v[0]): v for v in adam.values()}.values():
+        inner.state.clear()
+    for name, param in params.items():
+        main = _main(param)
+        inner, _ = adam[id(main)]
+        inner.state[main] = {
+            "step": torch.tensor(float(optim_step), dtype=torch.float32),
+            **{s: loaded[s][name].to(device=main.device, dtype=main.dtype).clone() for s in OPTIM_STATES},
+        }
+    return optim_step
