@@ -1,0 +1,138 @@
+"""Cluster specs: validation of the ``cluster`` section and ``cluster.spec`` files (pure).
+
+A spec is a YAML file users copy and edit (``cluster/local.yaml``, ``cluster/slurm.yaml``): a
+``cluster:`` mapping with the same keys as the run config's ``cluster`` section. A run names one
+with ``cluster.spec=PATH`` (or passes it as the CONFIG itself); keys the run sets win over the
+spec's. Everything here runs before any worker starts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import socket
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from flowrl.config.errors import ConfigError, check
+
+_MEMORY = re.compile(r"^\s*\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB|K|M|G|T)\s*$", re.IGNORECASE)
+_WALLTIME = re.compile(r"^(\d+-)?\d{1,3}:\d{2}(:\d{2})?$")
+_JOB_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,40}$")
+SLURM_EXTRA = "pip install 'flowrl[slurm]'  (or: pip install dask-jobqueue)"
+
+
+def has_jobqueue() -> bool:
+    return importlib.util.find_spec("dask_jobqueue") is not None
+
+
+def interfaces() -> list[str]:
+    """Network interface names of this machine."""
+    return sorted(name for _, name in socket.if_nameindex())
+
+
+def check_slurm(s: Any) -> None:
+    """Checks of ``cluster.slurm`` (a SlurmConfig)."""
+    check(isinstance(s.cores, int) and s.cores >= 1, "cores", s.cores, "must be an integer >= 1", "use e.g. cores=8")
+    check(isinstance(s.processes, int) and s.processes >= 1, "processes", s.processes, "must be an integer >= 1",
+          "use 1, or the GPUs per job")
+    check(s.processes <= s.cores, "processes", s.processes, f"exceeds cores={s.cores} (each worker process needs a core)",
+          f"use processes<={s.cores} or raise cores")
+    check(bool(_MEMORY.match(str(s.memory))), "memory", s.memory, "is not a memory size", "write e.g. memory=16GB")
+    check(isinstance(s.gpus_per_job, int) and s.gpus_per_job >= 0, "gpus_per_job", s.gpus_per_job,
+          "must be an integer >= 0", "use 0 (CPU jobs) or the GPUs of one job, e.g. 4")
+    check(not (s.gres and s.gpus_per_job), "gres", s.gres, f"is set together with gpus_per_job={s.gpus_per_job}",
+          "set only one of gres and gpus_per_job")
+    check(bool(_WALLTIME.match(str(s.walltime))), "walltime", s.walltime, "is not a SLURM time limit of the form HH:MM:SS",
+          "write HH:MM:SS or D-HH:MM:SS in quotes (YAML reads 1:00:00 unquoted as 3600), e.g. walltime=\"04:00:00\"")
+    check(bool(_JOB_NAME.match(s.job_name)), "job_name", s.job_name, "must be 1-40 of letters, digits, _ . -",
+          "use e.g. job_name=flowrl")
+    check(s.death_timeout_s > 0, "death_timeout_s", s.death_timeout_s, "must be > 0", "use e.g. 60")
+    for name in ("job_script_prologue", "job_extra_directives"):
+        lines = getattr(s, name)
+        check(all(isinstance(x, str) and "\n" not in x for x in lines), name, lines,
+              "must be a list of single-line strings", f"write {name}=['...', '...']")
+
+
+def check_cluster(c: Any) -> None:
+    """Checks of the ``cluster`` section (a ClusterConfig) that need no workers."""
+    if c.kind == "address":
+        check(bool(c.scheduler_address), "scheduler_address", c.scheduler_address, "is empty with kind=address",
+              "set cluster.scheduler_address=tcp://host:8786 (tls:// with TLS)")
+    if c.scheduler_address:
+        check(c.kind == "address", "scheduler_address", c.scheduler_address, f"is set while kind={c.kind}",
+              "set cluster.kind=address to connect to it, or clear cluster.scheduler_address")
+        check("://" in c.scheduler_address, "scheduler_address", c.scheduler_address, "has no protocol",
+              "write tcp://host:port (or tls://host:port)")
+    if c.kind == "slurm" and not has_jobqueue():
+        raise ConfigError("kind", c.kind, "needs dask-jobqueue, which is not installed", SLURM_EXTRA)
+    if c.interface:
+        names = interfaces()
+        check(c.interface in names, "interface", c.interface, "is not a network interface of this machine",
+              "use one of " + ", ".join(names))
+        check(c.kind == "slurm", "interface", c.interface, f"applies to kind=slurm, not kind={c.kind}",
+              "for a LocalCluster set cluster.host=<address>; clear cluster.interface")
+    files = {"tls_ca_file": c.tls_ca_file, "tls_cert": c.tls_cert, "tls_key": c.tls_key}
+    given = [k for k, v in files.items() if v]
+    if given:
+        check(c.tls, given[0], files[given[0]], "is set while tls=false", "set cluster.tls=true")
+        check(len(given) == 3, given[0], files[given[0]], "needs all three of tls_ca_file, tls_cert, tls_key",
+              "set all three, or none (temporary certificates)")
+        for key, value in files.items():
+            check(Path(value).is_file(), key, value, "no such file", "point it at a PEM file")
+    if c.tls and c.kind == "address":
+        check(bool(given), "tls", c.tls, "with kind=address needs the scheduler's certificates",
+              "set cluster.tls_ca_file, tls_cert and tls_key")
+    if c.tls and c.scheduler_address:
+        check(c.scheduler_address.startswith("tls://"), "scheduler_address", c.scheduler_address,
+              "is not a tls:// address while tls=true", "write tls://host:port")
+
+
+# --------------------------------------------------------------------------- spec files
+def find_spec(path: str | Path, *, base_dir: str | Path | None = None) -> Path:
+    """The spec file ``path`` names: as given (relative to the current directory), then relative
+    to ``base_dir`` (the directory of the run's config file)."""
+    p = Path(path).expanduser()
+    if not p.is_file() and base_dir is not None and not p.is_absolute():
+        p = Path(base_dir) / p
+    if not p.is_file():
+        raise ConfigError("cluster.spec", str(path), "no such file", "point it at a spec such as cluster/slurm.yaml")
+    return p.resolve()
+
+
+def load_spec(path: str | Path, *, base_dir: str | Path | None = None) -> dict[str, Any]:
+    """The ``cluster:`` mapping of a spec file. ``path`` is tried as given (relative to the
+    current directory), then relative to ``base_dir`` (the directory of the run's config file)."""
+    p = find_spec(path, base_dir=base_dir)
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError("cluster.spec", str(path), f"is not valid YAML ({exc})", "fix the YAML syntax") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("cluster", {}), dict):
+        raise ConfigError("cluster.spec", str(path), "must hold a `cluster:` mapping", "write `cluster: {kind: slurm, ...}`")
+    extra = sorted(set(data) - {"cluster"})
+    if extra:
+        raise ConfigError("cluster.spec", str(path), f"holds sections other than cluster: {extra}",
+                          "keep only the cluster: section in a spec; put the rest in the run config")
+    section = dict(data.get("cluster") or {})
+    if section.get("spec"):
+        raise ConfigError("cluster.spec", str(path), "names another spec (cluster.spec)", "remove cluster.spec from the spec file")
+    return section
+
+
+def merge_spec(cluster: dict[str, Any], *, base_dir: str | Path | None = None) -> dict[str, Any]:
+    """``cluster`` with the keys of its ``spec`` file filled in (keys already in ``cluster`` win;
+    the ``slurm`` subsection merges key by key)."""
+    spec_path = cluster.get("spec")
+    if not spec_path:
+        return cluster
+    merged = load_spec(str(spec_path), base_dir=base_dir)
+    for key, value in cluster.items():
+        if key == "slurm" and isinstance(value, dict) and isinstance(merged.get("slurm"), dict):
+            merged["slurm"] = {**merged["slurm"], **value}
+        else:
+            merged[key] = value
+    merged["spec"] = str(find_spec(str(spec_path), base_dir=base_dir))  # absolute: the dumped config reloads anywhere
+    return merged
