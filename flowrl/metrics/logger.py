@@ -1,11 +1,17 @@
-"""Metric sinks: ``metrics.jsonl`` (one JSON object per step) and the console line."""
+"""Metric sinks (``trainer.logger``): ``metrics.jsonl``, the console line, TensorBoard.
+
+``metrics.jsonl`` (one JSON object per step) is always written: the dashboard, resume and the
+run summary read it. ``console`` prints one line per step, ``tensorboard`` writes event files
+under ``<run_dir>/tensorboard`` (``tensorboard --logdir <run_dir>/tensorboard``).
+:func:`open_loggers` builds the sinks a config names.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
-from typing import IO
+from typing import IO, Callable, Iterable
 
 #: The keys shown on the console line, in order, with their short labels.
 CONSOLE_KEYS = (
@@ -56,3 +62,81 @@ def console_line(step: int, total: int, metrics: dict[str, float]) -> str:
             v = metrics[key]
             parts.append(f"{label}={v:.3f}" if abs(v) < 1000 else f"{label}={v:.0f}")
     return "  ".join(parts)
+
+
+class ConsoleLogger:
+    """One line per step (:func:`console_line`) through ``write`` (``print``, or a progress
+    bar's ``write`` so the line does not break the bar)."""
+
+    def __init__(self, total: int, write: Callable[[str], None] = print) -> None:
+        self.total, self.write = total, write
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.write(console_line(step, self.total, metrics))
+
+    def close(self) -> None:
+        pass
+
+
+class TensorBoardLogger:
+    """Scalars to TensorBoard event files under ``log_dir`` (x axis: the 0-based step, as the
+    ``step`` of metrics.jsonl). Non-finite values are skipped, as JSONL writes them as null."""
+
+    def __init__(self, log_dir: str | Path) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:
+            from flowrl.config import ConfigError
+
+            raise ConfigError("trainer.logger", "tensorboard", f"needs the tensorboard package ({exc})",
+                              "pip install tensorboard, or drop tensorboard from trainer.logger") from exc
+        self.log_dir = Path(log_dir)
+        self._writer = SummaryWriter(log_dir=str(self.log_dir))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for key, value in sorted(metrics.items()):
+            v = _finite(value)
+            if v is not None:
+                self._writer.add_scalar(key, v, global_step=step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class MetricLoggers:
+    """Several sinks behind one ``log``/``close``."""
+
+    def __init__(self, sinks: list) -> None:
+        self.sinks = sinks
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for sink in self.sinks:
+            sink.log(step, metrics)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
+def open_loggers(names: Iterable[str], run_dir: str | Path, *, total: int,
+                 write: Callable[[str], None] = print) -> MetricLoggers:
+    """The sinks ``trainer.logger`` names, always with ``metrics.jsonl`` first. ``write`` prints
+    the console line. An unknown name raises :class:`~flowrl.config.ConfigError`."""
+    from flowrl.config import ConfigError
+    from flowrl.config.schema import LOGGERS
+
+    run_dir = Path(run_dir)
+    sinks: list = [JsonlLogger(run_dir / "metrics.jsonl")]
+    try:
+        for name in dict.fromkeys(names):
+            if name == "console":
+                sinks.append(ConsoleLogger(total, write))
+            elif name == "tensorboard":
+                sinks.append(TensorBoardLogger(run_dir / "tensorboard"))
+            elif name != "jsonl":  # jsonl: always on
+                raise ConfigError("trainer.logger", name, "is not a logger", f"use any of {', '.join(LOGGERS)}")
+    except BaseException:
+        MetricLoggers(sinks).close()
+        raise
+    return MetricLoggers(sinks)

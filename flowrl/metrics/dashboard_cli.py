@@ -1,0 +1,64 @@
+"""``flowrl dashboard RUN_DIR``: serve the per-step dashboard, or ``--export out.html``.
+
+    flowrl dashboard runs/20260101-120000                  live, http://127.0.0.1:5006/
+    flowrl dashboard runs/20260101-120000 --port 0         a free port (printed)
+    flowrl dashboard runs/20260101-120000 --export d.html  one self-contained HTML file, no server
+
+The server binds 127.0.0.1 only (reach it from elsewhere through an SSH tunnel). ``run`` returns
+0, or 2 with ``error: ...`` on stderr for a bad directory or option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (trainer.run_dir), finished or still running")
+    parser.add_argument("--port", type=int, default=5006, help="port on 127.0.0.1 (default 5006; 0: a free port)")
+    parser.add_argument("--export", metavar="OUT.html", default=None,
+                        help="write a static self-contained HTML file instead of serving")
+    parser.add_argument("--interval", type=float, default=2.0, help="seconds between re-reads of the run's files (default 2)")
+    parser.add_argument("--max-samples", type=int, default=64, help="sample rows shown per step (default 64)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        from flowrl.metrics.dashboard import export_html, serve
+    except ImportError as exc:  # bokeh is an extra
+        print(f"error: flowrl dashboard needs bokeh ({exc}); fix: pip install 'flowrl[dashboard]'", file=sys.stderr)
+        return 2
+
+    run_dir = Path(args.run_dir)
+    problems = []
+    if not run_dir.is_dir():
+        problems.append(f"RUN_DIR {run_dir}: no such directory; fix: pass the trainer.run_dir of a run")
+    elif not any((run_dir / f).exists() for f in ("config.yaml", "metrics.jsonl", "experience")):
+        problems.append(f"RUN_DIR {run_dir}: not a flowrl run directory (no config.yaml, metrics.jsonl or "
+                        "experience/); fix: pass the trainer.run_dir of a run")
+    if not 0 <= args.port <= 65535:
+        problems.append(f"--port {args.port}: not a port; fix: use 0..65535 (0: a free one)")
+    if args.interval <= 0:
+        problems.append(f"--interval {args.interval}: must be > 0; fix: use e.g. 2")
+    if args.max_samples < 1:
+        problems.append(f"--max-samples {args.max_samples}: must be >= 1; fix: use e.g. 64")
+    if problems:
+        print("error: " + "\nerror: ".join(problems), file=sys.stderr)
+        return 2
+    if args.export:
+        out = export_html(run_dir, args.export, max_samples=args.max_samples)
+        print(f"wrote {out}")
+        return 0
+    try:
+        serve(run_dir, port=args.port, interval_s=args.interval, max_samples=args.max_samples,
+              on_ready=lambda line: print(line, flush=True))
+    except OSError as exc:  # port in use
+        print(f"error: --port {args.port}: {exc}; fix: pick another port, or --port 0", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        pass
+    return 0

@@ -1,0 +1,259 @@
+"""Read a run directory while the run writes it: metrics, node timeline, experience samples.
+
+The dashboard calls :meth:`RunReader.refresh` every few seconds. ``metrics.jsonl`` is read from
+where the last refresh stopped (a half-written last line waits for the next refresh), and read
+again from the start when it shrank (a resumed run rewrites it); ``timeline.jsonl`` is small and
+read whole; a step's Parquet is read once it exists. Nothing here imports bokeh.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from flowrl.metrics.timeline import TIMELINE_FILE, read_timeline
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+RUN_INFO_FILE = "run_info.json"
+#: The samples table's columns, in display order.
+SAMPLE_COLUMNS = ("step", "uid", "group", "data_source", "prompt", "response", "ground_truth", "score",
+                  "response_length", "advantage")
+
+
+@dataclass
+class Changes:
+    """What one :meth:`RunReader.refresh` found."""
+
+    metrics_reset: bool = False  # metrics must be redrawn from scratch (a resume rewrote the file)
+    new_metric_rows: list[dict] = field(default_factory=list)
+    timeline_changed: bool = False
+    new_sample_steps: list[int] = field(default_factory=list)
+
+    @property
+    def any(self) -> bool:
+        return self.metrics_reset or bool(self.new_metric_rows) or self.timeline_changed or bool(self.new_sample_steps)
+
+
+class RunReader:
+    """The files of one run directory, read incrementally.
+
+    ``max_samples``: rows per step kept for the samples table (the first ones: GRPO groups are
+    contiguous, so whole groups). ``decode``: decode token ids with the run's tokenizer
+    (``model.path`` of ``config.yaml``); when it cannot be loaded the table shows the ids.
+    """
+
+    def __init__(self, run_dir: str | Path, *, max_samples: int = 64, decode: bool = True) -> None:
+        self.run_dir = Path(run_dir)
+        if not self.run_dir.is_dir():
+            raise ValueError(f"run directory {self.run_dir} does not exist; fix: pass the trainer.run_dir of a run")
+        if max_samples < 1:
+            raise ValueError(f"max_samples={max_samples} must be >= 1; fix: use e.g. 64")
+        self.max_samples = max_samples
+        self.decode = decode
+        self.metrics: dict[int, dict] = {}  # step -> row
+        self.timeline: list[dict] = []
+        self.samples: dict[int, dict[str, list]] = {}  # step -> columns
+        self.tokenizer_note = ""  # why samples show token ids, if they do
+        self._offset = 0
+        self._partial = ""
+        self._timeline_sig: tuple[int, int] | None = None
+
+    # ----------------------------------------------------------------- static facts
+    @property
+    def config(self) -> dict:
+        """The resolved ``config.yaml`` ({} while the run has not written it)."""
+        import yaml
+
+        path = self.run_dir / "config.yaml"
+        try:
+            data = yaml.safe_load(path.read_text()) if path.is_file() else {}
+        except yaml.YAMLError:
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    @property
+    def run_info(self) -> dict:
+        """``run_info.json`` (the Dask dashboard's address), {} if absent."""
+        path = self.run_dir / RUN_INFO_FILE
+        try:
+            data = json.loads(path.read_text()) if path.is_file() else {}
+        except json.JSONDecodeError:
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    @property
+    def dask_dashboard(self) -> str | None:
+        link = self.run_info.get("dask_dashboard")
+        return link if isinstance(link, str) and link else None
+
+    # ----------------------------------------------------------------- reading
+    def refresh(self) -> Changes:
+        changes = Changes()
+        self._read_metrics(changes)
+        self._read_timeline(changes)
+        self._read_samples(changes)
+        return changes
+
+    def _read_metrics(self, changes: Changes) -> None:
+        path = self.run_dir / METRICS_FILE
+        if not path.is_file():
+            return
+        size = path.stat().st_size
+        if size < self._offset:  # rewritten (resume): start over
+            self.metrics, self._offset, self._partial = {}, 0, ""
+            changes.metrics_reset = True
+        if size == self._offset:
+            return
+        with open(path, "rb") as fh:
+            fh.seek(self._offset)
+            chunk = fh.read(size - self._offset)
+        self._offset = size
+        text = self._partial + chunk.decode("utf-8", errors="replace")
+        lines = text.split("\n")
+        self._partial = lines.pop()  # "" after a complete last line
+        for line in lines:
+            row = _parse_metric_row(line)
+            if row is None:
+                continue
+            if row["step"] in self.metrics:
+                changes.metrics_reset = True  # a step written again: redraw
+            self.metrics[row["step"]] = row
+            changes.new_metric_rows.append(row)
+
+    def _read_timeline(self, changes: Changes) -> None:
+        path = self.run_dir / TIMELINE_FILE
+        if not path.is_file():
+            return
+        stat = path.stat()
+        sig = (stat.st_size, stat.st_mtime_ns)
+        if sig != self._timeline_sig:
+            self._timeline_sig = sig
+            self.timeline = read_timeline(path)
+            changes.timeline_changed = True
+
+    def _read_samples(self, changes: Changes) -> None:
+        folder = self.run_dir / "experience"
+        if not folder.is_dir():
+            return
+        for path in sorted(folder.glob("step_*.parquet")):
+            try:
+                step = int(path.stem.split("_", 1)[1])
+            except ValueError:
+                continue
+            if step in self.samples:
+                continue
+            columns = self._load_samples(path, step)
+            if columns is not None:
+                self.samples[step] = columns
+                changes.new_sample_steps.append(step)
+
+    def _load_samples(self, path: Path, step: int) -> dict[str, list] | None:
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.read_table(path)
+        except Exception as exc:  # noqa: BLE001 - still being written, or not Parquet: retry later
+            log.debug("cannot read %s yet: %s", path, exc)
+            return None
+        table = table.slice(0, self.max_samples)
+        return sample_columns(table, step, self._decoder())
+
+    def _decoder(self) -> Any:
+        if not self.decode:
+            self.tokenizer_note = "token ids shown (decoding off)"
+            return None
+        model_path = (self.config.get("model") or {}).get("path") or ""
+        tok, note = _load_tokenizer(str(model_path))
+        self.tokenizer_note = note
+        return tok
+
+    # ----------------------------------------------------------------- views
+    @property
+    def metric_keys(self) -> list[str]:
+        return sorted({k for row in self.metrics.values() for k in row if k != "step"})
+
+    def metric_columns(self) -> dict[str, list[float]]:
+        """``step`` plus one column per metric key, NaN where a step lacks the key."""
+        steps = sorted(self.metrics)
+        keys = self.metric_keys
+        return {"step": steps, **{k: [_num(self.metrics[s].get(k)) for s in steps] for k in keys}}
+
+    def rows_columns(self, rows: list[dict]) -> dict[str, list[float]]:
+        """``rows`` (new metric rows) as columns over the current keys, for a stream."""
+        keys = self.metric_keys
+        return {"step": [r["step"] for r in rows], **{k: [_num(r.get(k)) for r in rows] for k in keys}}
+
+    @property
+    def steps(self) -> list[int]:
+        """Steps with a timeline or samples (what the step selector offers)."""
+        return sorted({r["step"] for r in self.timeline} | set(self.samples))
+
+
+def _parse_metric_row(line: str) -> dict | None:
+    line = line.strip()
+    if not line:
+        return None
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+        return None
+    return {k: v for k, v in row.items() if k == "step" or v is None or isinstance(v, (int, float))}
+
+
+def _num(v: Any) -> float:
+    if v is None or isinstance(v, bool):
+        return math.nan
+    return float(v)
+
+
+@lru_cache(maxsize=4)
+def _load_tokenizer(model_path: str) -> tuple[Any, str]:
+    if not model_path:
+        return None, "token ids shown (config.yaml names no model.path)"
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(model_path), ""
+    except Exception as exc:  # noqa: BLE001 - any failure: show ids, say why
+        return None, f"token ids shown (cannot load the tokenizer of {model_path}: {type(exc).__name__})"
+
+
+def sample_columns(table: Any, step: int, tokenizer: Any = None) -> dict[str, list]:
+    """The samples table's columns (:data:`SAMPLE_COLUMNS`) for an experience table: texts
+    decoded with ``tokenizer`` (special tokens kept, so EOS shows), or the ids as text."""
+    n = table.num_rows
+    names = set(table.column_names)
+
+    def col(name: str, default: Any) -> list:
+        return table.column(name).to_pylist() if name in names else [default] * n
+
+    def text(ids_list: list) -> list[str]:
+        ids_list = [ids or [] for ids in ids_list]
+        if tokenizer is not None:
+            return list(tokenizer.batch_decode(ids_list, skip_special_tokens=False))
+        return [" ".join(map(str, ids)) for ids in ids_list]
+
+    responses = col("response_ids", [])
+    advantages = col("advantages", None)
+    scores = col("score", None)
+    return {
+        "step": [int(step)] * n,
+        "uid": [str(u) for u in col("uid", "")],
+        "group": [int(g) if g is not None else -1 for g in col("group", -1)],
+        "data_source": [str(s) if s is not None else "" for s in col("data_source", "")],
+        "prompt": text(col("prompt_ids", [])),
+        "response": text(responses),
+        "ground_truth": [str(s) if s is not None else "" for s in col("ground_truth", "")],
+        "score": [_num(s) for s in scores],
+        "response_length": [len(r or []) for r in responses],
+        "advantage": [_num(a[0]) if a else math.nan for a in advantages],
+    }

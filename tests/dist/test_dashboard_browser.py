@@ -1,0 +1,217 @@
+"""The dashboard in a real browser (headless Chromium over CDP), for a real 3-step run directory.
+
+Checks what rendered, not only that the server answered: metric curves (canvases of the
+``metric:<key>`` figures, one per metrics.jsonl key), the node timeline (the Gantt's rows for the
+chosen step), the samples table (decoded prompts in the DataTable's cells), the reshard and
+throughput panels, the Dask dashboard link; then a full-page screenshot that must not be blank,
+saved under ``test-artifacts/``. The same checks run on the ``--export`` HTML opened from
+``file://``, and a live server picks up a step written after the page opened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from chromium_cdp import DOM_PROBE_JS, Chromium, chromium_binary  # tests/dist/chromium_cdp.py
+from flowrl.data import experience as ex
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(900),  # a 3-step run, a Bokeh server and Chromium: a minute or two on a quiet machine
+    pytest.mark.skipif(chromium_binary() is None, reason="no chromium (apt-get install -y chromium; .ci/run does)"),
+]
+
+ARTIFACTS = Path(os.environ.get("FLOWRL_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts"))
+DOC = "Bokeh.documents[0]"
+READY_JS = (f"window.Bokeh && Bokeh.documents.length > 0 && {DOC}.get_model_by_name('samples_shown') !== null"
+            f" && {DOC}.get_model_by_name('samples_shown').data.step.length > 0")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, tiny_model_dir, addition_data):
+    """A real run: 3 GRPO steps through the CLI, with the Dask dashboard on (its link recorded)
+    and the console and TensorBoard loggers."""
+    out = tmp_path_factory.mktemp("dash") / "run"
+    cmd = [
+        sys.executable, "-m", "flowrl.cli", "train",
+        f"model.path={tiny_model_dir}", f"data.train_files={addition_data[0]}",
+        "trainer.total_training_steps=3", f"trainer.run_dir={out}", "trainer.progress=false",
+        "data.train_batch_size=8", "rollout.n=4", "actor.ppo_mini_batch_size=8", "cluster.dashboard=true",
+        "trainer.logger=[console,tensorboard]",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (out / "timeline.jsonl").is_file() and json.loads((out / "run_info.json").read_text())["dask_dashboard"]
+    assert [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("step ")] == ["1/3", "2/3", "3/3"]
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    return out
+
+
+class DashboardServer:
+    """``flowrl dashboard RUN_DIR --port 0`` in a subprocess; ``url`` from its first line."""
+
+    def __init__(self, run_dir: Path, *, interval_s: float = 0.5, timeout_s: float = 90) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "flowrl.cli", "dashboard", str(run_dir), "--port", "0", "--interval", str(interval_s)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(line) for line in self.proc.stdout], daemon=True).start()
+        self.output: list[str] = []
+        try:
+            while True:
+                line = lines.get(timeout=timeout_s)
+                self.output.append(line)
+                match = re.search(r"http://127\.0\.0\.1:\d+/", line)
+                if match:
+                    self.url = match.group(0)
+                    break
+        except queue.Empty:
+            self.close()
+            raise TimeoutError(f"no dashboard URL within {timeout_s}s: {''.join(self.output)}") from None
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=15)
+
+
+def metric_keys(run_dir: Path) -> set[str]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {k for row in rows for k in row if k != "step"}
+
+
+def check_panels(browser: Chromium, run_dir: Path, shot: str) -> dict:
+    """The assertions both the live page and the exported file must pass."""
+    browser.wait_for(READY_JS, timeout_s=90)
+    # every metric key has its figure, and every figure drew (a canvas with a size)
+    names = browser.evaluate(f"{DOC}.all_models ? [...{DOC}.all_models].map(m => m.name).filter(n => n) : []")
+    keys = metric_keys(run_dir)
+
+    def panel(name: str) -> set[str]:
+        return {n.split(":", 1)[1] for n in names if n.startswith(name + ":")}
+
+    assert panel("metric") == keys, keys ^ panel("metric")
+    assert panel("throughput") == {k for k in keys if k.startswith("perf/")} != set()
+    assert "critic/score/mean" in panel("overview")
+    reshard = {k for k in keys if k.startswith("reshard/")}
+    assert panel("reshard") == reshard
+    probe = browser.wait_for(f"(() => {{ const p = {DOM_PROBE_JS.strip()}; return p.canvases >= {len(keys)} ? p : null; }})()",
+                             timeout_s=60)
+    for text in ("Overview", "Step", "Throughput", "Reshard", "All metrics",
+                 "critic/", "actor/", "timing_s/", "perf/", "response_length/", "step 2: 32 samples"):
+        assert text in probe["text"], text
+    assert ("no reshard metrics yet" in probe["text"]) == (not reshard)
+    # the samples table: decoded prompts ("12+34=") and their ground truths, in the grid's cells
+    prompts = [c for c in probe["cells"] if re.fullmatch(r"\d+\+\d+=", c)]
+    assert len(prompts) >= 8, probe["cells"][:40]
+    first_uid = {step: pq.read_table(ex.step_path(run_dir, step)).column("uid")[0].as_py() for step in (0, 2)}
+    assert first_uid[2] in probe["cells"] and first_uid[0] not in probe["cells"]
+    # the timeline of the chosen step: one bar per graph node, in order of start
+    shown = browser.evaluate(f"{DOC}.get_model_by_name('timeline_shown').data")
+    assert set(shown["step"]) == {2}
+    recorded = [json.loads(line) for line in (run_dir / "timeline.jsonl").read_text().splitlines()]
+    assert set(shown["node"]) == {r["node"] for r in recorded if r["step"] == 2}
+    # every node of the graph, the weight sync (collected after the step's result) included
+    assert {"gen", "reward", "ref", "adv", "update_actor", "collect"} < set(shown["node"])
+    assert shown["node"][0] == "gen" and all(e >= s >= 0 for s, e in zip(shown["start"], shown["end"]))
+    factors = browser.evaluate(f"{DOC}.get_model_by_name('timeline').y_range.factors")
+    assert factors[-1] == "gen"  # the first node on top
+    # the Dask dashboard link the run recorded
+    assert json.loads((run_dir / "run_info.json").read_text())["dask_dashboard"] in probe["links"]
+    # choosing another step swaps the timeline and the table, in the browser
+    browser.evaluate(f"{DOC}.get_model_by_name('step_select').value = '0'")
+    browser.wait_for(f"{DOC}.get_model_by_name('samples_note').text === 'step 0: 32 samples'", timeout_s=60)
+    assert set(browser.evaluate(f"{DOC}.get_model_by_name('timeline_shown').data.step")) == {0}
+    # ... and the grid's cells show step 0's rows (a DataTable can keep drawing stale rows)
+    browser.wait_for(f"(() => {{ const p = {DOM_PROBE_JS.strip()}; return p.cells.includes({json.dumps(first_uid[0])})"
+                     f" && !p.cells.includes({json.dumps(first_uid[2])}); }})()", timeout_s=30)
+    path = browser.screenshot(ARTIFACTS / shot)
+    assert_not_blank(path)
+    print(f"screenshot: {path}")
+    return probe
+
+
+def assert_not_blank(path: Path) -> None:
+    from PIL import Image
+
+    image = Image.open(path).convert("RGB")
+    assert image.width >= 1000 and image.height >= 1500, image.size
+    small = image.resize((image.width // 4, image.height // 4))
+    pixels = list(small.get_flattened_data() if hasattr(small, "get_flattened_data") else small.getdata())
+    non_white = sum(1 for p in pixels if sum(p) < 720) / len(pixels)
+    colours = len(set(pixels))
+    assert non_white > 0.02 and colours > 50, (non_white, colours)
+
+
+def test_live_dashboard_renders_curves_timeline_and_samples(run_dir):
+    server = DashboardServer(run_dir)
+    try:
+        with Chromium() as browser:
+            browser.open(server.url)
+            check_panels(browser, run_dir, "dashboard_live.png")
+    finally:
+        server.close()
+
+
+def test_exported_html_opens_without_a_server(run_dir, tmp_path):
+    out = tmp_path / "dashboard.html"
+    proc = subprocess.run([sys.executable, "-m", "flowrl.cli", "dashboard", str(run_dir), "--export", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    html = out.read_text()
+    assert "cdn.bokeh.org" not in html and "<script" in html  # BokehJS inlined: opens offline
+    with Chromium() as browser:
+        browser.open(out.as_uri())
+        check_panels(browser, run_dir, "dashboard_export.png")
+
+
+def test_live_dashboard_follows_a_running_run(run_dir, tmp_path):
+    """Steps written after the page opened appear without a reload (the server re-reads the
+    files): start from a copy holding step 0 only, then write steps 1 and 2 into it."""
+    live = tmp_path / "live"
+    (live / "experience").mkdir(parents=True)
+    for name in ("config.yaml", "run_info.json"):
+        shutil.copy(run_dir / name, live / name)
+    metrics = (run_dir / "metrics.jsonl").read_text().splitlines(keepends=True)
+    timeline = [line for line in (run_dir / "timeline.jsonl").read_text().splitlines(keepends=True)]
+
+    def write_step(step: int) -> None:
+        with open(live / "metrics.jsonl", "a") as fh:
+            fh.write(metrics[step])
+        with open(live / "timeline.jsonl", "a") as fh:
+            fh.writelines(line for line in timeline if json.loads(line)["step"] == step)
+        name = f"step_{step:06d}.parquet"
+        shutil.copy(run_dir / "experience" / name, live / "experience" / name)
+
+    write_step(0)
+    server = DashboardServer(live, interval_s=0.3)
+    try:
+        with Chromium() as browser:
+            browser.open(server.url)
+            browser.wait_for(READY_JS, timeout_s=90)
+            assert browser.evaluate(f"{DOC}.get_model_by_name('step_select').options") == ["0"]
+            write_step(1)
+            write_step(2)
+            # the server re-reads the files, pushes the new rows, and the page lays out the new curves
+            browser.wait_for(f"{DOC}.get_model_by_name('step_select').value === '2'", timeout_s=120)
+            assert browser.evaluate(f"{DOC}.get_model_by_name('metrics').data.step.length") == 3
+            browser.wait_for(f"{DOC}.get_model_by_name('samples_note').text === 'step 2: 32 samples'", timeout_s=60)
+            browser.wait_for(f"new Set({DOC}.get_model_by_name('timeline_shown').data.step).has(2)", timeout_s=60)
+    finally:
+        server.close()

@@ -1,0 +1,125 @@
+"""The dashboard's data side without a browser: incremental reading of a run directory, the
+samples table, and the Bokeh models (panels, step selector, live update, static export).
+The browser checks are in tests/dist/test_dashboard_browser.py."""
+
+import json
+import math
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from flowrl.data import experience as ex
+from flowrl.metrics.run_reader import RunReader, sample_columns
+
+
+def write_step(run_dir, step, *, extra=None):
+    row = {"step": step, "critic/score/mean": 0.1 * step, "actor/pg_loss": -0.5, "perf/throughput": 100.0 + step,
+           "timing_s/gen": 0.25, **(extra or {})}
+    with open(run_dir / "metrics.jsonl", "a") as fh:
+        fh.write(json.dumps(row) + "\n")
+    with open(run_dir / "timeline.jsonl", "a") as fh:
+        for node, start, end in (("gen", 0.0, 0.25), ("reward", 0.25, 0.5), ("update_actor", 0.5, 1.0)):
+            fh.write(json.dumps({"step": step, "node": node, "start": start, "end": end}) + "\n")
+    table = pa.table({
+        "uid": [f"{step}-0", f"{step}-1", f"{step}-2"], "group": pa.array([0, 0, 1], pa.int64()),
+        "data_source": ["a", "a", "b"], "ground_truth": ["3", "3", "5"],
+        "prompt_ids": pa.array([[1, 2], [1, 2], [3]], ex.TOKEN_IDS),
+        "response_ids": pa.array([[4, 5, 6], [7], []], ex.TOKEN_IDS),
+        "score": pa.array([1.0, 0.0, 0.5], pa.float32()),
+        "advantages": pa.array([[0.5, 0.5, 0.5], [-0.5], []], ex.TOKEN_FLOATS),
+    })
+    (run_dir / "experience").mkdir(exist_ok=True)
+    pq.write_table(table, ex.step_path(run_dir, step))
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "config.yaml").write_text(yaml.safe_dump({"model": {"path": str(tmp_path / "no-model")},
+                                                  "trainer": {"total_training_steps": 5}}))
+    for step in range(2):
+        write_step(d, step)
+    return d
+
+
+def test_reader_reads_metrics_incrementally_and_waits_for_a_cut_line(run_dir):
+    reader = RunReader(run_dir)
+    changes = reader.refresh()
+    assert [r["step"] for r in changes.new_metric_rows] == [0, 1] and changes.new_sample_steps == [0, 1]
+    assert not reader.refresh().any  # nothing new
+    text = json.dumps({"step": 2, "critic/score/mean": 0.5})
+    with open(run_dir / "metrics.jsonl", "a") as fh:
+        fh.write(text[:10])  # the trainer is mid-write
+    assert reader.refresh().new_metric_rows == []
+    with open(run_dir / "metrics.jsonl", "a") as fh:
+        fh.write(text[10:] + "\n")
+    assert [r["step"] for r in reader.refresh().new_metric_rows] == [2]
+    cols = reader.metric_columns()
+    assert cols["step"] == [0, 1, 2] and math.isnan(cols["actor/pg_loss"][2])  # key missing in step 2
+    # a resumed run rewrites the file shorter: read again from the start
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 0, "critic/score/mean": 0.0}) + "\n")
+    changes = reader.refresh()
+    assert changes.metrics_reset and sorted(reader.metrics) == [0]
+
+
+def test_samples_decode_with_a_tokenizer_or_show_ids(run_dir):
+    table = pq.read_table(ex.step_path(run_dir, 0))
+
+    class Tok:
+        def batch_decode(self, ids, skip_special_tokens):
+            return ["".join(chr(ord("a") + i) for i in seq) for seq in ids]
+
+    cols = sample_columns(table, 0, Tok())
+    assert cols["prompt"] == ["bc", "bc", "d"] and cols["response"] == ["efg", "h", ""]
+    assert cols["response_length"] == [3, 1, 0] and cols["advantage"][:2] == [0.5, -0.5] and math.isnan(cols["advantage"][2])
+    assert sample_columns(table, 0)["response"] == ["4 5 6", "7", ""]
+    reader = RunReader(run_dir, max_samples=2)
+    reader.refresh()
+    assert reader.samples[1]["uid"] == ["1-0", "1-1"]  # the first max_samples rows
+    assert "cannot load the tokenizer" in reader.tokenizer_note  # config's model.path does not exist
+
+
+def test_bad_run_dir_and_options_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        RunReader(tmp_path / "nope")
+    with pytest.raises(ValueError, match="max_samples"):
+        RunReader(tmp_path, max_samples=0)
+
+
+def test_dashboard_panels_step_selector_and_live_update(run_dir):
+    pytest.importorskip("bokeh")
+    from flowrl.metrics.dashboard import NO_RESHARD, Dashboard
+
+    dash = Dashboard(run_dir, live=True)
+    doc_models = list(dash.layout.references())
+    names = {m.name for m in doc_models if getattr(m, "name", None)}
+    for key in ("critic/score/mean", "actor/pg_loss", "perf/throughput", "timing_s/gen"):
+        assert f"metric:{key}" in names
+    assert "throughput:perf/throughput" in names and "overview:critic/score/mean" in names
+    assert any(NO_RESHARD in getattr(m, "text", "") for m in dash.reshard.children)
+    assert dash.step_select.options == ["0", "1"] and dash.step_select.value == "1"
+    assert set(dash.tl_shown.data["step"]) == {1} and dash.tl_shown.data["node"][0] == "gen"
+    assert dash.gantt.y_range.factors == ["update_actor", "reward", "gen"]  # first node on top
+    assert dash.smp_shown.data["uid"] == ["1-0", "1-1", "1-2"]
+
+    write_step(run_dir, 2, extra={"reshard/bytes": 1024.0})  # a new step, with a new key
+    changes = dash.update()
+    assert changes.new_sample_steps == [2]
+    assert list(dash.metrics_src.data["step"]) == [0, 1, 2]
+    assert dash.step_select.value == "2"  # following the latest step
+    names = {m.name for m in dash.layout.references() if getattr(m, "name", None)}
+    assert {"reshard:reshard/bytes", "metric:reshard/bytes"} <= names
+    assert not any(NO_RESHARD in getattr(m, "text", "") for m in dash.reshard.children)
+
+
+def test_export_is_one_self_contained_file(run_dir, tmp_path):
+    pytest.importorskip("bokeh")
+    from flowrl.metrics.dashboard import export_html
+
+    out = export_html(run_dir, tmp_path / "d.html")
+    html = out.read_text()
+    assert "cdn.bokeh.org" not in html and "flowrl_dashboard" in html and "samples_shown" in html
+    assert len(html) > 500_000  # BokehJS inlined

@@ -1,0 +1,77 @@
+"""trainer.logger: config validation, the sinks it opens, TensorBoard event files."""
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+from flowrl.config import ConfigError, load_config
+from flowrl.metrics import ConsoleLogger, open_loggers, read_metrics
+
+
+def test_logger_list_override_parses_from_the_command_line_syntax():
+    assert load_config().trainer.logger == ["console"]
+    cfg = load_config(None, ["trainer.logger=[console,tensorboard]"])
+    assert cfg.trainer.logger == ["console", "tensorboard"]
+    assert load_config(None, ["trainer.logger=[]"]).trainer.logger == []
+
+
+@pytest.mark.parametrize("override, key, value, fix", [
+    ("trainer.logger=[console,wandb]", "trainer.logger", "wandb", "use one of console, jsonl, tensorboard"),
+    ("trainer.logger=[console,console]", "trainer.logger", ["console", "console"], "list each logger once"),
+    ("trainer.logger=console", "trainer.logger", "console", "write trainer.logger=[...]"),
+])
+def test_bad_logger_names_the_key_value_and_fix(override, key, value, fix):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert err.value.key == key and err.value.value == value and fix in err.value.fix
+
+
+def test_cli_rejects_an_unknown_logger_before_any_worker():
+    proc = subprocess.run([sys.executable, "-m", "flowrl.cli", "config", "trainer.logger=[console,wandb]"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "trainer.logger='wandb'" in proc.stderr and "tensorboard" in proc.stderr
+
+
+def test_metrics_jsonl_is_written_whatever_the_logger_list(tmp_path):
+    logger = open_loggers([], tmp_path, total=2)
+    logger.log(0, {"critic/score/mean": 0.5, "actor/pg_loss": float("nan")})
+    logger.close()
+    assert read_metrics(tmp_path / "metrics.jsonl") == [{"step": 0, "actor/pg_loss": None, "critic/score/mean": 0.5}]
+
+
+def test_console_logger_prints_one_line_per_step():
+    lines = []
+    logger = ConsoleLogger(3, lines.append)
+    logger.log(0, {"critic/score/mean": 0.25, "timing_s/step": 1.5})
+    logger.log(1, {"critic/score/mean": 0.5})
+    assert lines == ["step 1/3  score=0.250  step_s=1.500", "step 2/3  score=0.500"]
+
+
+def test_tensorboard_event_files_hold_every_finite_scalar(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    lines = []
+    logger = open_loggers(["console", "tensorboard"], tmp_path, total=2, write=lines.append)
+    logger.log(0, {"critic/score/mean": 0.25, "actor/pg_loss": -1.5, "actor/kl_loss": math.inf})
+    logger.log(1, {"critic/score/mean": 0.75, "actor/pg_loss": -0.5, "actor/kl_loss": 0.125})
+    logger.close()
+    assert len(lines) == 2
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0, 1]
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert set(acc.Tags()["scalars"]) == {"critic/score/mean", "actor/pg_loss", "actor/kl_loss"}
+    score = [(e.step, e.value) for e in acc.Scalars("critic/score/mean")]
+    assert score == [(0, 0.25), (1, 0.75)]
+    assert [(e.step, e.value) for e in acc.Scalars("actor/kl_loss")] == [(1, 0.125)]  # inf skipped
+
+
+def test_missing_tensorboard_is_a_config_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails
+    with pytest.raises(ConfigError) as err:
+        open_loggers(["tensorboard"], tmp_path, total=1)
+    assert err.value.key == "trainer.logger" and "pip install tensorboard" in err.value.fix
+    assert (tmp_path / "metrics.jsonl").is_file()  # opened first, closed on the error
