@@ -5,7 +5,7 @@
 Runs the default config (or overrides) and reads each step's metrics: ``timing_s/<node>`` is a
 node's wall time inside its Dask task, ``compute_s/<x>`` the slowest rank's time inside the actor
 method. The step's critical path is gen -> reward -> max(ref, old_log_prob) -> adv ->
-update_actor -> sync_weights -> collect. Orchestration is what the step spent outside compute
+update_actor -> reshard -> collect. Orchestration is what the step spent outside compute
 (actor methods plus the plain tasks' own work): scheduling, dispatch, serialisation, transfers.
 Prints a table and writes JSON.
 """
@@ -20,13 +20,13 @@ import sys
 import time
 from pathlib import Path
 
-NODES = ("gen", "reward", "ref", "old_log_prob", "adv", "update_actor", "sync_weights", "collect")
+NODES = ("gen", "reward", "ref", "old_log_prob", "adv", "update_actor", "reshard", "collect")
 ACTOR_COMPUTE = {
     "gen": "compute_s/gen",
     "ref": "compute_s/ref_logprobs",
     "old_log_prob": "compute_s/old_logprobs",
     "update_actor": "compute_s/update_actor",
-    "sync_weights": "compute_s/sync_weights",
+    "reshard": "compute_s/reshard",
 }
 TASK_COMPUTE = ("reward", "adv", "collect")  # plain tasks: their wall time is their compute
 
@@ -36,10 +36,10 @@ def breakdown(m: dict[str, float]) -> dict[str, float]:
     step = m["timing_s/step"]
 
     # ref and old_log_prob run in parallel on different groups: the slower one is on the path
-    actor = sum(m.get(ACTOR_COMPUTE[n], 0.0) for n in ("gen", "update_actor", "sync_weights"))
+    actor = sum(m.get(ACTOR_COMPUTE[n], 0.0) for n in ("gen", "update_actor", "reshard"))
     actor += max(m.get(ACTOR_COMPUTE["ref"], 0.0), m.get(ACTOR_COMPUTE["old_log_prob"], 0.0))
     task = sum(m.get(f"timing_s/{n}", 0.0) for n in TASK_COMPUTE)
-    node_wall = sum(m.get(f"timing_s/{n}", 0.0) for n in ("gen", "reward", "adv", "update_actor", "sync_weights", "collect"))
+    node_wall = sum(m.get(f"timing_s/{n}", 0.0) for n in ("gen", "reward", "adv", "update_actor", "reshard", "collect"))
     node_wall += max(m.get("timing_s/ref", 0.0), m.get("timing_s/old_log_prob", 0.0))
     return {
         "step_s": step,

@@ -1,10 +1,12 @@
 """``flowrl``: the command line.
 
     flowrl train [CONFIG.yaml] [key.sub=value ...]   run GRPO (no arguments: the embedded default)
+    flowrl submit CONFIG.yaml [key=value ...]        the same with the workers as SLURM jobs (cluster.kind=slurm)
     flowrl config [CONFIG.yaml] [key=value ...]      print the resolved config, or --fields to list them
     flowrl parallel-plan --model 7B --gpus 64 ...    rank (dp, tp, pp) layouts for a model
     flowrl reshard-plan --train tp=4,pp=2 --gen tp=2  the transfers from training to generation shards
     flowrl export-hf CHECKPOINT OUT_DIR [--config-dir DIR]  a checkpoint as a transformers directory
+    flowrl dashboard RUN_DIR [--port P] [--export out.html]  the per-step dashboard of a run (127.0.0.1)
     flowrl --version
 
 A configuration mistake prints ``error: <key>=<value>: <problem>; fix: <fix>`` and exits with 2
@@ -50,6 +52,23 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_submit(args: argparse.Namespace) -> int:
+    """``flowrl train`` with the workers on a cluster (SLURM jobs or an existing scheduler)."""
+    from flowrl.config import ConfigError
+    from flowrl.trainer import train
+
+    cfg = _load(args.items)
+    if cfg.cluster.kind == "local":
+        raise ConfigError("cluster.kind", "local", "flowrl submit runs the workers on a cluster, not this machine",
+                          "pass a SLURM spec (flowrl submit cluster/slurm.yaml ..., or cluster.spec=cluster/slurm.yaml), "
+                          "set cluster.kind=slurm, or use flowrl train")
+    if not cfg.cluster.dashboard:
+        print("flowrl: the Dask dashboard is off (cluster.dashboard=true serves it)", file=sys.stderr)
+    summary = train(cfg)
+    print(summary.text())
+    return 0
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     import yaml
 
@@ -72,6 +91,12 @@ def cmd_parallel_plan(args: argparse.Namespace) -> int:
 
 def cmd_reshard_plan(args: argparse.Namespace) -> int:
     from flowrl.parallel.reshard_cli import run
+
+    return run(args)
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from flowrl.metrics.dashboard_cli import run
 
     return run(args)
 
@@ -112,6 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key=value", help="an optional YAML file, then dotted overrides")
     p.set_defaults(func=cmd_train)
 
+    p = sub.add_parser("submit", help="run GRPO with the workers as SLURM jobs (cluster.kind=slurm) or on a scheduler")
+    p.add_argument("items", nargs="*", metavar="CONFIG.yaml key=value",
+                   help="a run config or cluster spec (e.g. cluster/slurm.yaml), then dotted overrides")
+    p.set_defaults(func=cmd_submit)
+
     p = sub.add_parser("config", help="print the resolved configuration (or --fields: every key with its doc)")
     p.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key=value")
     p.add_argument("--fields", action="store_true", help="list every key, its default and what it does")
@@ -139,6 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the HF model directory the run started from (config.json, tokenizer); default: the "
                         "checkpoint's recorded model.path")
     p.set_defaults(func=cmd_export_hf)
+
+    p = sub.add_parser("dashboard", help="serve a run's per-step dashboard on 127.0.0.1, or --export a static HTML file")
+    from flowrl.metrics.dashboard_cli import add_arguments as add_dashboard_arguments
+
+    add_dashboard_arguments(p)
+    p.set_defaults(func=cmd_dashboard)
     return parser
 
 

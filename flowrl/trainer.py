@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -35,6 +36,7 @@ class RunSummary:
     tokens_per_s: float
     wall_s: float
     history: list[dict[str, float]] = field(default_factory=list, repr=False)
+    restarts: int = 0  # worker groups rebuilt after a lost worker (trainer.max_restarts)
 
     def text(self) -> str:
         return (
@@ -51,7 +53,7 @@ def default_cache_dir() -> Path:
 def resolve_inputs(cfg: RunConfig) -> RunConfig:
     """Fill ``model.path``, ``data.train_files`` and ``trainer.run_dir`` (building the embedded
     default task if needed) and check that the files exist. Runs before any worker starts."""
-    model_path, train_files = cfg.model.path, cfg.data.train_files
+    model_path, train_files, val_files = cfg.model.path, cfg.data.train_files, cfg.data.val_files
     if not model_path or not train_files:
         if bool(model_path) != bool(train_files):
             missing = "data.train_files" if model_path else "model.path"
@@ -62,12 +64,18 @@ def resolve_inputs(cfg: RunConfig) -> RunConfig:
         cache = Path(cfg.trainer.cache_dir) if cfg.trainer.cache_dir else default_cache_dir()
         task = prepare_default_task(cache / "default_task", seed=cfg.trainer.seed)
         model_path, train_files = str(task.model_dir), str(task.train_path)
+        if cfg.trainer.test_freq > 0 and not val_files:
+            val_files = str(task.test_path)  # validation: the default task's held-out split
     if not (Path(model_path) / "config.json").is_file():
         raise ConfigError("model.path", model_path, "is not a transformers model directory (no config.json)",
                           "point model.path at a local directory saved with save_pretrained")
     for f in train_files.split(","):
         if not Path(f).is_file():
             raise ConfigError("data.train_files", f, "no such file", "point data.train_files at Parquet prompt files")
+    _check_val_files(cfg, val_files)
+    if cfg.reward_model.enable and not (Path(cfg.reward_model.model_path) / "config.json").is_file():
+        raise ConfigError("reward_model.model_path", cfg.reward_model.model_path, "is not a transformers model directory "
+                          "(no config.json)", "point it at a reward model saved with save_pretrained")
     if cfg.actor.strategy == "megatron":
         _check_megatron_layout(cfg, model_path)
     run_dir = cfg.trainer.run_dir or str(Path("runs") / datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"))
@@ -77,18 +85,28 @@ def resolve_inputs(cfg: RunConfig) -> RunConfig:
     return dataclasses.replace(
         cfg,
         model=dataclasses.replace(cfg.model, path=str(model_path)),
-        data=dataclasses.replace(cfg.data, train_files=train_files),
+        data=dataclasses.replace(cfg.data, train_files=train_files, val_files=val_files),
         trainer=dataclasses.replace(cfg.trainer, run_dir=str(Path(run_dir).resolve()), resume_mode=resume_mode),
     )
+
+
+def _check_val_files(cfg: RunConfig, val_files: str) -> None:
+    """``trainer.test_freq > 0`` needs held-out prompts that exist (before any worker starts)."""
+    if cfg.trainer.test_freq == 0:
+        return
+    if not val_files:
+        raise ConfigError("data.val_files", "", f"is empty while trainer.test_freq={cfg.trainer.test_freq}",
+                          "point data.val_files at held-out Parquet prompts, or set trainer.test_freq=0")
+    for f in val_files.split(","):
+        if not Path(f).is_file():
+            raise ConfigError("data.val_files", f, "no such file", "point data.val_files at Parquet prompt files")
 
 
 def _check_resume_path(cfg: RunConfig, path: str) -> Path:
     """``trainer.resume_mode=PATH``: a complete checkpoint the run can load (before any worker)."""
     from flowrl.checkpoint import load_meta
 
-    if cfg.actor.strategy == "megatron":
-        raise ConfigError("trainer.resume_mode", path, "with actor.strategy=megatron: sharded megatron checkpoints "
-                          "are not wired yet", "use trainer.resume_mode=disable (or actor.strategy=dp)")
+    _check_checkpointable(cfg, "trainer.resume_mode", path)
     resolved = Path(path).resolve()
     if not resolved.is_dir():
         raise ConfigError("trainer.resume_mode", path, "is neither auto, disable nor an existing checkpoint directory",
@@ -99,6 +117,16 @@ def _check_resume_path(cfg: RunConfig, path: str) -> Path:
         raise ConfigError("trainer.resume_mode", path, f"is not a loadable checkpoint: {exc}",
                           "point it at a complete checkpoint directory, or use auto / disable") from exc
     return resolved
+
+
+def _check_checkpointable(cfg: RunConfig, key: str, value: Any) -> None:
+    """Megatron's distributed optimizer keeps Adam's state in flat dp-sharded buffers, which the
+    sharded checkpoints do not map back to parameters: refuse before any worker starts."""
+    if cfg.actor.strategy == "megatron" and cfg.actor.use_distributed_optimizer:
+        raise ConfigError(key, value, "with actor.use_distributed_optimizer=true: checkpoints cannot hold "
+                          "megatron's dp-sharded optimizer buffers",
+                          "set actor.use_distributed_optimizer=false (or trainer.save_freq=0 and "
+                          "trainer.resume_mode=disable)")
 
 
 def checkpoint_root(run_dir: str | Path) -> Path:
@@ -158,13 +186,24 @@ class GRPORun:
         self.groups: Any = None
         self.next_step = 0
         self._pending_sync: Any = None  # the previous iteration's weight-sync future
+        self._sync_timeline: tuple[int, float, set[str]] | None = None  # its (step, submit time, nodes written)
         self._carried: dict[str, float] = {}  # sync metrics collected early (by a save), for the next step
+        # Notebooks: set to a function with build_iteration's signature to run a customised graph.
+        self.build_graph: Callable[..., Any] | None = None
+        self.algo_state = _algorithm_state(cfg)  # PPO family: the KL controller kept across steps
+        self.val_prompts: Any = None  # trainer.test_freq > 0: the held-out prompts (checked here, before workers)
+        if cfg.trainer.test_freq > 0:
+            from flowrl.validation import load_val_prompts
+
+            self.val_prompts = load_val_prompts(cfg, self.tokenizer)
         self.resume_from: str | None = self._find_resume()
         if self.resume_from is not None:
             from flowrl.checkpoint import load_meta
 
             meta = load_meta(self.resume_from)
             self.next_step = int(meta.get("extra", {}).get("next_step", meta["step"]))
+            if self.algo_state is not None:  # the KL controller's coefficient
+                self.algo_state.load_state(meta.get("extra", {}).get("algorithm_state", {}))
 
     def _find_resume(self) -> str | None:
         """The checkpoint ``trainer.resume_mode`` selects (checked before any worker starts)."""
@@ -175,9 +214,8 @@ class GRPORun:
             return None
         if mode == "auto":
             found = latest_checkpoint(checkpoint_root(self.run_dir))
-            if found is not None and self.cfg.actor.strategy == "megatron":
-                raise ConfigError("trainer.resume_mode", mode, f"found {found}, but sharded megatron checkpoints are "
-                                  "not wired yet", "use trainer.resume_mode=disable or a fresh trainer.run_dir")
+            if found is not None:
+                _check_checkpointable(self.cfg, "trainer.resume_mode", f"{mode} (found {found})")
             return found
         return str(_check_resume_path(self.cfg, mode))
 
@@ -196,22 +234,25 @@ class GRPORun:
         from flowrl.actors.session import GroupSpec
         from flowrl.backends.generate.hf import SamplingParams
         from flowrl.graphs.grpo import GRPOGroups
+        from flowrl.roles.rollout import check_rollout_backend, rollout_role_kwargs
 
         cfg = self.cfg
+        check_rollout_backend(cfg.rollout)  # e.g. vllm missing: a ConfigError before any worker starts
         sizes = [cfg.rollout.world_size, cfg.actor.world_size] + ([cfg.ref.world_size] if cfg.needs_reference else [])
-        c = cfg.cluster
-        self.session = Session.start(
-            sum(sizes), scheduler_address=c.scheduler_address, host=c.host, dashboard=c.dashboard,
-            memory_limit=c.memory_limit, timeout_s=c.timeout_s, startup_timeout_s=c.startup_timeout_s,
-            low_latency=c.low_latency,
+        sizes += [cfg.critic.world_size] if cfg.needs_critic else []
+        sizes += [cfg.reward_model.world_size] if cfg.reward_model.enable else []
+        self.session = Session.start(  # cluster kind, pools and network settings: flowrl.cluster
+            sum(sizes), cluster=cfg.cluster, group_sizes=cfg.worker_group_sizes, log_dir=str(self.run_dir / "slurm"),
         )
+        _write_run_info(self.run_dir, self.session)
         r, a = cfg.rollout, cfg.actor
         sampling = SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.response_length)
         specs = [
             GroupSpec(
                 "rollout", "flowrl.roles.rollout:RolloutRole",
                 {"model_dir": cfg.model.path, "backend": r.name, "dtype": cfg.model.dtype,
-                 "micro_batch_size": r.micro_batch_size, "sampling": sampling},
+                 "micro_batch_size": r.micro_batch_size, "sampling": sampling,
+                 **rollout_role_kwargs(r, max_prompt_length=cfg.data.max_prompt_length, seed=cfg.trainer.seed)},
                 _mesh(r),
             ),
             GroupSpec(
@@ -229,8 +270,13 @@ class GRPORun:
                  "micro_batch_size": cfg.ref.log_prob_micro_batch_size_per_gpu, "engine_kwargs": _engine_kwargs(cfg.ref, a.strategy)},
                 _mesh(cfg.ref),
             ))
+        specs += _family_group_specs(cfg)  # the PPO critic, when the estimator needs one
         groups = self.session.create_groups(specs)
         self.groups = GRPOGroups(rollout=groups["rollout"], actor=groups["actor"], ref=groups.get("ref"))
+        if self.algo_state is not None:
+            from flowrl.graphs.ppo import PPOGroups
+
+            self.groups = PPOGroups(**vars(self.groups), critic=groups.get("critic"), rm=groups.get("rm"))
         if self.resume_from is not None:
             self._restore(self.resume_from)
 
@@ -242,6 +288,12 @@ class GRPORun:
 
         start = time.perf_counter()
         meta = load_meta(path)
+        self._restore_critic(int(meta["step"]))  # PPO: the critic's own checkpoint of that step
+        if self.cfg.actor.strategy == "megatron":  # each actor rank reads only its own chunks
+            self.groups.actor.bind().run("load_checkpoint_sharded", kwargs={"path": path})
+            self.groups.rollout.bind().run("load_hf_state", load_full(path, as_torch=True), scatter_mode=Scatter.BROADCAST)
+            log.info("resumed from %s at step %d (%.1fs)", path, self.next_step, time.perf_counter() - start)
+            return
         params = load_full(path, as_torch=True)
         optim = {state: load_full(path, state=state, as_torch=True) for state in meta["optim"]}
         optim_step = int(meta.get("extra", {}).get("optim_step", 0))
@@ -249,43 +301,122 @@ class GRPORun:
         self.groups.rollout.bind().run("load_hf_state", params, scatter_mode=Scatter.BROADCAST)
         log.info("resumed from %s at step %d (%.1fs)", path, self.next_step, time.perf_counter() - start)
 
+    # ------------------------------------------------------------- the PPO critic's checkpoints
+    def _save_critic(self, step: int) -> None:
+        """The critic's parameters and AdamW state as ``critic_checkpoints/step_<step>``, written
+        before the actor's checkpoint of the step (the actor's marks the step complete, so a
+        complete step always has its critic)."""
+        from flowrl.actors.dispatch import Gather
+        from flowrl.checkpoint import checkpoint_dir, prune_checkpoints, save_checkpoint
+
+        if getattr(self.groups, "critic", None) is None:
+            return
+        state, _ = self.groups.critic.bind().run("checkpoint_state", gather_mode=Gather.FIRST)
+        root = critic_checkpoint_root(self.run_dir)
+        save_checkpoint(checkpoint_dir(root, step), step=step, params=state["params"], optim=state["optim"],
+                        extra={"optim_step": int(state["optim_step"])})
+        prune_checkpoints(root, self.cfg.trainer.max_ckpt_to_keep)
+
+    def _restore_critic(self, step: int) -> None:
+        from flowrl.checkpoint import checkpoint_dir, load_full, load_meta
+
+        if getattr(self.groups, "critic", None) is None:
+            return
+        path = checkpoint_dir(critic_checkpoint_root(self.run_dir), step)
+        try:
+            meta = load_meta(path)
+        except (OSError, ValueError) as exc:
+            raise RuntimeError(f"resuming step {step} of a PPO run needs the critic's checkpoint {path}: {exc}; "
+                               "start fresh (trainer.resume_mode=disable) or restore that directory") from exc
+        self.groups.critic.bind().run("load_checkpoint", kwargs={
+            "params": load_full(path, as_torch=True),
+            "optim": {state: load_full(path, state=state, as_torch=True) for state in meta["optim"]},
+            "optim_step": int(meta.get("extra", {}).get("optim_step", 0)),
+        })
+
     def save_checkpoint(self) -> str:
         """Save the state after the last finished step as ``checkpoints/step_<next_step>`` and
         prune to ``trainer.max_ckpt_to_keep``; returns the checkpoint's path. Call between steps."""
         from flowrl.actors.dispatch import Gather
         from flowrl.checkpoint import checkpoint_dir, prune_checkpoints, save_checkpoint
 
-        if self.cfg.actor.strategy == "megatron":
-            raise ConfigError("trainer.save_freq", self.cfg.trainer.save_freq, "with actor.strategy=megatron: sharded "
-                              "megatron checkpoints are not wired yet", "use trainer.save_freq=0")
+        _check_checkpointable(self.cfg, "trainer.save_freq", self.cfg.trainer.save_freq)
         start = time.perf_counter()
         self._carried.update(self._collect_sync())  # the actor call below must follow the sync
+        self._save_critic(self.next_step)  # PPO: before the actor's checkpoint, which completes the step
+        if self.cfg.actor.strategy == "megatron":
+            return self._save_sharded(start)
         state, _ = self.groups.actor.bind().run("checkpoint_state", gather_mode=Gather.FIRST)
         root = checkpoint_root(self.run_dir)
         step = self.next_step
         path = save_checkpoint(
             checkpoint_dir(root, step), step=step, params=state["params"], optim=state["optim"],
-            extra={"next_step": step, "optim_step": int(state["optim_step"]), "config": to_dict(self.cfg)},
+            extra={"next_step": step, "optim_step": int(state["optim_step"]), "config": to_dict(self.cfg),
+                   **({"algorithm_state": self.algo_state.state()} if self.algo_state is not None else {})},
         )
         prune_checkpoints(root, self.cfg.trainer.max_ckpt_to_keep)
         log.info("saved %s (%.1fs)", path, time.perf_counter() - start)
         return path
+
+    def _save_sharded(self, start: float) -> str:
+        """Megatron: every actor rank writes its own chunks in parallel, rank 0 commits."""
+        from flowrl.actors.dispatch import Gather
+        from flowrl.checkpoint import checkpoint_dir, prune_checkpoints
+
+        root = checkpoint_root(self.run_dir)
+        step = self.next_step
+        out, _ = self.groups.actor.bind().run(
+            "save_checkpoint_sharded", gather_mode=Gather.FIRST,
+            kwargs={"path": checkpoint_dir(root, step), "step": step,
+                    "extra": {"next_step": step, "config": to_dict(self.cfg),
+                              **({"algorithm_state": self.algo_state.state()} if self.algo_state is not None else {})}})
+        prune_checkpoints(root, self.cfg.trainer.max_ckpt_to_keep)
+        log.info("saved %s, sharded over %d ranks (%.1fs)", out["path"], self.groups.actor.world_size,
+                 time.perf_counter() - start)
+        return out["path"]
 
     def graph(self, step: int | None = None) -> Any:
         """The (uncomputed) graph of ``step`` (default: the next one). Building reserves the
         groups' call order, so compute every graph you build, in build order."""
         from flowrl.graphs.grpo import build_iteration
 
+        if self.algo_state is not None:  # a critic, a greedy baseline or a KL reward penalty
+            from flowrl.graphs.ppo import build_iteration as build_ppo
+
+            build_iteration = partial(build_ppo, kl_coef=self.algo_state.kl_coef, session=self.session, dataset=self.dataset)
+
+        if self.build_graph is not None:  # a user's graph (notebooks/customise_graph.ipynb)
+            build_iteration = self.build_graph
         step = self.next_step if step is None else step
         prompts = self.dataset.batch(step, self.cfg.data.train_batch_size, seed=self.cfg.trainer.seed, shuffle=self.cfg.data.shuffle)
         return build_iteration(self.cfg, self.groups, prompts, step=step, tokenizer_dir=self.cfg.model.path)
+
+    def validate(self) -> dict[str, float]:
+        """Generate on the held-out prompts with the current weights, score, write the samples to
+        ``validation/step_<steps trained>.jsonl``; returns the ``val-core/...`` metrics."""
+        from flowrl.validation import build_validation, write_samples
+
+        start = time.perf_counter()
+        graph = build_validation(self.cfg, self.groups.rollout, self.val_prompts, step=self.next_step,
+                                 tokenizer_dir=self.cfg.model.path)
+        out = self.session.compute(graph, timeout=self.cfg.cluster.timeout_s)
+        write_samples(self.run_dir, self.next_step, out.value)
+        return {**{k: v for k, v in out.metrics.items() if k.startswith("val-")},
+                "timing_s/validation": time.perf_counter() - start}
+
+    def validate_if_due(self, step: int) -> dict[str, float]:
+        """After ``step``: validate every ``trainer.test_freq`` steps and after the last step."""
+        freq, total = self.cfg.trainer.test_freq, self.cfg.trainer.total_training_steps
+        if freq <= 0 or not ((step + 1) % freq == 0 or step + 1 == total):
+            return {}
+        return self.validate()
 
     def step(self) -> tuple[Any, dict[str, float]]:
         """Build and run the next iteration; returns (experience table, metrics).
 
         The iteration's weight sync keeps running after this returns; the next ``step`` (or
         ``close``) collects it, and its timing lands in that step's metrics
-        (``timing_s/sync_weights`` is the previous sync's). ``timing_s/step`` spans submission
+        (``timing_s/reshard`` and ``reshard/*`` are the previous sync's). ``timing_s/step`` spans submission
         to result, so it includes whatever of the previous sync had not finished.
         """
         from flowrl.data import experience
@@ -293,6 +424,7 @@ class GRPORun:
         step = self.next_step
         start = time.perf_counter()
         graph = self.graph(step)
+        submitted = time.time()  # the origin of this step's timeline.jsonl rows
         result, sync = self.session.submit(graph.outputs)
         self.next_step += 1
         metrics: dict[str, float] = dict(self._carried)
@@ -306,12 +438,15 @@ class GRPORun:
         finally:
             result.release()
         self._pending_sync = sync
+        self._record_timeline(step, submitted, out.spans)
         wall = time.perf_counter() - start
         metrics.update(out.metrics)
         metrics["timing_s/step"] = wall
         metrics["perf/throughput"] = metrics["num_tokens"] / wall
         metrics["perf/time_per_step"] = wall
         metrics["training/global_step"] = float(step + 1)
+        if self.algo_state is not None:
+            self.algo_state.observe(metrics)
         if self.cfg.trainer.save_experience:
             experience.write_parquet(out.value, experience.step_path(self.run_dir, step))
         return out.value, metrics
@@ -322,9 +457,28 @@ class GRPORun:
             return {}
         future, self._pending_sync = self._pending_sync, None
         try:
-            return {k: v for k, v in future.result(timeout=self.cfg.cluster.timeout_s).metrics.items() if "sync_weights" in k}
+            out = future.result(timeout=self.cfg.cluster.timeout_s)
+            self._record_sync_timeline(out.spans)
+            return {k: v for k, v in out.metrics.items() if "reshard" in k}
         finally:
             future.release()
+
+    # ------------------------------------------------------------- timeline (dashboard Gantt)
+    def _record_timeline(self, step: int, submitted: float, spans: dict[str, tuple[float, float]]) -> None:
+        """The step's node spans (relative to submission) to ``timeline.jsonl``; the weight
+        sync's nodes follow when :meth:`_collect_sync` gets them."""
+        from flowrl.metrics.timeline import TIMELINE_FILE, append_rows, span_rows
+
+        append_rows(self.run_dir / TIMELINE_FILE, span_rows(step, submitted, spans))
+        self._sync_timeline = (step, submitted, set(spans))
+
+    def _record_sync_timeline(self, spans: dict[str, tuple[float, float]]) -> None:
+        from flowrl.metrics.timeline import TIMELINE_FILE, append_rows, span_rows
+
+        if self._sync_timeline is not None:
+            step, submitted, written = self._sync_timeline
+            self._sync_timeline = None
+            append_rows(self.run_dir / TIMELINE_FILE, span_rows(step, submitted, spans, skip=written))
 
     def close(self) -> None:
         if self.session is not None:
@@ -334,6 +488,38 @@ class GRPORun:
                 log.warning("the last weight sync failed: %s", exc)
             self.session.close()
             self.session = None
+
+
+def _write_run_info(run_dir: Path, session: Any) -> None:
+    """``run_info.json``: the Dask dashboard's address (when the scheduler serves one) and when
+    the workers started; ``flowrl dashboard`` links to it."""
+    import json
+
+    try:
+        services = session.client.scheduler_info(n_workers=0).get("services", {})
+        link = session.dashboard_link if "dashboard" in services else None
+    except Exception:  # noqa: BLE001 - the link is a convenience, never a reason to fail a run
+        link = None
+    info = {"dask_dashboard": link, "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    (run_dir / "run_info.json").write_text(json.dumps(info, indent=1) + "\n")
+
+
+def critic_checkpoint_root(run_dir: str | Path) -> Path:
+    """Where a PPO run's critic checkpoints live (next to ``checkpoints/``, same step names)."""
+    return Path(run_dir) / "critic_checkpoints"
+
+
+def _algorithm_state(cfg: RunConfig) -> Any:
+    """The PPO-family graph's driver state, or None when the plain GRPO graph does."""
+    from flowrl.graphs.ppo import AlgorithmState, uses_ppo_graph
+
+    return AlgorithmState(cfg) if uses_ppo_graph(cfg) else None
+
+
+def _family_group_specs(cfg: RunConfig) -> list:
+    from flowrl.graphs.ppo import group_specs
+
+    return group_specs(cfg)
 
 
 def _mesh(group_cfg: Any) -> Any:
@@ -358,36 +544,60 @@ def _engine_kwargs(group_cfg: Any, strategy: str) -> dict:
 
 def train(cfg: RunConfig, *, on_step: Callable[[int, dict[str, float]], None] | None = None) -> RunSummary:
     """Run ``trainer.total_training_steps`` GRPO iterations; returns the summary."""
-    from flowrl.metrics import JsonlLogger, console_line
+    from flowrl.metrics import open_loggers
+    from flowrl.metrics.timeline import TIMELINE_FILE
+    from flowrl.recovery import Recovery
 
     cfg = resolve_inputs(cfg)
     start = time.perf_counter()
     run = GRPORun(cfg)  # dataset, run dir and resume checkpoint checked before any worker starts
     first = run.next_step
     _drop_metrics_from(run.run_dir / "metrics.jsonl", first)  # a resumed run rewrites steps >= first
-    logger = JsonlLogger(run.run_dir / "metrics.jsonl")
+    _drop_metrics_from(run.run_dir / TIMELINE_FILE, first)
     history: list[dict[str, float]] = []
     total = cfg.trainer.total_training_steps
     save_freq = cfg.trainer.save_freq
     bar = None
+    # metrics.jsonl always; console lines go through the progress bar while there is one
+    def open_sinks() -> Any:
+        return open_loggers(cfg.trainer.logger, run.run_dir, total=total,
+                            write=lambda line: bar.write(line) if bar is not None else print(line, flush=True))
+
+    logger = open_sinks()
+    recovery = Recovery(run, cfg.trainer.max_restarts)
     try:
         run.start_workers()
         if cfg.trainer.progress:
             from tqdm import tqdm
 
             bar = tqdm(total=total, initial=min(first, total), desc="grpo", unit="step", dynamic_ncols=True)
-        for step in range(first, total):
-            _, metrics = run.step()
-            history.append(metrics)
-            logger.log(step, metrics)
-            if on_step is not None:
-                on_step(step, metrics)
-            if save_freq > 0 and ((step + 1) % save_freq == 0 or step + 1 == total):
-                run.save_checkpoint()
+        step = first
+        while step < total:
+            try:
+                _, metrics = run.step()
+                metrics.update(run.validate_if_due(step))  # trainer.test_freq: val-core/... metrics
+                history.append(metrics)
+                logger.log(step, metrics)
+                if on_step is not None:
+                    on_step(step, metrics)
+                if save_freq > 0 and ((step + 1) % save_freq == 0 or step + 1 == total):
+                    recovery.saved(run.save_checkpoint())
+            except Exception as exc:  # noqa: BLE001 - re-raised unless a worker was lost
+                # a lost worker: rebuild, rerun the steps since the last checkpoint (their rows go)
+                step = recovery.recover(exc, step)
+                del history[step - first:]
+                logger.close()
+                for name in ("metrics.jsonl", TIMELINE_FILE):
+                    _drop_metrics_from(run.run_dir / name, step)
+                logger = open_sinks()
+                if bar is not None:
+                    bar.n = step
+                    bar.refresh()
+                continue
             if bar is not None:
-                bar.write(console_line(step, total, metrics))
                 bar.set_postfix(score=f"{metrics['critic/score/mean']:.3f}")
                 bar.update(1)
+            step += 1
     finally:
         if bar is not None:
             bar.close()
@@ -405,6 +615,7 @@ def train(cfg: RunConfig, *, on_step: Callable[[int, dict[str, float]], None] | 
         tokens_per_s=gen_tokens / gen_time if gen_time else 0.0,
         wall_s=time.perf_counter() - start,
         history=history,
+        restarts=recovery.restarts,
     )
 
 

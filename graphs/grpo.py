@@ -7,15 +7,16 @@
     old      = pre-update log-probs (several steps only)  on actor     } different workers
     batch    = group-normalised advantages                             (flowrl.algos)
     stats    = PPO-clip update with KL to the reference   on actor
-    synced   = trainer weights -> rollout workers
+    synced   = reshard: trainer shards -> rollout layout, only the slices each rank lacks
     return batch, metrics
 
 Each line below is one node; the math lives in ``flowrl.algos``, the machinery in
 ``flowrl.actors`` and ``flowrl.nodes``. Nothing runs until the graph is computed.
 
-The step's result (``collect``) does not wait for the weight sync: the rollout group runs its
-calls in reserved order, so the next iteration's ``gen`` cannot start before this ``sync_weights``
-has loaded the new weights, and the driver may submit the next graph while the sync runs.
+The step's result (``collect``) does not wait for the weight sync (``reshard``, see
+``flowrl.backends.reshard``): the rollout group runs its calls in reserved order, so the next
+iteration's ``gen`` cannot start before this ``reshard`` has written the new weights, and the
+driver may submit the next graph while the reshard runs.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ class GRPOGroups:
 
 @dataclass
 class IterationGraph:
-    """One iteration: ``result`` computes to ``NodeOut(table, metrics)``; ``sync`` to the weight
-    sync's ``NodeOut(None, metrics)``. Compute both (``Session.submit``)."""
+    """One iteration: ``result`` computes to ``NodeOut(table, metrics)``; ``sync`` to the
+    reshard's ``NodeOut(None, metrics)``. Compute both (``Session.submit``)."""
 
     result: Any
     sync: Any
@@ -70,6 +71,8 @@ def build_iteration(cfg: RunConfig, groups: GRPOGroups, prompts: pa.Table, *, st
     """The graph of one GRPO iteration."""
     algo, actor = cfg.algorithm, cfg.actor
     samples = node("gen", nodes.generate, groups.rollout.bind(), prompts, seed=cfg.trainer.seed * 100003 + step, step=step)
+    if cfg.rollout.free_cache_engine:  # colocated: the engine frees its memory until the reshard
+        samples = node("rollout_sleep", nodes.release_rollout, groups.rollout.bind(), samples, step=step)
     scored = node("reward", nodes.reward, samples, tokenizer_dir, algo.reward_fn, step=step)
 
     columns = []
@@ -91,5 +94,5 @@ def build_iteration(cfg: RunConfig, groups: GRPOGroups, prompts: pa.Table, *, st
     )
     mini_batch_rows = actor.ppo_mini_batch_size * cfg.rollout.n // actor.data_parallel_size
     stats = node("update_actor", nodes.update, groups.actor.bind(), batch, mini_batch_rows, step=step)
-    synced = node("sync_weights", nodes.sync_weights, groups.actor.bind(), groups.rollout.bind(), stats, step=step)
+    synced = nodes.build_reshard(cfg, groups.actor, groups.rollout, stats, step=step)
     return IterationGraph(result=node("collect", nodes.collect, batch, stats, step=step), sync=synced)

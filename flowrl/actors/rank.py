@@ -32,6 +32,22 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+def _rendezvous_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta) -> Any:
+    """The group's TCPStore. Rank 0 serves it on ``host`` only: torch's own server listens on
+    every interface (``::``), which would expose the rendezvous beyond loopback."""
+    import torch.distributed as dist
+
+    if rank != 0:
+        return dist.TCPStore(host, port, world_size=world_size, is_master=False, timeout=timeout)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(128)
+    return dist.TCPStore(host, port, world_size=world_size, is_master=True, timeout=timeout,
+                         wait_for_workers=False, master_listen_fd=sock.detach())
+
+
 class RankActor:
     """One rank of a worker group. Created with ``client.submit(RankActor, ..., actor=True)``."""
 
@@ -103,7 +119,7 @@ class RankActor:
         os.environ["RANK"], os.environ["WORLD_SIZE"] = str(self.rank), str(self.world_size)
         dist.init_process_group(
             backend=backend,
-            init_method=f"tcp://{host}:{port}",
+            store=_rendezvous_store(host, port, self.rank, self.world_size, timedelta(seconds=timeout_s)),
             rank=self.rank,
             world_size=self.world_size,
             timeout=timedelta(seconds=timeout_s),
@@ -119,6 +135,9 @@ class RankActor:
         if close is not None:
             close()
         self.role = None
+        from flowrl.actors import joint
+
+        joint.close_all()
         if dist.is_initialized():
             dist.destroy_process_group()
         # Interpreter shutdown with torch loaded spends seconds in the final garbage collection

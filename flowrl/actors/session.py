@@ -1,9 +1,11 @@
 """A session: a Dask cluster (local or remote) plus the worker groups placed on it.
 
 ``Session.start`` starts a ``LocalCluster`` (worker processes with one thread each, bound to
-127.0.0.1 unless told otherwise) or connects to a scheduler address. Groups get disjoint workers:
-one rank actor per worker process. ``close`` tears the groups down (destroying their process
-groups), then the client and the cluster, and leaves no process behind.
+127.0.0.1 unless told otherwise), SLURM jobs, or connects to a scheduler address (all through
+``flowrl.cluster``). Groups get disjoint workers, from their resource pool when the session was
+started with group sizes: one rank actor per worker process. ``close`` tears the groups down
+(destroying their process groups), then the client and the cluster (cancelling SLURM jobs), and
+leaves no process behind.
 """
 
 from __future__ import annotations
@@ -16,16 +18,10 @@ from typing import Any
 from flowrl.actors.dispatch import GroupMesh
 from flowrl.actors.group import WorkerGroup, wait_all
 from flowrl.actors.rank import RankActor
+from flowrl.cluster.launch import WORKER_ENV  # noqa: F401 - re-exported (it used to live here)
+from flowrl.cluster.pools import choose_workers
 
 log = logging.getLogger(__name__)
-
-#: Environment of LocalCluster workers: one compute thread each (the cores go to the processes).
-WORKER_ENV = {
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-    "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # no per-worker "Loading weights" bars on the console
-}
 
 
 @dataclass(frozen=True)
@@ -48,6 +44,8 @@ class Session:
         self.groups: dict[str, WorkerGroup] = {}
         self._used: set[str] = set()
         self.controller: str | None = None  # the worker that runs graph nodes (None: any worker)
+        self.handle: Any = None  # flowrl.cluster.launch.ClusterHandle (cancels SLURM jobs on close)
+        self.pool_of: dict[str, str] = {}  # group name -> resource pool its ranks must run on
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
@@ -62,47 +60,36 @@ class Session:
         timeout_s: float = 600.0,
         startup_timeout_s: float = 180.0,
         low_latency: bool = True,
+        cluster: Any = None,
+        group_sizes: dict[str, int] | None = None,
+        log_dir: str | None = None,
     ) -> "Session":
         """Start (or connect to) a cluster with ``num_workers`` worker processes for groups plus
         one controller worker that runs the graph's node tasks: nodes mostly wait on actors, and
         keeping them (and the tables they pass along) in one process saves a scheduling hop and a
-        worker-to-worker transfer per edge of the graph."""
-        from distributed import Client, LocalCluster
+        worker-to-worker transfer per edge of the graph.
 
-        cluster = None
-        import dask
+        ``cluster`` (a ClusterConfig) replaces the keyword settings before it: its ``kind``
+        picks LocalCluster, SLURM jobs or an existing scheduler (see ``flowrl.cluster``). With
+        ``group_sizes`` ({group name: world size}) the workers come in the config's resource
+        pools and :meth:`create_groups` places each group on its pool's workers."""
+        from flowrl.cluster import resolve_pools, start_cluster
+        from flowrl.cluster.pools import pool_of
+        from flowrl.config.schema import ClusterConfig
 
-        # Dask's nanny sets MALLOC_TRIM_THRESHOLD_=65536 in new workers, which pins glibc's mmap
-        # threshold: every tensor over 128 KiB then gets fresh pages (measured: 238k vs 4k page
-        # faults and ~25% longer GRPO steps). Torch workers do better with glibc's default.
-        dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None})
-        if low_latency:
-            from flowrl.actors import latency
-
-            latency.apply()
-        if scheduler_address:
-            client = Client(scheduler_address, timeout=startup_timeout_s)
-        else:
-            cluster = LocalCluster(
-                n_workers=num_workers + 1,
-                threads_per_worker=1,
-                processes=True,
-                host=host,
-                dashboard_address=f"{host}:0",
-                scheduler_kwargs={"dashboard": dashboard},
-                memory_limit=memory_limit,
-                env=WORKER_ENV,
-                preload=["flowrl.actors.latency"] if low_latency else [],
-                silence_logs=logging.WARNING,
+        if cluster is None:
+            cluster = ClusterConfig(
+                kind="address" if scheduler_address else "local", scheduler_address=scheduler_address, host=host,
+                dashboard=dashboard, memory_limit=memory_limit, timeout_s=timeout_s,
+                startup_timeout_s=startup_timeout_s, low_latency=low_latency,
             )
-            client = Client(cluster, timeout=startup_timeout_s)
-        session = cls(client, cluster, timeout_s=timeout_s, startup_timeout_s=startup_timeout_s)
-        try:
-            client.wait_for_workers(num_workers + 1, timeout=startup_timeout_s)
-        except Exception:
-            session.close()
-            raise
-        session.controller = session.worker_addresses()[-1]
+        pools = resolve_pools(cluster, group_sizes or {"workers": num_workers})
+        handle = start_cluster(cluster, pools, log_dir=log_dir)
+        session = cls(handle.client, handle if handle.kind != "address" else None,
+                      timeout_s=cluster.timeout_s, startup_timeout_s=cluster.startup_timeout_s)
+        session.handle = handle
+        session.pool_of = pool_of(pools) if group_sizes and handle.enforce_pools else {}
+        session.controller = handle.controller
         session._used.add(session.controller)
         return session
 
@@ -131,10 +118,12 @@ class Session:
                 f"({len(self._used)} already hold other groups); start more workers"
             )
         start = time.perf_counter()
+        resources = {a: w.get("resources", {}) for a, w in self.client.scheduler_info(n_workers=-1)["workers"].items()}
         placed: list[tuple[GroupSpec, list[str], list[Any]]] = []
         for spec in specs:
             size = spec.mesh.world_size
-            addresses, free = free[:size], free[size:]
+            addresses = choose_workers(free, resources, self.pool_of.get(spec.name), size)
+            free = [a for a in free if a not in addresses]
             futures = [
                 self.client.submit(RankActor, spec.name, rank, size, actor=True, workers=[addr], allow_other_workers=False, pure=False)
                 for rank, addr in enumerate(addresses)
@@ -188,6 +177,9 @@ class Session:
         if self.cluster is not None:
             self.cluster.close(timeout=30)
             self.cluster = None
+        if self.handle is not None:  # kind=address: restores signal handlers; else already closed
+            self.handle.close(timeout=30)
+            self.handle = None
 
     def __enter__(self) -> "Session":
         return self

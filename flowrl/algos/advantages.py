@@ -1,4 +1,4 @@
-"""Advantage estimators: GRPO, RLOO, REINFORCE++ and GAE over ragged experience.
+"""Advantage estimators: GRPO, RLOO, REINFORCE++ (and its group-baseline form), ReMax and GAE.
 
 Every estimator has one signature over the experience columns, packed in ``AdvantageInputs``::
 
@@ -6,8 +6,18 @@ Every estimator has one signature over the experience columns, packed in ``Advan
 
 Both results are flat like the inputs and 0 on masked tokens; an estimator ignores the keywords
 it has no use for. The registry holds ``Estimator`` objects: the function plus ``needs_values``,
-which says whether the estimator needs a critic (``inputs.values_T``), so a graph knows whether to
-build one. Call the ``Estimator`` (it checks the values are there) or its ``fn``.
+which says whether the estimator needs a critic (``inputs.values_T``), and ``needs_baseline``,
+whether it needs a per-row reward baseline (``inputs.reward_baseline_B``, ReMax's greedy
+response score), so a graph knows which nodes to build. Call the ``Estimator`` (it checks its
+inputs are there) or its ``fn``.
+
+Adding an estimator is one decorated function; the config (``algorithm.adv_estimator``) and the
+graphs find it by name::
+
+    @register_estimator("my_estimator")
+    def my_estimator(inputs, *, gamma=1.0, lam=1.0, norm_adv_by_std=True):
+        ...
+        return advantages_T, returns_T
 
 Numbers follow verl's ``core_algos`` (see notes/peers.md); where flowrl differs, the estimator's
 docstring says so.
@@ -34,8 +44,13 @@ __all__ = [
     "gae_advantages",
     "grpo_advantages",
     "masked_whiten",
+    "broadcast_rows",
     "register_estimator",
+    "resolve_estimator",
+    "row_scores",
     "reinforce_plus_plus_advantages",
+    "reinforce_plus_plus_baseline_advantages",
+    "remax_advantages",
     "rloo_advantages",
 ]
 
@@ -57,6 +72,9 @@ class AdvantageInputs:
     """int64 group id per row (one per prompt); rows with equal ids form a group, in any order."""
     values_T: Tensor | None = None
     """Critic values per token; only estimators with ``needs_values`` read them."""
+    reward_baseline_B: Tensor | None = None
+    """A reward baseline per row (ReMax: the score of the prompt's greedy response); only
+    estimators with ``needs_baseline`` read it."""
 
     def __post_init__(self) -> None:
         num_tokens = self.token_rewards_T.numel()
@@ -78,6 +96,10 @@ class AdvantageInputs:
         num_rows = self.cu_seqlens_B1.numel() - 1
         if self.group_B.shape != (num_rows,):
             raise ValueError(f"group_B must have one id per row ({num_rows}), got shape {tuple(self.group_B.shape)}")
+        if self.reward_baseline_B is not None and self.reward_baseline_B.shape != (num_rows,):
+            raise ValueError(
+                f"reward_baseline_B must have one value per row ({num_rows}), got shape {tuple(self.reward_baseline_B.shape)}"
+            )
 
     @property
     def num_rows(self) -> int:
@@ -92,10 +114,11 @@ class EstimatorFn(Protocol):
 
 @dataclass(frozen=True)
 class Estimator:
-    """A registered advantage estimator: the function and whether it needs critic values."""
+    """A registered advantage estimator: the function and the optional inputs it needs."""
 
     fn: EstimatorFn
     needs_values: bool = False
+    needs_baseline: bool = False
 
     def __call__(
         self, inputs: AdvantageInputs, *, gamma: float = 1.0, lam: float = 1.0, norm_adv_by_std: bool = True
@@ -105,20 +128,52 @@ class Estimator:
                 f"advantage estimator {self.fn.__name__} needs critic values: set AdvantageInputs.values_T "
                 "(enable the critic) or choose an estimator without a critic (grpo, rloo, reinforce_plus_plus)"
             )
+        if self.needs_baseline and inputs.reward_baseline_B is None:
+            raise ValueError(
+                f"advantage estimator {self.fn.__name__} needs a reward baseline per row: set "
+                "AdvantageInputs.reward_baseline_B (ReMax: the greedy response's score)"
+            )
         return self.fn(inputs, gamma=gamma, lam=lam, norm_adv_by_std=norm_adv_by_std)
 
 
 ADVANTAGE_ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
 
 
-def register_estimator(name: str, *, needs_values: bool = False):
-    """Decorator: register ``fn`` as ``Estimator(fn, needs_values)`` under ``name``; returns ``fn``."""
+def register_estimator(name: str, *, needs_values: bool = False, needs_baseline: bool = False):
+    """Decorator: register ``fn`` as ``Estimator(fn, needs_values, needs_baseline)`` under
+    ``name``; returns ``fn``."""
 
     def decorator(fn: EstimatorFn) -> EstimatorFn:
-        ADVANTAGE_ESTIMATORS.register(name, Estimator(fn, needs_values=needs_values))
+        ADVANTAGE_ESTIMATORS.register(name, Estimator(fn, needs_values=needs_values, needs_baseline=needs_baseline))
         return fn
 
     return decorator
+
+
+def resolve_estimator(name: str) -> Estimator:
+    """The ``Estimator`` that ``algorithm.adv_estimator`` names: a registered name, or an import
+    string ``package.module:function`` of a function decorated with ``register_estimator`` (an
+    undecorated function with the estimator signature is used as one that needs neither values
+    nor a baseline).
+
+    The import-string form is what a run's config uses for an estimator defined outside flowrl:
+    every process that computes advantages imports the module itself, so the estimator exists
+    wherever the graph runs, with no edits anywhere else.
+    """
+    if name in ADVANTAGE_ESTIMATORS or ":" not in name:
+        return ADVANTAGE_ESTIMATORS.get(name)
+    from flowrl.registry import import_string
+
+    fn = import_string(name)  # importing the module runs its @register_estimator decorators
+    if isinstance(fn, Estimator):
+        return fn
+    if not callable(fn):
+        raise ValueError(f"{name!r} is not a function; point it at an advantage estimator function")
+    for registered in ADVANTAGE_ESTIMATORS.names():
+        estimator = ADVANTAGE_ESTIMATORS.get(registered)
+        if estimator.fn is fn:
+            return estimator
+    return Estimator(fn)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,6 +221,16 @@ def _broadcast_rows(x_B: Tensor, inputs: AdvantageInputs) -> Tensor:
     """Row values onto the row's valid tokens, 0 elsewhere."""
     rows_T = segment_ids(inputs.cu_seqlens_B1, inputs.token_rewards_T.numel())
     return torch.where(inputs.response_mask_T.bool(), x_B[rows_T], 0)
+
+
+def row_scores(inputs: AdvantageInputs) -> Tensor:
+    """Outcome score per row (``_B``): the sum of its token rewards. For custom estimators."""
+    return _row_scores(inputs)
+
+
+def broadcast_rows(x_B: Tensor, inputs: AdvantageInputs) -> Tensor:
+    """One value per row onto the row's valid tokens (``_T``), 0 elsewhere. For custom estimators."""
+    return _broadcast_rows(x_B, inputs)
 
 
 def _padded_index(cu_seqlens_B1: Tensor, num_tokens: int) -> tuple[Tensor, Tensor, int]:
@@ -291,3 +356,44 @@ def gae_advantages(
     returns_T = torch.where(keep_T, advantages_T + values_T, 0)
     advantages_T = torch.where(keep_T, masked_whiten(advantages_T, keep_T), 0)
     return advantages_T, returns_T
+
+
+@register_estimator("reinforce_plus_plus_baseline")
+def reinforce_plus_plus_baseline_advantages(
+    inputs: AdvantageInputs, *, gamma: float = 1.0, lam: float = 1.0, norm_adv_by_std: bool = True
+) -> tuple[Tensor, Tensor]:
+    """REINFORCE++-baseline (https://arxiv.org/abs/2501.03262): ``score - group mean``, broadcast
+    to the row's valid tokens, then whitened over all valid tokens of the batch.
+
+    A group of one uses mean 0. Returns equal advantages (as verl). The keywords are unused.
+    """
+    scores_B = _row_scores(inputs)
+    count_B, mean_B, _, _ = _group_stats(scores_B, inputs.group_B)
+    centered_B = scores_B - torch.where(count_B == 1, 0, mean_B)
+    keep_T = inputs.response_mask_T.bool()
+    adv_T = torch.where(keep_T, masked_whiten(_broadcast_rows(centered_B, inputs), keep_T), 0)
+    return adv_T, adv_T
+
+
+@register_estimator("remax", needs_baseline=True)
+def remax_advantages(
+    inputs: AdvantageInputs, *, gamma: float = 1.0, lam: float = 1.0, norm_adv_by_std: bool = True
+) -> tuple[Tensor, Tensor]:
+    """ReMax (https://arxiv.org/abs/2310.10505): undiscounted returns-to-go minus the row's reward
+    baseline (the score of its prompt's greedy response), on every valid token; no whitening.
+
+    Masked tokens are not steps (their rewards are ignored, returns pass through), as in
+    ``reinforce_plus_plus``. The keywords are unused.
+    """
+    assert inputs.reward_baseline_B is not None, "Estimator.__call__ checks reward_baseline_B"
+    keep_T = inputs.response_mask_T.bool()
+    rewards_T = torch.where(keep_T, _float(inputs.token_rewards_T), 0)
+    # Returns-to-go within each row: (running sum at the row's last token) - (running sum) + self,
+    # in float64 so the running sum over the whole batch loses nothing.
+    rows_T = segment_ids(inputs.cu_seqlens_B1, rewards_T.numel())
+    running_T = torch.cumsum(rewards_T.double(), 0)
+    row_end_B = (inputs.cu_seqlens_B1[1:] - 1).clamp(min=0)
+    returns_T = (running_T[row_end_B][rows_T] - running_T + rewards_T.double()).to(rewards_T.dtype)
+    returns_T = torch.where(keep_T, returns_T, 0)
+    baseline_T = _broadcast_rows(inputs.reward_baseline_B.to(returns_T.dtype), inputs)
+    return torch.where(keep_T, returns_T - baseline_T, 0), returns_T

@@ -410,6 +410,9 @@ def load_meta(path: str | os.PathLike) -> dict[str, Any]:
     file = os.path.join(path, META)
     if not os.path.isdir(path):
         raise ValueError(f"checkpoint {path!r} does not exist or is not a directory; {_FIX}")
+    if TMP_MARK in os.path.basename(os.path.normpath(path)):
+        raise ValueError(f"{path!r} is the temporary directory of a save that never committed (its "
+                         f"writer died or failed before the final rename); it is never loaded; {_FIX}")
     if not os.path.isfile(file):
         raise ValueError(f"{file} is missing: {path!r} is not a complete flowrl checkpoint (a save "
                          f"that never finished, or another tool's directory); {_FIX}")

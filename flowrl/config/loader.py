@@ -35,6 +35,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         data = loaded
     for item in overrides:
         apply_override(data, item)
+    if isinstance(data.get("cluster"), dict) and data["cluster"].get("spec"):
+        from flowrl.cluster.spec import merge_spec  # cluster.spec=PATH: the spec's keys under the run's
+
+        data["cluster"] = merge_spec(data["cluster"], base_dir=Path(path).parent if path is not None else None)
     return from_dict(RunConfig, data)
 
 

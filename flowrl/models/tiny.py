@@ -29,6 +29,17 @@ TINY_PRESETS: dict[str, dict[str, Any]] = {
         intermediate_size=256,
         tie_word_embeddings=True,
     ),
+    # ~0.4M parameters with head_dim 32, the smallest head vLLM's CPU attention takes: the
+    # default task for rollout.name=vllm tests.
+    "vllm": dict(
+        arch="qwen2",
+        hidden_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=256,
+        tie_word_embeddings=True,
+    ),
     # ~9.5M parameters (head_dim 64), for benchmarks.
     "10m": dict(
         arch="qwen2",

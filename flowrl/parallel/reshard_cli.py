@@ -18,6 +18,7 @@ from typing import Any
 
 from flowrl.parallel.mesh import ParallelDims
 from flowrl.parallel.reshard_plan import Placement, ReshardPlan, micro_dp_placement, plan_reshard
+from flowrl.parallel.reshard_schedule import schedule_plan
 from flowrl.parallel.shard_spec import STYLES, shard_spec
 
 __all__ = ["add_arguments", "format_reshard_plan", "parse_layout", "reshard_plan_for", "run"]
@@ -88,6 +89,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how generation shards are stored (default vllm)")
     parser.add_argument("--bytes-per-element", type=int, default=2,
                         help="bytes per parameter element (default 2, bf16)")
+    parser.add_argument("--bucket-mb", type=float, default=64.0,
+                        help="staging budget per process of the transport, MiB (default 64, as "
+                             "rollout.reshard_bucket_mb); 0: unbounded")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
@@ -142,11 +146,22 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    bucket = int(args.bucket_mb * 2**20) or None
+    try:
+        schedule = schedule_plan(plan, bucket_bytes=bucket)
+    except ValueError as exc:
+        print(f"error: --bucket-mb {args.bucket_mb:g}: {exc}", file=sys.stderr)
+        return 2
+    procs = set(plan.placement.src) | set(plan.placement.dst)
+    staging = max((schedule.staging_bytes(p) for p in procs), default=0)
     if args.json:
-        json.dump(_plan_json(plan), sys.stdout, indent=2)
+        json.dump({**_plan_json(plan), "bucket_bytes": bucket, "rounds": len(schedule.rounds),
+                   "max_staging_bytes": staging}, sys.stdout, indent=2)
         print()
     else:
         print(format_reshard_plan(plan))
+        print(f"schedule         {len(schedule.rounds)} rounds, at most {_gib(staging)} staged per "
+              f"process at once (bucket {'unbounded' if bucket is None else _gib(bucket)})")
     return 0
 
 

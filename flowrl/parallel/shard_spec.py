@@ -13,6 +13,10 @@ A ``ShardSpec`` describes one model (``ModelShape``) split over one layout (``Pa
   or replicated over ``tp / kv_heads`` ranks when tp > kv heads), ``gate_up_proj = [gate_r; up_r]``,
   HF layer indices, vocabulary padded to a multiple of 64 (``DEFAULT_VOCAB_PADDING_SIZE``); with
   tied embeddings and pp > 1 the last stage also holds ``model.embed_tokens.weight`` for its head.
+- ``"hf"``: transformers' own parameters (the ``hf`` generation backend and the ``dp`` trainer):
+  unfused ``q/k/v_proj``, ``gate_proj``, ``up_proj`` under their HF names; at tp = 1 every local
+  tensor is the HF parameter itself (no vocabulary padding). tp > 1 splits each tensor as vLLM
+  does (kv heads replicated when tp > kv heads), vocabulary padded to a multiple of tp.
 
 Every parameter is split along at most one dimension (``split_dim``): dim 0 for column-parallel
 weights, biases, embeddings and replicated norms, dim 1 for row-parallel ``o_proj``/``down_proj``.
@@ -46,8 +50,8 @@ __all__ = [
     "shard_spec",
 ]
 
-Style = Literal["megatron", "vllm"]
-STYLES = ("megatron", "vllm")
+Style = Literal["megatron", "vllm", "hf"]
+STYLES = ("megatron", "vllm", "hf")
 VLLM_VOCAB_PADDING = 64
 """vLLM's ``DEFAULT_VOCAB_PADDING_SIZE``: VocabParallelEmbedding pads to a multiple of 64."""
 
@@ -320,8 +324,37 @@ def _qkv_vllm(b: _Builder, model: ModelShape, layer: int, local: str, suffix: st
     b.piece(f"{hf}v_proj.{suffix}", kv_start, kv_start + kv_rows, local, q_rows + kv_rows)
 
 
+def _layer_hf(b: _Builder, model: ModelShape, layer: int, rank: int, tp: int) -> None:
+    """Unfused HF tensors, each one cut as vLLM cuts its fused counterpart."""
+    h, f, d = model.hidden_size, model.ffn_hidden_size, model.head_dim
+    hf = f"model.layers.{layer}."
+    q_rows = model.num_heads // tp * d
+    if tp <= model.num_kv_heads:
+        kv_rows = model.num_kv_heads // tp * d
+        kv_start = rank * kv_rows
+    else:
+        kv_rows, kv_start = d, rank // (tp // model.num_kv_heads) * d
+    b.whole(hf + "input_layernorm.weight", hf + "input_layernorm.weight", (h,))
+    for suffix in ("weight", "bias") if model.qkv_bias else ("weight",):
+        trailing = (h,) if suffix == "weight" else ()
+        for proj, rows, start in (("q", q_rows, rank * q_rows), ("k", kv_rows, kv_start),
+                                  ("v", kv_rows, kv_start)):
+            name = f"{hf}self_attn.{proj}_proj.{suffix}"
+            b.tensor(name, (rows,) + trailing)
+            b.piece(name, start, start + rows, name, 0)
+    b.block(hf + "self_attn.o_proj.weight", hf + "self_attn.o_proj.weight",
+            (h, model.num_heads * d), rank, tp)
+    b.whole(hf + "post_attention_layernorm.weight", hf + "post_attention_layernorm.weight", (h,))
+    for proj in ("gate", "up"):
+        b.block(f"{hf}mlp.{proj}_proj.weight", f"{hf}mlp.{proj}_proj.weight", (f, h), rank, tp)
+    b.block(hf + "mlp.down_proj.weight", hf + "mlp.down_proj.weight", (h, f), rank, tp)
+
+
 def _layer(b: _Builder, model: ModelShape, style: str, layer: int, prefix: str, rank: int,
            tp: int) -> None:
+    if style == "hf":
+        _layer_hf(b, model, layer, rank, tp)
+        return
     h, f, q = model.hidden_size, model.ffn_hidden_size, model.num_heads * model.head_dim
     hf = f"model.layers.{layer}."
     megatron = style == "megatron"
@@ -367,10 +400,15 @@ def _check(model: ModelShape, dims: ParallelDims, style: str,
         raise ValueError(f"tensor_model_parallel_size={tp} does not divide the fused qkv rows "
                          f"(num_heads + 2*num_kv_heads)*head_dim; use a tp <= num_kv_heads="
                          f"{model.num_kv_heads}")
-    if style == "vllm":
+    if style in ("vllm", "hf"):
         if dims.vpp not in (None, 1):
-            raise ValueError(f"virtual_pipeline_model_parallel_size={dims.vpp}: a vllm-style "
+            raise ValueError(f"virtual_pipeline_model_parallel_size={dims.vpp}: a {style}-style "
                              "generation layout has no virtual pipeline; set it to None")
+        if style == "hf":
+            if model.num_heads % tp:
+                raise ValueError(f"tensor_model_parallel_size={tp} does not divide num_heads="
+                                 f"{model.num_heads}")
+            return layout.layers_per_stage, math.ceil(model.vocab_size / tp) * tp
         vocab = math.ceil(model.vocab_size / VLLM_VOCAB_PADDING) * VLLM_VOCAB_PADDING
         if vocab % tp:
             raise ValueError(f"tensor_model_parallel_size={tp} does not divide vLLM's padded "

@@ -8,6 +8,7 @@ data-parallel ranks) so each mini-batch's gradient equals the single-process one
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import torch
@@ -17,6 +18,9 @@ from flowrl.backends.train import TRAIN_BACKENDS
 from flowrl.config.schema import ActorConfig
 from flowrl.data import experience
 from flowrl.data.packed import PackedBatch
+
+if TYPE_CHECKING:
+    from flowrl.backends.reshard import ReshardJob
 
 
 class PolicyRole:
@@ -144,6 +148,12 @@ class PolicyRole:
     def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
         return self.engine.hf_state_dict()
 
+    def reshard(self, job: "ReshardJob") -> dict:
+        """Send this rank's parameter shards to the generation layout (``flowrl.backends.reshard``)."""
+        from flowrl.backends.reshard import run_rank
+
+        return run_rank(job, src_rank=self.rank, src=self.engine.reshard_source())
+
     def grad_state_dict(self) -> dict[str, torch.Tensor]:
         return self.engine.grad_state_dict()
 
@@ -154,6 +164,20 @@ class PolicyRole:
     def load_checkpoint(self, params: dict, optim: dict | None = None, optim_step: int = 0) -> None:
         """Every rank: restore the full parameters and optimizer state of a checkpoint."""
         self.engine.load_checkpoint(params, optim, optim_step)
+
+    def save_checkpoint_sharded(self, path: str, step: int, extra: dict | None = None) -> dict | None:
+        """Every rank (megatron): write this rank's own chunks; rank 0 commits. Returns
+        ``{"path", "optim_step"}`` on rank 0."""
+        return self._sharded_engine("save_checkpoint_sharded").save_checkpoint_sharded(path, step=step, extra=extra)
+
+    def load_checkpoint_sharded(self, path: str) -> int:
+        """Every rank (megatron): read only the chunks this rank holds; returns the optimizer step."""
+        return self._sharded_engine("load_checkpoint_sharded").load_checkpoint_sharded(path)
+
+    def _sharded_engine(self, method: str):  # noqa: ANN202 - the engine
+        if not hasattr(self.engine, method):
+            raise TypeError(f"{method}: the {self.cfg.strategy} backend saves full states (checkpoint_state)")
+        return self.engine
 
     def save_hf(self, directory: str) -> None:
         if self.rank == 0:

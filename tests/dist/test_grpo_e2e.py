@@ -37,8 +37,11 @@ def test_run_directory_holds_config_metrics_and_experience(run_dir):
     assert [r["step"] for r in rows] == [0, 1, 2]
     for row in rows:
         assert REQUIRED_METRICS <= set(row), REQUIRED_METRICS - set(row)
-        # the weight sync overlaps the next step's submission: step k reports step k-1's sync
-        assert ("timing_s/sync_weights" in row) == (row["step"] > 0)
+        # the reshard overlaps the next step's submission: step k reports step k-1's reshard
+        assert ("timing_s/reshard" in row) == (row["step"] > 0)
+        if row["step"] > 0:  # dp replicas -> full rollout models: each rollout rank lacks all of it
+            assert row["reshard/bytes"] == row["reshard/bytes_min"] > 0
+            assert row["reshard/peak_extra_bytes"] <= 64 * 2**20
         assert "timing_s/old_log_prob" in row  # ppo_mini_batch_size < train_batch_size
         assert row["actor/num_optimizer_steps"] == 2
         assert 0.0 <= row["critic/score/mean"] <= 1.0

@@ -23,3 +23,12 @@ def test_megatron_parity_gpu():
                           capture_output=True, text=True, timeout=1500)
     print(proc.stdout[-5000:])
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+
+
+def test_vllm_gpu():
+    """Official vLLM on CUDA: parity, weight transfer over CUDA IPC, sleep/wake (vllm_gpu.py)."""
+    pytest.importorskip("vllm")
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "vllm_gpu.py")],
+                          capture_output=True, text=True, timeout=1200)
+    print(proc.stdout[-5000:])
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]

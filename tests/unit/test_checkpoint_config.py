@@ -34,11 +34,20 @@ def test_bad_values(override, key):
     assert err.value.key == key and "fix:" in str(err.value)
 
 
-def test_megatron_with_save_freq_is_refused():
-    with pytest.raises(ConfigError, match="sharded megatron checkpoints are not wired yet") as err:
-        load_config(None, ["actor.strategy=megatron", "trainer.save_freq=5"])
-    assert err.value.key == "trainer.save_freq" and "save_freq=0" in err.value.fix
-    load_config(None, ["actor.strategy=megatron", "trainer.save_freq=0"])  # fine
+def test_megatron_distributed_optimizer_with_save_freq_is_refused():
+    pp2 = ["actor.strategy=megatron", "actor.pipeline_model_parallel_size=2"]
+    with pytest.raises(ConfigError, match="dp-sharded optimizer buffers") as err:
+        load_config(None, [*pp2, "actor.use_distributed_optimizer=true", "trainer.save_freq=5"])
+    assert err.value.key == "trainer.save_freq" and "use_distributed_optimizer=false" in err.value.fix
+    load_config(None, [*pp2, "actor.use_distributed_optimizer=true", "trainer.save_freq=0"])  # fine
+    load_config(None, [*pp2, "trainer.save_freq=5"])  # sharded megatron checkpoints
+
+
+def test_max_restarts():
+    assert load_config(None, []).trainer.max_restarts == 3
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["trainer.max_restarts=-1"])
+    assert err.value.key == "trainer.max_restarts" and "fix:" in str(err.value)
 
 
 def test_resume_path_must_exist_before_workers(tmp_path, tiny_model_dir, addition_data):

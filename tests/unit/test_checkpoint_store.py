@@ -112,7 +112,7 @@ def test_killed_sharded_save_is_ignored_then_cleaned(tmp_path) -> None:
     assert os.path.isdir(tmp) and latest_checkpoint(tmp_path) == good
     os.unlink(tmp_path / "latest")  # even without the pointer the temp dir is never chosen
     assert latest_checkpoint(tmp_path) == good
-    with pytest.raises(ValueError, match="meta.json is missing"):
+    with pytest.raises(ValueError, match="never committed"):
         load_full(tmp)
     newer = save_checkpoint(checkpoint_dir(tmp_path, 3), step=3, params=_full(3))
     assert not os.path.exists(tmp)  # the next save removed the leftover

@@ -30,13 +30,13 @@ PROMPTS = pa.table({"group": pa.array([0], pa.int64())})
 def test_graph_nodes_and_dependencies():
     cfg = load_config(None, ["actor.ppo_mini_batch_size=16"])  # two optimizer steps -> old_log_prob node
     deps = _deps(build_iteration(cfg, _groups(), PROMPTS, step=3, tokenizer_dir="/x"))
-    assert set(deps) == {"gen", "reward", "ref", "old_log_prob", "adv", "update_actor", "sync_weights", "collect"}
+    assert set(deps) == {"gen", "reward", "ref", "old_log_prob", "adv", "update_actor", "reshard", "collect"}
     assert deps["reward"] == {"gen"}
     assert deps["ref"] == {"reward"} and deps["old_log_prob"] == {"reward"}  # parallel branches
     assert deps["adv"] == {"reward", "ref", "old_log_prob"}
     assert deps["update_actor"] == {"adv"}
-    assert deps["sync_weights"] == {"update_actor"}
-    # the result does not wait for the sync: the rollout group's call order protects the next gen
+    assert deps["reshard"] == {"update_actor"}
+    # the result does not wait for the reshard: the rollout group's call order protects the next gen
     assert deps["collect"] == {"adv", "update_actor"}
 
 
@@ -53,9 +53,9 @@ def test_calls_to_one_group_are_numbered_in_build_order():
     cfg = load_config(None, ["actor.ppo_mini_batch_size=16"])
     groups = _groups()
     build_iteration(cfg, groups, PROMPTS, step=0, tokenizer_dir="/x")
-    # actor: old_log_prob (1), update (2), hf_state_dict (3); the next call gets 4
+    # actor: old_log_prob (1), update (2), reshard (3); the next call gets 4
     assert groups.actor.reserve() == 4
-    assert groups.rollout.reserve() == 3  # generate (1), load weights (2)
+    assert groups.rollout.reserve() == 3  # generate (1), reshard (2)
 
 
 @pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz's dot binary is not installed")

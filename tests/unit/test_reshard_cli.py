@@ -63,3 +63,18 @@ def test_notebook_function_and_layout_parsing():
     plan = reshard_plan_for("7B", train="tp=4,pp=2,dp=1", gen="tp=4,pp=2,dp=1")
     assert 0 < plan.bytes_sent == plan.bytes_min
     assert {t.param for t in plan.sends} == {"model.embed_tokens.weight", "lm_head.weight"}
+
+
+def test_schedule_line_and_a_bucket_below_one_row(tmp_path, capsys):
+    config = {"model_type": "llama", "vocab_size": 100, "hidden_size": 16, "intermediate_size": 32,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    base = ["--train", "tp=2,pp=2", "--gen", "tp=1", "--gen-style", "hf", "--model", str(tmp_path)]
+    code, out, _ = _run(base + ["--bucket-mb", "0"], capsys)
+    assert code == 0 and "schedule         1 rounds" in out and "(bucket unbounded)" in out
+    code, out, _ = _run(base + ["--json", "--bucket-mb", "0.001"], capsys)  # 1048 bytes
+    data = json.loads(out)
+    assert data["rounds"] > 1 and 0 < data["max_staging_bytes"] <= 1048
+    # one row of the embedding is 16 * 2 bytes: a 16-byte bucket cannot hold it
+    code, _, err = _run(base + ["--bucket-mb", str(16 / 2**20)], capsys)
+    assert code == 2 and "use bucket_bytes >= 64" in err

@@ -126,7 +126,7 @@ def cases(draw):
     if pp > 1 and L % (2 * pp) == 0 and draw(st.booleans()):
         vpp = 2
     src_dims = ParallelDims(dp=draw(st.sampled_from([1, 2])), tp=tp, pp=pp, vpp=vpp)
-    style = draw(st.sampled_from(["vllm", "megatron"]))
+    style = draw(st.sampled_from(["vllm", "megatron", "hf"]))
     tp_g = draw(st.sampled_from(_tps(shape, style)))
     pp_g = draw(st.sampled_from(pps))
     kind = draw(st.sampled_from(["micro_dp", "permuted", "split"]))

@@ -5,3 +5,4 @@ from flowrl.registry import Registry
 
 GEN_BACKENDS: Registry = Registry("generation backend")
 GEN_BACKENDS.register("hf", "flowrl.backends.generate.hf:HFGenerator")
+GEN_BACKENDS.register("vllm", "flowrl.backends.generate.vllm:VLLMGenerator")

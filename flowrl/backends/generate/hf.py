@@ -110,6 +110,33 @@ class HFGenerator:
         first = torch.where(is_eos.any(1), is_eos.float().argmax(1) + 1, torch.full_like(new_NL[:, 0], num_new))
         return first.tolist()
 
+    @torch.no_grad()
+    def logprobs(self, prompts: list[list[int]], responses: list[list[int]], *,
+                 temperature: float = 1.0) -> list[list[float]]:
+        """Teacher-forced log-probs of each response token under ``logits / temperature`` (one
+        right-padded forward pass): what the trainer computes, for parity checks."""
+        rows = [p + r for p, r in zip(prompts, responses)]
+        longest = max(len(x) for x in rows)
+        ids_BL = torch.full((len(rows), longest), self.pad_id, dtype=torch.long)
+        mask_BL = torch.zeros((len(rows), longest), dtype=torch.long)
+        for i, x in enumerate(rows):
+            ids_BL[i, : len(x)] = torch.tensor(x, dtype=torch.long)
+            mask_BL[i, : len(x)] = 1
+        logits_BLV = self.model(input_ids=ids_BL, attention_mask=mask_BL).logits.float()
+        if temperature != 1.0:
+            logits_BLV = logits_BLV / temperature
+        logp_BLV = torch.log_softmax(logits_BLV, dim=-1)
+        out = []
+        for i, (p, r) in enumerate(zip(prompts, responses)):
+            pos = torch.arange(len(p) - 1, len(p) + len(r) - 1)  # position t predicts token t + 1
+            out.append(logp_BLV[i, pos, torch.tensor(r, dtype=torch.long)].tolist())
+        return out
+
+    def reshard_target(self) -> dict[str, torch.Tensor]:
+        """The live parameters by HF name (tied weights once), overwritten in place by a reshard
+        (``hf`` style, tp = 1)."""
+        return {n: p.detach() for n, p in self.model.named_parameters()}
+
     def load_hf_state(self, state: dict[str, torch.Tensor]) -> None:
         """Take the trainer's weights (full HF-named state)."""
         missing, unexpected = self.model.load_state_dict(state, strict=False)

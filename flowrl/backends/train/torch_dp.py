@@ -152,6 +152,11 @@ class TorchDPEngine:
         """The full HF-named state (every rank holds it; rank 0's is used)."""
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
+    def reshard_source(self) -> dict[str, torch.Tensor]:
+        """The live parameters by HF name (tied weights once): this rank's source tensors for a
+        reshard (``hf`` style, tp = pp = 1)."""
+        return {n: p.detach() for n, p in self.model.named_parameters()}
+
     def grad_state_dict(self) -> dict[str, torch.Tensor]:
         """The data-parallel-reduced gradients of the last step, by HF name (for checks)."""
         return {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}

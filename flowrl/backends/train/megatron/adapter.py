@@ -4,7 +4,7 @@ Roles hand engines :class:`~flowrl.data.packed.PackedBatch` objects (flat respon
 offsets); :class:`MegatronEngine` takes per-row dicts. This adapter converts both ways and keeps
 the roles backend-agnostic: ``forward_logprobs``, ``train_step``, ``all_reduce_sum`` (over the
 data-parallel group only: tp/pp peers hold the same rows), ``hf_state_dict`` (complete on global
-rank 0), ``save_hf``, ``param_bytes_local``, ``close``.
+rank 0), ``reshard_source`` (this rank's shards, for ``flowrl.backends.reshard``), ``save_hf``, ``param_bytes_local``, ``close``.
 
 A frozen engine (the reference policy) is the same engine that never steps its optimizer.
 """
@@ -112,8 +112,23 @@ class MegatronTrainEngine:
     def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
         return self.engine.hf_state_dict()
 
+    def reshard_source(self) -> dict[str, torch.Tensor]:
+        return self.engine.reshard_source()
+
     def save_hf(self, directory: str) -> None:
         self.engine.save_hf(directory)
+
+    def save_checkpoint_sharded(self, path: str, *, step: int, extra: dict | None = None) -> dict | None:
+        """Every rank: write this rank's chunks of checkpoint ``path`` (``megatron/checkpoint.py``)."""
+        from flowrl.backends.train.megatron.checkpoint import save_sharded
+
+        return save_sharded(self.engine, path, step=step, extra=extra)
+
+    def load_checkpoint_sharded(self, path: str) -> int:
+        """Every rank: read only this rank's chunks of checkpoint ``path`` (saved under any layout)."""
+        from flowrl.backends.train.megatron.checkpoint import load_sharded
+
+        return load_sharded(self.engine, path)
 
     def param_bytes_local(self) -> int:
         return self.engine.param_bytes_local()

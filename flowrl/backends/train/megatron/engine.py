@@ -250,12 +250,21 @@ class MegatronEngine:
                    temperature: float = 1.0) -> dict[str, float]:
         """One optimizer step on ``batch`` (this rank's dp share); see the module docstring for how
         ``loss_fn``'s per-micro-batch losses are combined (summed, never averaged)."""
-        def loss_func(mb, logits_BSV):
+        def mb_loss(mb, logits_BSV):
             logp_T, entropy_T = self._token_logprobs(mb, logits_BSV, temperature)
+            return loss_fn(logp_T, entropy_T, mb.items, mb.cu_seqlens_B1)
+
+        return self._train_schedule(batch, micro_batch_size=micro_batch_size, mb_loss=mb_loss)
+
+    def _train_schedule(self, batch: list[dict], *, micro_batch_size: int,
+                        mb_loss: Callable[[MicroBatch, torch.Tensor], tuple]) -> dict[str, float]:
+        """One optimizer step; ``mb_loss(mb, output)`` maps a micro-batch and the last stage's
+        output (logits, or values for ``value.py``) to ``(loss, stats)``."""
+        def loss_func(mb, output):
             num_tokens = torch.tensor(mb.num_tokens, dtype=torch.int)
             if not mb.items:  # padding micro-batch: contributes nothing
-                return logits_BSV.sum() * 0.0, num_tokens, {"mb": mb.index}
-            loss, stats = loss_fn(logp_T, entropy_T, mb.items, mb.cu_seqlens_B1)
+                return output.sum() * 0.0, num_tokens, {"mb": mb.index}
+            loss, stats = mb_loss(mb, output)
             stats = {k: float(v) for k, v in stats.items()}
             return loss, num_tokens, {"mb": mb.index, "loss": float(loss.detach()), **stats}
 
@@ -307,6 +316,15 @@ class MegatronEngine:
             return None
         merged = {key: shard for part in gathered if part for key, shard in part.items()}
         return megatron_to_hf(merged, self.hf_config, tp=self.tp, pp=self.pp, vpp=self.vpp)
+
+    def reshard_source(self) -> dict[str, torch.Tensor]:
+        """This rank's live parameter shards by megatron name (``model{v}.`` prefixes with vpp),
+        as ``flowrl.parallel.shard_spec`` names them in the ``megatron`` style."""
+        out = {}
+        for (_, vpp_rank), model in zip(self._chunk_keys(), self.models):
+            prefix = f"model{vpp_rank}." if self.vpp else ""
+            out.update({prefix + k: v.detach() for k, v in self._local_state(model).items()})
+        return out
 
     def save_hf(self, out_dir: str) -> None:
         """Write a transformers directory (config, safetensors weights, tokenizer files if the

@@ -1,0 +1,190 @@
+"""MegatronValueEngine: the PPO critic's value model on megatron-core (dp x tp x pp).
+
+The same GPTModel backbone as :class:`~flowrl.backends.train.megatron.engine.MegatronEngine`
+(embedding, decoder, final RMSNorm), with the vocabulary output layer of the last pipeline stage
+replaced by a plain ``hidden -> 1`` linear head (:class:`ValueHead`, replicated on the TP ranks,
+not vocab-parallel). It mirrors the ``dp`` critic (``flowrl.backends.train.value_dp``):
+``AutoModelForTokenClassification(num_labels=1)`` loaded from the same directory with the same
+seed, so a new ``score`` head starts from the same numbers, and ``score.weight`` / ``score.bias``
+map to ``output_layer.weight`` / ``output_layer.bias`` exactly, both ways.
+
+The value of response token ``t`` is read where the policy reads its log-prob (``index_T`` of a
+micro-batch: the position that predicts it), the ``pos - 1`` convention of the dp critic and verl.
+The train step is the policy engine's schedule (``MegatronEngine._train_schedule``) with a loss
+over values instead of log-probs, so loss scaling, DDP reduction, clipping and stats are the same.
+
+Shapes: B = micro-batch rows, S = padded sequence length, H = hidden size, T = response tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+
+from flowrl.backends.train.megatron.batching import MicroBatch
+from flowrl.backends.train.megatron.convert import chunk_role, hf_to_megatron, megatron_to_hf
+from flowrl.backends.train.megatron.engine import MegatronEngine
+from flowrl.backends.train.megatron.model import build_gpt_model
+
+ValueLossFn = Callable[[torch.Tensor, list, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+HEAD_PREFIX = "output_layer."  # the head sits where GPTModel calls its output layer
+HF_HEAD_PREFIX = "score."  # AutoModelForTokenClassification's head
+
+
+class ValueHead(torch.nn.Linear):
+    """``hidden -> 1`` with GPTModel's output-layer call signature (``(output, bias)``)."""
+
+    def __init__(self, hidden_size: int, *, bias: bool, dtype: torch.dtype):
+        super().__init__(hidden_size, 1, bias=bias, dtype=dtype)
+
+    def forward(self, hidden_SBH: torch.Tensor, weight: Any = None,  # noqa: ARG002 (GPTModel's call)
+                runtime_gather_output: Any = None) -> tuple[torch.Tensor, None]:
+        return super().forward(hidden_SBH), None
+
+
+def _config_copy(hf_config: Any, **changes: Any) -> Any:
+    config = type(hf_config).from_dict(hf_config.to_dict())
+    for key, value in changes.items():
+        setattr(config, key, value)
+    return config
+
+
+def load_hf_value_model(model_dir: str, *, dtype: torch.dtype, seed: int) -> torch.nn.Module:
+    """``AutoModelForTokenClassification(num_labels=1)`` exactly as the dp critic builds it (the
+    same seed gives the same new ``score`` head)."""
+    import transformers
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    torch.manual_seed(seed)
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # "score head newly initialised" is the point
+    try:
+        config = AutoConfig.from_pretrained(model_dir, num_labels=1)
+        config.classifier_dropout = 0.0
+        return AutoModelForTokenClassification.from_pretrained(model_dir, config=config, dtype=dtype)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+
+
+class MegatronValueEngine(MegatronEngine):
+    """One rank's share of a megatron-core value model: forward values, value-loss train steps,
+    HF (token-classification) export."""
+
+    def __init__(self, model_dir: str, *, seed: int = 0, **kwargs: Any):
+        self._seed = seed
+        super().__init__(model_dir, seed=seed, **kwargs)
+
+    # ----------------------------------------------------------------------------- construction
+    def _build_and_load(self) -> list[torch.nn.Module]:
+        with torch.random.fork_rng(devices=[]):
+            hf_model = load_hf_value_model(self.model_dir, dtype=torch.float32, seed=self._seed)
+        hf_state = hf_model.state_dict()
+        head = {k[len(HF_HEAD_PREFIX):]: v for k, v in hf_state.items() if k.startswith(HF_HEAD_PREFIX)}
+        if set(head) - {"weight", "bias"} or "weight" not in head or head["weight"].shape[0] != 1:
+            raise RuntimeError(f"unexpected value head in {self.model_dir}: "
+                               f"{ {k: tuple(v.shape) for k, v in head.items()} }")
+        # The backbone converts as a tied model (no lm_head needed); the chunk is built untied so
+        # that the last stage owns its output layer, which becomes the value head.
+        tied_cfg = _config_copy(self.hf_config, tie_word_embeddings=True)
+        untied_cfg = _config_copy(self.hf_config, tie_word_embeddings=False)
+        models = []
+        for pp_rank, vpp_rank in self._chunk_keys():
+            pre, post = chunk_role(pp_rank=pp_rank, pp=self.pp, vpp_rank=vpp_rank, vpp=self.vpp)
+            model = build_gpt_model(untied_cfg, config=self.config, pre_process=pre,
+                                    post_process=post, vp_stage=vpp_rank,
+                                    make_vocab_size_divisible_by=self.make_vocab_size_divisible_by)
+            shard = hf_to_megatron(
+                hf_state, tied_cfg, tp_rank=ps.get_tensor_model_parallel_rank(), tp=self.tp,
+                pp_rank=pp_rank, pp=self.pp, vpp_rank=vpp_rank, vpp=self.vpp,
+                make_vocab_size_divisible_by=self.make_vocab_size_divisible_by)
+            shard = {k: v for k, v in shard.items() if not k.startswith(HEAD_PREFIX)}
+            if post:
+                model.output_layer = ValueHead(self.arch.hidden_size, bias="bias" in head,
+                                               dtype=self.dtype)
+                shard.update({HEAD_PREFIX + k: v for k, v in head.items()})
+            own = self._local_state(model)
+            if set(own) != set(shard):
+                raise RuntimeError(f"megatron value chunk and converted shard disagree: only in model "
+                                   f"{sorted(set(own) - set(shard))}, only in shard "
+                                   f"{sorted(set(shard) - set(own))}")
+            with torch.no_grad():
+                for name, tensor in own.items():
+                    if tensor.shape != shard[name].shape:
+                        raise RuntimeError(f"{name}: megatron shape {tuple(tensor.shape)} != "
+                                           f"converted {tuple(shard[name].shape)}")
+                    tensor.copy_(shard[name])
+            models.append(model.to(self.device))
+        del hf_model, hf_state
+        return models
+
+    # ----------------------------------------------------------------------------- public API
+    @staticmethod
+    def _values(mb: MicroBatch, values_BS1: torch.Tensor) -> torch.Tensor:
+        return values_BS1.reshape(-1).index_select(0, mb.index_T).float()
+
+    @torch.no_grad()
+    def forward_values(self, batch: list[dict], *, micro_batch_size: int) -> list[np.ndarray]:
+        """Each item's per-response-token values (float32); every tp/pp rank of a dp group passes
+        the same ``batch`` and gets the result."""
+        def loss_func(mb, values_BS1):
+            values_T = self._values(mb, values_BS1)
+            return values_T.new_zeros(()), torch.tensor(mb.num_tokens, dtype=torch.int), {
+                "mb": mb.index, "values": values_T}
+
+        for chunk in self.chunks:
+            chunk.eval()
+        store = self._run_schedule(batch, micro_batch_size=micro_batch_size, forward_only=True,
+                                   loss_func=loss_func)
+        lengths = [len(item["response_ids"]) for item in batch]
+        values_T = torch.zeros(sum(lengths), dtype=torch.float32, device=self.device)
+        if store:  # last pipeline stage
+            values_T.copy_(torch.cat([out["values"] for out in store]))
+        values_T = self._from_last_stage(values_T).cpu().numpy()
+        return np.split(values_T, np.cumsum(lengths)[:-1])
+
+    def train_step_values(self, batch: list[dict], *, micro_batch_size: int,
+                          loss_fn: ValueLossFn) -> dict[str, float]:
+        """One optimizer step; ``loss_fn(values_T, items, cu_seqlens_B1)`` per micro-batch, its
+        losses summed over micro-batches and dp ranks (normalise by global counts)."""
+        def mb_loss(mb, values_BS1):
+            return loss_fn(self._values(mb, values_BS1), mb.items, mb.cu_seqlens_B1)
+
+        return self._train_schedule(batch, micro_batch_size=micro_batch_size, mb_loss=mb_loss)
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The full ``AutoModelForTokenClassification`` state (``model.*`` and ``score.*``, on
+        CPU), complete on global rank 0, None elsewhere. Every rank must call it."""
+        shards = None
+        if ps.get_data_parallel_rank() == 0:
+            tp_rank = ps.get_tensor_model_parallel_rank()
+            shards = {(tp_rank, pp_rank, vpp_rank): {k: v.detach().cpu()
+                                                    for k, v in self._local_state(m).items()}
+                      for (pp_rank, vpp_rank), m in zip(self._chunk_keys(), self.models)}
+        gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+        dist.gather_object(shards, gathered, dst=0)
+        if dist.get_rank() != 0:
+            return None
+        merged = {key: shard for part in gathered if part for key, shard in part.items()}
+        head = {}
+        for (tp_rank, _, _), shard in sorted(merged.items(), key=lambda kv: str(kv[0])):
+            for k in [k for k in shard if k.startswith(HEAD_PREFIX)]:
+                value = shard.pop(k)
+                if tp_rank == 0:
+                    head[HF_HEAD_PREFIX + k[len(HEAD_PREFIX):]] = value
+        tied_cfg = _config_copy(self.hf_config, tie_word_embeddings=True)
+        out = megatron_to_hf(merged, tied_cfg, tp=self.tp, pp=self.pp, vpp=self.vpp)
+        return {**out, **head}
+
+    def save_hf(self, out_dir: str) -> None:
+        """Write a transformers token-classification directory (rank 0; every rank calls it)."""
+        state = self.hf_state_dict()
+        if dist.get_rank() == 0:
+            model = load_hf_value_model(self.model_dir, dtype=torch.float32, seed=self._seed)
+            missing, unexpected = model.load_state_dict(state, strict=True), None
+            del missing, unexpected
+            model.to(self.dtype).save_pretrained(out_dir)
+        dist.barrier()
