@@ -78,6 +78,8 @@ def resolve_inputs(cfg: RunConfig) -> RunConfig:
                           "(no config.json)", "point it at a reward model saved with save_pretrained")
     if cfg.actor.strategy == "megatron":
         _check_megatron_layout(cfg, model_path)
+    if cfg.needs_critic and cfg.critic.strategy == "megatron":
+        _check_megatron_critic(cfg, cfg.critic.model_path or model_path)
     run_dir = cfg.trainer.run_dir or str(Path("runs") / datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"))
     resume_mode = cfg.trainer.resume_mode
     if resume_mode not in ("auto", "disable"):
@@ -155,6 +157,38 @@ def _check_megatron_layout(cfg: RunConfig, model_path: str) -> None:
                               (g.tensor_model_parallel_size, g.pipeline_model_parallel_size),
                               f"does not fit the model in {model_path}: {exc}",
                               "pick a layout from `flowrl parallel-plan` or the message above") from exc
+
+
+def _check_megatron_critic(cfg: RunConfig, model_path: str) -> None:
+    """``critic.strategy=megatron``: the critic's (tp, pp) against its model, and no critic
+    checkpoints (not written for the megatron critic yet), before any worker starts."""
+    from transformers import AutoConfig
+
+    from flowrl.parallel.mesh import ParallelDims, validate_model_layout
+
+    c = cfg.critic
+    if cfg.trainer.save_freq > 0:
+        raise ConfigError("trainer.save_freq", cfg.trainer.save_freq, "with critic.strategy=megatron: critic "
+                          "checkpoints are not supported for the megatron critic yet",
+                          "set trainer.save_freq=0, or critic.strategy=dp")
+    if cfg.trainer.resume_mode not in ("auto", "disable"):
+        raise ConfigError("trainer.resume_mode", cfg.trainer.resume_mode, "with critic.strategy=megatron: "
+                          "the megatron critic cannot be restored from a checkpoint yet",
+                          "set trainer.resume_mode=disable, or critic.strategy=dp")
+    hf = AutoConfig.from_pretrained(model_path)
+    try:
+        dims = ParallelDims(dp=c.data_parallel_size, tp=c.tensor_model_parallel_size, pp=c.pipeline_model_parallel_size)
+        validate_model_layout(dims, num_attention_heads=hf.num_attention_heads,
+                              num_key_value_heads=getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads,
+                              num_layers=hf.num_hidden_layers, vocab_size=hf.vocab_size)
+        if hf.intermediate_size % c.tensor_model_parallel_size:
+            raise ValueError(f"tensor_model_parallel_size={c.tensor_model_parallel_size} does not divide "
+                             f"intermediate_size={hf.intermediate_size}")
+    except ValueError as exc:
+        raise ConfigError("critic.tensor_model_parallel_size/pipeline_model_parallel_size",
+                          (c.tensor_model_parallel_size, c.pipeline_model_parallel_size),
+                          f"does not fit the model in {model_path}: {exc}",
+                          "pick a layout from `flowrl parallel-plan` or the message above") from exc
 
 
 class GRPORun:

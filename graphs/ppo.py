@@ -224,7 +224,7 @@ def group_specs(cfg: RunConfig) -> list[Any]:
             "critic", "flowrl.roles.critic:CriticRole",
             {"model_dir": c.model_path or cfg.model.path, "critic": c, "dtype": cfg.model.dtype,
              "response_length": cfg.rollout.response_length, "seed": cfg.trainer.seed},
-            GroupMesh(dp=c.data_parallel_size, tp=1, pp=1),
+            GroupMesh(dp=c.data_parallel_size, tp=c.tensor_model_parallel_size, pp=c.pipeline_model_parallel_size),
         ))
     if cfg.reward_model.enable:
         rm = cfg.reward_model

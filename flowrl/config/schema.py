@@ -297,8 +297,10 @@ class ReferenceConfig(ParallelFields):
 class CriticConfig(ParallelFields):
     """The PPO critic (value model): started only for estimators that need values (``gae``)."""
 
-    strategy: Literal["dp"] = "dp"
-    """Training backend of the critic: ``dp`` (plain torch, data parallel)."""
+    strategy: Literal["dp", "megatron"] = "dp"
+    """Training backend of the critic: ``dp`` (plain torch, data parallel) or ``megatron``
+    (megatron-core, ``data_parallel_size`` x ``tensor_model_parallel_size`` x
+    ``pipeline_model_parallel_size``; no critic checkpoints yet: needs ``trainer.save_freq=0``)."""
     model_path: str = ""
     """The value model's starting checkpoint (a causal-LM directory; a one-output head is added).
     Empty: ``model.path`` (verl's ``critic.model.path`` default)."""
@@ -322,13 +324,13 @@ class CriticConfig(ParallelFields):
 
     def __post_init__(self) -> None:
         self._check_mesh()
-        _in("strategy", self.strategy, ("dp",))
+        _in("strategy", self.strategy, ("dp", "megatron"))
         check(
-            self.tensor_model_parallel_size == 1 and self.pipeline_model_parallel_size == 1,
+            self.strategy == "megatron" or (self.tensor_model_parallel_size == 1 and self.pipeline_model_parallel_size == 1),
             "tensor_model_parallel_size",
             self.tensor_model_parallel_size,
             "the critic's dp strategy is data parallel only",
-            "set critic.tensor_model_parallel_size=1 and critic.pipeline_model_parallel_size=1",
+            "set critic.tensor_model_parallel_size=1 and critic.pipeline_model_parallel_size=1, or critic.strategy=megatron",
         )
         _positive("ppo_mini_batch_size", self.ppo_mini_batch_size, "use data.train_batch_size for one step per batch")
         _positive("ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu, "use e.g. 64")

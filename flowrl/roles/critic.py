@@ -35,6 +35,15 @@ class CriticRole:
         self.cfg = critic
         self.response_length = response_length
         o = critic.optim
+        if critic.strategy == "megatron":  # the same value model on megatron-core (dp x tp x pp)
+            from flowrl.backends.train.megatron.value import MegatronValueTrainEngine
+
+            self.engine = MegatronValueTrainEngine(
+                model_dir, tp=critic.tensor_model_parallel_size, pp=critic.pipeline_model_parallel_size,
+                dp=critic.data_parallel_size, dtype=dtype, lr=o.lr, weight_decay=o.weight_decay, betas=o.betas,
+                eps=o.eps, grad_clip=o.grad_clip, seed=seed,
+            )
+            return
         self.engine = TorchDPValueEngine(
             model_dir, trainable=True, dtype=dtype, lr=o.lr, weight_decay=o.weight_decay, betas=o.betas,
             eps=o.eps, grad_clip=o.grad_clip, seed=seed,
@@ -89,10 +98,13 @@ class CriticRole:
     # ----------------------------------------------------------------- state
     def checkpoint_state(self) -> dict | None:
         """Rank 0: ``{"params", "optim", "optim_step"}`` of the value model; other ranks: None."""
+        if self.cfg.strategy == "megatron":  # refused at config time (trainer._check_megatron_critic)
+            raise NotImplementedError("critic checkpoints are not supported with critic.strategy=megatron")
         return self.engine.checkpoint_state() if self.rank == 0 else None
 
     def load_checkpoint(self, params: dict, optim: dict | None = None, optim_step: int = 0) -> None:
         self.engine.load_checkpoint(params, optim, optim_step)
 
     def close(self) -> None:
-        pass
+        if self.cfg.strategy == "megatron":
+            self.engine.close()

@@ -184,7 +184,59 @@ class MegatronValueEngine(MegatronEngine):
         state = self.hf_state_dict()
         if dist.get_rank() == 0:
             model = load_hf_value_model(self.model_dir, dtype=torch.float32, seed=self._seed)
-            missing, unexpected = model.load_state_dict(state, strict=True), None
-            del missing, unexpected
+            model.load_state_dict(state, strict=True)
             model.to(self.dtype).save_pretrained(out_dir)
         dist.barrier()
+
+
+class MegatronValueTrainEngine:
+    """:class:`MegatronValueEngine` behind ``TorchDPValueEngine``'s interface (PackedBatch in,
+    flat ``_T`` tensors out): ``forward_values``, ``train_step_values``, ``all_reduce_sum`` (over
+    the data-parallel group), ``hf_state_dict``, ``save_hf``, ``close``."""
+
+    def __init__(self, model_dir: str, *, tp: int, pp: int, dp: int, vpp: int | None = None,
+                 dtype: str = "float32", lr: float = 1e-5, weight_decay: float = 0.0,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 grad_clip: float = 1.0, seed: int = 0, use_distributed_optimizer: bool = False):
+        self.engine = MegatronValueEngine(
+            model_dir, tp=tp, pp=pp, vpp=vpp, dp=dp, lr=lr, weight_decay=weight_decay, betas=betas,
+            eps=eps, grad_clip=grad_clip, use_distributed_optimizer=use_distributed_optimizer,
+            bf16=dtype == "bfloat16", seed=seed)
+
+    def forward_values(self, batch, *, micro_batch_size: int) -> torch.Tensor:
+        from flowrl.backends.train.megatron.adapter import _items
+
+        values = self.engine.forward_values(_items(batch), micro_batch_size=micro_batch_size)
+        return torch.from_numpy(np.concatenate(values)) if values else torch.empty(0)
+
+    def train_step_values(self, batch, *, micro_batch_size: int, loss_fn) -> dict[str, float]:
+        """``loss_fn(values_T, mb)`` with ``mb`` a PackedBatch of the micro-batch's rows (as the
+        dp critic's); stats are means over micro-batches and dp ranks, plus grad_norm and lr."""
+        from flowrl.backends.train.megatron.adapter import _items, _packed
+
+        names = list(batch.token_fields)
+
+        def megatron_loss(values_T, items, cu_seqlens_B1):  # noqa: ANN001, ANN202
+            return loss_fn(values_T, _packed(items, cu_seqlens_B1, names))
+
+        stats = self.engine.train_step_values(_items(batch), micro_batch_size=micro_batch_size,
+                                              loss_fn=megatron_loss)
+        stats.pop("loss", None)
+        return stats
+
+    def all_reduce_sum(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, group=ps.get_data_parallel_group())
+        return t.tolist()
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
+        return self.engine.hf_state_dict()
+
+    def save_hf(self, directory: str) -> None:
+        self.engine.save_hf(directory)
+
+    def param_bytes_local(self) -> int:
+        return self.engine.param_bytes_local()
+
+    def close(self) -> None:
+        self.engine.close()
