@@ -7,7 +7,6 @@ ranks), so each mini-batch's gradient equals the single-process one.
 
 from __future__ import annotations
 
-import time
 
 import pyarrow as pa
 import torch
@@ -17,6 +16,7 @@ from flowrl.backends.train.value_dp import TorchDPValueEngine
 from flowrl.config.schema import CriticConfig
 from flowrl.data import experience
 from flowrl.data.packed import PackedBatch
+from flowrl.roles.epochs import run_epochs
 
 
 class CriticRole:
@@ -61,17 +61,7 @@ class CriticRole:
         ``mini_batch_rows`` rows, regressing the values on ``returns`` with value clipping around
         the ``values`` the advantages were computed with."""
         batch = PackedBatch.from_table(table, ("values", "returns", "response_mask"))
-        history: dict[str, list[float]] = {}
-        start = time.perf_counter()
-        for _ in range(self.cfg.ppo_epochs):
-            for first in range(0, batch.num_rows, mini_batch_rows):
-                stats = self._step(batch.rows(first, min(first + mini_batch_rows, batch.num_rows)))
-                for k, v in stats.items():
-                    history.setdefault(k, []).append(v)
-        metrics = {f"critic/{k}": sum(v) / len(v) for k, v in history.items()}
-        metrics["critic/num_optimizer_steps"] = float(len(history.get("grad_norm", [])))
-        metrics["critic/update_s"] = time.perf_counter() - start
-        return metrics
+        return run_epochs(batch, epochs=self.cfg.ppo_epochs, mini_batch_rows=mini_batch_rows, step=self._step, prefix="critic")
 
     def _step(self, mini: PackedBatch) -> dict[str, float]:
         cfg = self.cfg

@@ -7,7 +7,6 @@ data-parallel ranks) so each mini-batch's gradient equals the single-process one
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -18,6 +17,7 @@ from flowrl.backends.train import TRAIN_BACKENDS
 from flowrl.config.schema import ActorConfig
 from flowrl.data import experience
 from flowrl.data.packed import PackedBatch
+from flowrl.roles.epochs import run_epochs
 
 if TYPE_CHECKING:
     from flowrl.backends.reshard import ReshardJob
@@ -77,18 +77,7 @@ class PolicyRole:
         if self.cfg.use_kl_loss:
             fields.append("ref_logprobs")
         batch = PackedBatch.from_table(table, tuple(fields))
-        history: dict[str, list[float]] = {}
-        start = time.perf_counter()
-        for _ in range(self.cfg.ppo_epochs):
-            for first in range(0, batch.num_rows, mini_batch_rows):
-                mini = batch.rows(first, min(first + mini_batch_rows, batch.num_rows))
-                stats = self._step(mini)
-                for k, v in stats.items():
-                    history.setdefault(k, []).append(v)
-        metrics = {f"actor/{k}": sum(v) / len(v) for k, v in history.items()}
-        metrics["actor/num_optimizer_steps"] = float(len(history.get("grad_norm", [])))
-        metrics["actor/update_s"] = time.perf_counter() - start
-        return metrics
+        return run_epochs(batch, epochs=self.cfg.ppo_epochs, mini_batch_rows=mini_batch_rows, step=self._step, prefix="actor")
 
     def _step(self, mini: PackedBatch) -> dict[str, float]:
         cfg = self.cfg

@@ -37,10 +37,8 @@ class TorchDPEngine:
         grad_clip: float = 1.0,
         seed: int = 0,
     ) -> None:
-        from transformers import AutoModelForCausalLM
-
         torch.manual_seed(seed)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_DTYPES[dtype])
+        self.model = self._load_model(model_dir, _DTYPES[dtype])
         self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
         self.grad_clip = grad_clip
         self.optimizer = None
@@ -53,6 +51,12 @@ class TorchDPEngine:
             self.model.eval()
             self.model.requires_grad_(False)
         self._broadcast_parameters()
+
+    def _load_model(self, model_dir: str, dtype: torch.dtype) -> torch.nn.Module:
+        """The trained module (subclasses load another head on the same checkpoint)."""
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
 
     # ----------------------------------------------------------------- collectives
     @property

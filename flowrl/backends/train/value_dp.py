@@ -17,48 +17,26 @@ from typing import Callable
 
 import torch
 
-from flowrl.backends.train.torch_dp import _DTYPES, TorchDPEngine
+from flowrl.backends.train.torch_dp import TorchDPEngine
 from flowrl.data.packed import PackedBatch
 
 ValueLossFn = Callable[[torch.Tensor, PackedBatch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
 class TorchDPValueEngine(TorchDPEngine):
-    def __init__(
-        self,
-        model_dir: str,
-        *,
-        trainable: bool = True,
-        dtype: str = "float32",
-        lr: float = 1e-3,
-        weight_decay: float = 0.0,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        grad_clip: float = 1.0,
-        seed: int = 0,
-    ) -> None:
+    def _load_model(self, model_dir: str, dtype: torch.dtype) -> torch.nn.Module:
+        """The checkpoint's backbone with a one-output token-classification head (the value)."""
         import transformers
         from transformers import AutoConfig, AutoModelForTokenClassification
 
-        torch.manual_seed(seed)
         verbosity = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()  # "score head newly initialised" is the point
         try:
             config = AutoConfig.from_pretrained(model_dir, num_labels=1)
             config.classifier_dropout = 0.0  # values must be deterministic
-            self.model = AutoModelForTokenClassification.from_pretrained(model_dir, config=config, dtype=_DTYPES[dtype])
+            return AutoModelForTokenClassification.from_pretrained(model_dir, config=config, dtype=dtype)
         finally:
             transformers.logging.set_verbosity(verbosity)
-        self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
-        self.grad_clip = grad_clip
-        self.optimizer = None
-        if trainable:
-            self.model.train()
-            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
-        else:
-            self.model.eval()
-            self.model.requires_grad_(False)
-        self._broadcast_parameters()
 
     def _values(self, mb: PackedBatch) -> torch.Tensor:
         padded = mb.padded(self.pad_id)
