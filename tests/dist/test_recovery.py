@@ -35,6 +35,30 @@ def _args(run_dir, model_dir, data, *extra):
     ]
 
 
+GATED = "algorithm.reward_fn=gated_reward:compute_score"  # scores as auto; holds step 2 (tests/dist/gated_reward.py)
+
+
+def _gate(tmp_path, monkeypatch, run_dir):
+    """Arm gated_reward: hold the first reward call made once ``run_dir``'s first checkpoint exists."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    monkeypatch.syspath_prepend(here)  # workers are spawned with this sys.path
+    monkeypatch.setenv("PYTHONPATH", here + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    (gate / "arm_when").write_text(str(run_dir / "checkpoints" / "latest"))
+    monkeypatch.setenv("FLOWRL_TEST_GATE", str(gate))
+    return gate
+
+
+def _wait_for(path, timeout_s):
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def _rows(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -66,29 +90,28 @@ def _assert_same_run(run_dir, reference):
 
 @pytest.mark.timeout(600)
 def test_killed_worker_is_replaced_and_the_run_matches_an_uninterrupted_one(
-        tmp_path, tiny_model_dir, addition_data, uninterrupted, caplog):
+        tmp_path, tiny_model_dir, addition_data, uninterrupted, caplog, monkeypatch):
     from distributed import default_client
 
     from flowrl.recovery import rank_pids
 
     run_dir = tmp_path / "killed_worker"
+    gate = _gate(tmp_path, monkeypatch, run_dir)
     killed: list[int] = []
 
-    def watcher() -> None:  # once step 2's checkpoint is committed, kill -9 actor rank 0 mid-step 2
-        deadline = time.monotonic() + 300
-        while not (run_dir / "checkpoints" / "latest").is_file():
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.05)
-        time.sleep(0.3)
+    def watcher() -> None:  # step 2 is held in its reward node (after step 2's checkpoint): kill -9 actor rank 0
+        if not _wait_for(gate / "blocked", 300):
+            return
         pid = rank_pids(default_client())[("actor", 0)]
         os.kill(pid, signal.SIGKILL)
         killed.append(pid)
+        time.sleep(0.5)
+        (gate / "release").touch()  # the step goes on to the update, on the dead rank
 
     thread = threading.Thread(target=watcher, daemon=True)
     thread.start()
     with caplog.at_level("WARNING", logger="flowrl.recovery"):
-        summary = train(load_config(None, _args(run_dir, tiny_model_dir, addition_data)))
+        summary = train(load_config(None, _args(run_dir, tiny_model_dir, addition_data, GATED)))
     thread.join(timeout=10)
     assert killed, "the watcher never killed a worker"
     assert summary.restarts == 1
@@ -99,18 +122,18 @@ def test_killed_worker_is_replaced_and_the_run_matches_an_uninterrupted_one(
 
 @pytest.mark.timeout(600)
 def test_killed_driver_restarted_with_resume_auto_matches_an_uninterrupted_one(
-        tmp_path, tiny_model_dir, addition_data, uninterrupted):
+        tmp_path, tiny_model_dir, addition_data, uninterrupted, monkeypatch):
     run_dir = tmp_path / "killed_driver"
+    gate = _gate(tmp_path, monkeypatch, run_dir)
     args = _args(run_dir, tiny_model_dir, addition_data)
-    cmd = [sys.executable, "-m", "flowrl.cli", "train", *args]
+    cmd = [sys.executable, "-m", "flowrl.cli", "train", *args, GATED]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 300
-        while not (run_dir / "checkpoints" / "latest").is_file():
+        while not (gate / "blocked").exists():  # step 2 in flight, after step 2's checkpoint
             assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "no checkpoint within 300s"
+            assert time.monotonic() < deadline, "step 2 never started within 300s"
             time.sleep(0.05)
-        time.sleep(0.3)
         os.kill(proc.pid, signal.SIGKILL)  # the driver only; its workers notice and exit
         proc.wait(timeout=30)
     finally:
