@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from flowrl.config.cluster import ClusterConfig, PoolConfig, SlurmConfig  # noqa: F401 (re-exported)
 from flowrl.config.errors import check
 
 GEN_BACKENDS = ("hf", "vllm")
@@ -511,118 +512,6 @@ class TrainerConfig:
             _in("logger", name, LOGGERS)
         check(len(set(self.logger)) == len(self.logger), "logger", self.logger, "names a logger twice",
               "list each logger once, e.g. [console,tensorboard]")
-
-
-@dataclass(kw_only=True)
-class PoolConfig:
-    """A resource pool (verl's ``resource_pool_spec``): workers tagged with the Dask resource
-    ``<name>`` that host the ranks of ``groups``, one rank per worker process."""
-
-    name: str = ""
-    """Pool name, also the Dask worker resource its workers carry (e.g. actor_rollout_ref)."""
-    groups: list[str] = field(default_factory=list)
-    """Worker groups placed on this pool: rollout, actor, ref."""
-    workers: int = 0
-    """Worker processes in the pool; 0: the sum of its groups' world sizes."""
-
-    def __post_init__(self) -> None:
-        from flowrl.cluster.pools import check_pool  # pure; imports nothing heavy
-
-        check_pool(self)
-
-
-@dataclass(kw_only=True)
-class SlurmConfig:
-    """``dask_jobqueue.SLURMCluster`` job settings (used when ``cluster.kind=slurm``)."""
-
-    queue: str = ""
-    """Partition (``sbatch -p``); empty: the cluster's default partition."""
-    account: str = ""
-    """Account to charge (``sbatch -A``); empty: your default account."""
-    cores: int = 1
-    """CPU cores per job (``--cpus-per-task``); shared by the job's worker processes."""
-    processes: int = 1
-    """Dask worker processes per job (one rank each); with GPUs use one per GPU."""
-    memory: str = "4GB"
-    """Memory per job (``--mem``), e.g. 16GB; split between its processes."""
-    gpus_per_job: int = 0
-    """GPUs per job (``--gres=gpu:N``); 0: none."""
-    gres: str = ""
-    """A full ``--gres`` value instead of gpus_per_job, e.g. gpu:a100:4."""
-    walltime: str = "01:00:00"
-    """Job time limit (``-t``), HH:MM:SS."""
-    job_name: str = "flowrl"
-    """Job name prefix; each run appends a unique suffix so its jobs can be found and cancelled."""
-    job_script_prologue: list[str] = field(default_factory=list)
-    """Shell lines run before the worker starts: ``module load ...``, ``source venv/bin/activate``."""
-    job_extra_directives: list[str] = field(default_factory=list)
-    """Extra ``#SBATCH`` options, e.g. ["--constraint=a100", "--exclusive"]."""
-    python: str = ""
-    """Python on the compute nodes; empty: the one running flowrl."""
-    local_directory: str = ""
-    """Worker scratch directory on the compute node; empty: the node's temp dir."""
-    log_directory: str = ""
-    """Where job stdout/stderr go; empty: ``<run_dir>/slurm`` (or a temp dir outside a run)."""
-    death_timeout_s: float = 60.0
-    """A worker whose scheduler is gone (client killed) exits after this long, ending its job."""
-
-    def __post_init__(self) -> None:
-        from flowrl.cluster.spec import check_slurm  # pure; imports nothing heavy
-
-        check_slurm(self)
-
-
-@dataclass(kw_only=True)
-class ClusterConfig:
-    kind: Literal["local", "slurm", "address"] = "local"
-    """``local``: a LocalCluster on this machine; ``slurm``: workers as SLURM jobs
-    (dask-jobqueue, ``cluster.slurm.*``); ``address``: connect to ``scheduler_address``."""
-    spec: str = ""
-    """A cluster spec YAML (e.g. cluster/slurm.yaml) whose ``cluster:`` section fills every
-    cluster key this config does not set."""
-    scheduler_address: str = ""
-    """The Dask scheduler ``kind=address`` connects to (``tcp://host:port``, ``tls://`` with TLS)."""
-    host: str = "127.0.0.1"
-    """Address the LocalCluster's scheduler and workers bind to."""
-    interface: str = ""
-    """Network interface for the SLURM scheduler and workers (ib0, eth0); empty: loopback,
-    which only works when the jobs run on this machine."""
-    tls: bool = False
-    """Encrypt and authenticate all Dask traffic (TLS). Without cert files: temporary
-    self-signed certificates made for this run."""
-    tls_ca_file: str = ""
-    """CA certificate (PEM) for TLS; with tls_cert and tls_key instead of temporary ones."""
-    tls_cert: str = ""
-    """Certificate (PEM) of this client, the scheduler and the workers."""
-    tls_key: str = ""
-    """Private key (PEM) matching tls_cert."""
-    placement: Literal["colocated", "split"] = "colocated"
-    """Without ``pools``: ``colocated`` puts rollout, actor and ref in one pool
-    (actor_rollout_ref); ``split`` gives each group its own pool."""
-    pools: list[PoolConfig] = field(default_factory=list)
-    """Resource pools, e.g. [{name: actor_rollout_ref, groups: [actor, rollout, ref]}]; every
-    group must be in exactly one pool."""
-    slurm: SlurmConfig = field(default_factory=SlurmConfig)
-    """SLURM job settings (kind=slurm)."""
-    dashboard: bool = False
-    """Serve the Dask dashboard (on ``host``, a free port)."""
-    memory_limit: str = "4GiB"
-    """Memory limit per LocalCluster worker process."""
-    timeout_s: float = 600.0
-    """Timeout of every wait on a worker group call or graph result."""
-    low_latency: bool = True
-    """Cap Dask's message-batching intervals at 0.5 ms in this process (the LocalCluster's
-    scheduler lives here): about 5x less scheduling latency per graph node."""
-    startup_timeout_s: float = 180.0
-    """Timeout for starting the cluster and the worker groups."""
-
-    def __post_init__(self) -> None:
-        _positive("timeout_s", self.timeout_s, "use e.g. 600")
-        _positive("startup_timeout_s", self.startup_timeout_s, "use e.g. 180")
-        check(self.host != "", "host", self.host, "must not be empty", "use 127.0.0.1")
-        from flowrl.cluster.spec import check_cluster  # pure; imports nothing heavy
-
-        check_cluster(self)
 
 
 @dataclass(kw_only=True)
