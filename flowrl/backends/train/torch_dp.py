@@ -113,13 +113,24 @@ class TorchDPEngine:
         ``loss_fn`` returns a loss already normalised by the global denominator, so losses are
         summed, not averaged, over micro-batches and ranks. Stats are token-weighted means.
         """
-        assert self.optimizer is not None, "train_step on a frozen engine"
+        def mb_loss(mb: PackedBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            logp_T, entropy_T = self._forward(mb, temperature=temperature, with_entropy=with_entropy)
+            return loss_fn(logp_T, entropy_T, mb)
+
+        return self._accumulate_and_step(batch, micro_batch_size, mb_loss)
+
+    def _accumulate_and_step(
+        self, batch: PackedBatch, micro_batch_size: int,
+        mb_loss: Callable[[PackedBatch], tuple[torch.Tensor, dict[str, torch.Tensor]]],
+    ) -> dict[str, float]:
+        """Backward ``mb_loss`` of every micro-batch, then one reduced optimizer step; stats are
+        token-weighted means over all ranks, plus ``grad_norm`` and ``lr``."""
+        assert self.optimizer is not None, "train step on a frozen engine"
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
         tokens = 0
         for mb in batch.micro_batches(micro_batch_size):
-            logp_T, entropy_T = self._forward(mb, temperature=temperature, with_entropy=with_entropy)
-            loss, stats = loss_fn(logp_T, entropy_T, mb)
+            loss, stats = mb_loss(mb)
             loss.backward()
             n = mb.num_response_tokens
             tokens += n

@@ -58,22 +58,4 @@ class TorchDPValueEngine(TorchDPEngine):
         """One optimizer step over ``batch`` (this rank's share), accumulating micro-batches;
         ``loss_fn(values_T, mb)`` returns a loss normalised by the global denominator. Stats are
         token-weighted means over all ranks, plus ``grad_norm`` and ``lr``."""
-        assert self.optimizer is not None, "train_step_values on a frozen engine"
-        self.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = {}
-        tokens = 0
-        for mb in batch.micro_batches(micro_batch_size):
-            loss, stats = loss_fn(self._values(mb), mb)
-            loss.backward()
-            n = mb.num_response_tokens
-            tokens += n
-            for k, v in stats.items():
-                sums[k] = sums.get(k, 0.0) + float(v) * n
-        grad_norm = self._reduce_gradients_and_step()
-        keys = sorted(sums)
-        totals = self.all_reduce_sum([sums[k] for k in keys] + [float(tokens)])
-        denom = max(totals[-1], 1.0)
-        out = {k: totals[i] / denom for i, k in enumerate(keys)}
-        out["grad_norm"] = grad_norm
-        out["lr"] = self.optimizer.param_groups[0]["lr"]
-        return out
+        return self._accumulate_and_step(batch, micro_batch_size, lambda mb: loss_fn(self._values(mb), mb))

@@ -130,20 +130,25 @@ class MegatronEngine:
                 hf_state, self.hf_config, tp_rank=ps.get_tensor_model_parallel_rank(), tp=self.tp,
                 pp_rank=pp_rank, pp=self.pp, vpp_rank=vpp_rank, vpp=self.vpp,
                 make_vocab_size_divisible_by=self.make_vocab_size_divisible_by)
-            own = self._local_state(model)
-            if set(own) != set(shard):
-                raise RuntimeError(f"megatron chunk and converted shard disagree: only in model "
-                                   f"{sorted(set(own) - set(shard))}, only in shard "
-                                   f"{sorted(set(shard) - set(own))}")
-            with torch.no_grad():
-                for name, tensor in own.items():
-                    if tensor.shape != shard[name].shape:
-                        raise RuntimeError(f"{name}: megatron shape {tuple(tensor.shape)} != "
-                                           f"converted {tuple(shard[name].shape)}")
-                    tensor.copy_(shard[name])
+            self._load_shard(model, shard)
             models.append(model.to(self.device))
         del hf_model, hf_state
         return models
+
+    @classmethod
+    def _load_shard(cls, model: torch.nn.Module, shard: dict[str, torch.Tensor]) -> None:
+        """Copy a converted shard into a model chunk; names and shapes must match exactly."""
+        own = cls._local_state(model)
+        if set(own) != set(shard):
+            raise RuntimeError(f"megatron chunk and converted shard disagree: only in model "
+                               f"{sorted(set(own) - set(shard))}, only in shard "
+                               f"{sorted(set(shard) - set(own))}")
+        with torch.no_grad():
+            for name, tensor in own.items():
+                if tensor.shape != shard[name].shape:
+                    raise RuntimeError(f"{name}: megatron shape {tuple(tensor.shape)} != "
+                                       f"converted {tuple(shard[name].shape)}")
+                tensor.copy_(shard[name])
 
     @staticmethod
     def _local_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -106,17 +106,7 @@ class MegatronValueEngine(MegatronEngine):
                 model.output_layer = ValueHead(self.arch.hidden_size, bias="bias" in head,
                                                dtype=self.dtype)
                 shard.update({HEAD_PREFIX + k: v for k, v in head.items()})
-            own = self._local_state(model)
-            if set(own) != set(shard):
-                raise RuntimeError(f"megatron value chunk and converted shard disagree: only in model "
-                                   f"{sorted(set(own) - set(shard))}, only in shard "
-                                   f"{sorted(set(shard) - set(own))}")
-            with torch.no_grad():
-                for name, tensor in own.items():
-                    if tensor.shape != shard[name].shape:
-                        raise RuntimeError(f"{name}: megatron shape {tuple(tensor.shape)} != "
-                                           f"converted {tuple(shard[name].shape)}")
-                    tensor.copy_(shard[name])
+            self._load_shard(model, shard)
             models.append(model.to(self.device))
         del hf_model, hf_state
         return models
