@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# tests/ on the path of this process and of every process it spawns (Dask workers, torch
+# multiprocessing), so test-only helpers resolve by import string: ``flowrl_testing.<module>``.
+_TESTS = str(Path(__file__).resolve().parent)
+if _TESTS not in sys.path:
+    sys.path.insert(0, _TESTS)
+if _TESTS not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_TESTS, os.environ.get("PYTHONPATH", "")) if p)
 
 
 def build_tiny_model_dir(path: Path, *, seed: int = 0, **overrides) -> Path:
