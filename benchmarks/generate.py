@@ -54,7 +54,8 @@ def main() -> int:
 
     import torch
 
-    from flowrl.backends.generate.hf import HFGenerator, SamplingParams
+    from flowrl.backends.generate.hf import HFGenerator
+    from flowrl.backends.interfaces import SamplingParams
     from flowrl.backends.generate.vllm import VLLMGenerator
 
     torch.set_num_threads(args.threads)

@@ -6,7 +6,7 @@ A Llama-shaped model of about 79M parameters (hidden 1024, 4 layers, 16 heads / 
 2816, vocabulary 16384, untied), bf16 on the wire, is resharded between several (training,
 generation) layout pairs on 4 spawned processes, colocated (both layouts on the same 4 processes,
 micro-DP placement) and split (2 training + 2 generation processes). Each process builds only its
-own synthetic source shard (``flowrl.backends.reshard.testing``) and every destination shard is
+own synthetic source shard (``tests/flowrl_testing/reshard.py``) and every destination shard is
 checked bit for bit after the first run. Per (pair, transport): bytes moved over the network, the
 plan's theoretical minimum, the largest staging peak of any process (counted by the transport)
 against the target M/(t_g*p_g) + one bucket, and the median wall time; the planned/naive wall time
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # flowrl_testing (test helpers)
 
 from _common import machine_info, table  # noqa: E402
 
@@ -104,7 +105,7 @@ def format_table(rows: list[dict]) -> str:
 def run(model: ModelShape = MODEL, cases: list[dict] = CASES, *, bucket_bytes: int = 16 << 20, repeats: int = 3,
         dtype: str = "bfloat16", timeout_s: float = 1800) -> dict[str, Any]:
     """Run every case on 4 spawned processes; the JSON-ready result (records and summary rows)."""
-    from flowrl.backends.reshard.testing import run_cases
+    from flowrl_testing.reshard import run_cases
 
     start = time.perf_counter()
     records = run_cases(4, model, cases, bucket_bytes=bucket_bytes, dtype=dtype, repeats=repeats,

@@ -64,12 +64,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from flowrl import __version__
     from flowrl.config import load_config
-    from flowrl.trainer import GRPORun, resolve_inputs
+    from flowrl.run import Run, resolve_inputs
 
     overrides = [f"trainer.total_training_steps={args.steps}", "trainer.save_experience=false", "trainer.progress=false"]
     overrides += [f"trainer.run_dir=/tmp/flowrl-bench/step_breakdown-{int(time.time())}"] + list(args.overrides)
     cfg = resolve_inputs(load_config(None, overrides))
-    run = GRPORun.open(cfg)
+    run = Run.open(cfg)
     history = []
     try:
         for _ in range(args.steps):

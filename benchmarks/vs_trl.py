@@ -202,11 +202,11 @@ def flowrl_overrides(spec: dict[str, Any]) -> list[str]:
 
 def serve_flowrl(spec: dict[str, Any]) -> None:
     from flowrl.config import load_config
-    from flowrl.trainer import GRPORun, resolve_inputs
+    from flowrl.run import Run, resolve_inputs
 
     channel = Channel()
     start = _PROCESS_START
-    run = GRPORun.open(resolve_inputs(load_config(None, flowrl_overrides(spec))))
+    run = Run.open(resolve_inputs(load_config(None, flowrl_overrides(spec))))
     try:
         channel.reply({"ready": True, "startup_s": time.perf_counter() - start})
         while (num_steps := channel.command()) is not None:

@@ -44,7 +44,7 @@ def _load(items: list[str]):  # noqa: ANN202 - RunConfig, imported lazily
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from flowrl.trainer import train
+    from flowrl.run import train
 
     cfg = _load(args.items)
     summary = train(cfg)
@@ -55,7 +55,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_submit(args: argparse.Namespace) -> int:
     """``flowrl train`` with the workers on a cluster (SLURM jobs or an existing scheduler)."""
     from flowrl.config import ConfigError
-    from flowrl.trainer import train
+    from flowrl.run import train
 
     cfg = _load(args.items)
     if cfg.cluster.kind == "local":

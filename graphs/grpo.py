@@ -1,4 +1,4 @@
-"""GRPO: one iteration as a Dask graph.
+"""GRPO (and every critic-free estimator without a baseline): one iteration as a Dask graph.
 
     prompts  = sample a batch of prompts                               (client, this step's table)
     samples  = generate n responses per prompt            on rollout   (split by dp rank)
@@ -10,7 +10,13 @@
     synced   = reshard: trainer shards -> rollout layout, only the slices each rank lacks
     return batch, metrics
 
-Each line below is one node; the math lives in ``flowrl.algos``, the machinery in
+    [scored  = + the reward model's score, + DAPO's overlong penalty   (reward_model.*)]
+    [scored  = rewards - kl_coef * KL(old || ref)            (algorithm.use_kl_in_reward)]
+    [samples = DAPO's dynamic sampling: the driver generates and scores rounds of prompts until
+               enough groups have varying scores, before the graph  (algorithm.filter_groups)]
+
+Each line is one node (the bracketed ones only when their setting asks for them, see
+``flowrl.graphs.pieces``); the math lives in ``flowrl.algos``, the machinery in
 ``flowrl.actors`` and ``flowrl.nodes``. Nothing runs until the graph is computed.
 
 The step's result (``collect``) does not wait for the weight sync (``reshard``, see
@@ -21,78 +27,51 @@ driver may submit the next graph while the reshard runs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
-import dask
+from typing import Any, Callable
 
 import pyarrow as pa
 
 from flowrl import nodes
-from flowrl.actors import WorkerGroup
 from flowrl.config import RunConfig
-from flowrl.nodes import node
+from flowrl.graphs import pieces
+from flowrl.graphs.family import BuildContext, Family, IterationGraph, register_family
+from flowrl.nodes import NodeOut, node
 
 
-@dataclass
-class GRPOGroups:
-    """The worker groups one GRPO iteration calls."""
+@register_family("grpo")
+class GRPO(Family):
+    """Group-relative advantages from the reward alone: no critic, no greedy baseline."""
 
-    rollout: WorkerGroup
-    actor: WorkerGroup
-    ref: WorkerGroup | None = None
+    def __init__(self, cfg: RunConfig) -> None:
+        super().__init__(cfg)
+        if cfg.needs_critic or cfg.needs_reward_baseline:
+            raise ValueError(f"the grpo family has no critic and no greedy baseline, which "
+                             f"algorithm.adv_estimator={cfg.algorithm.adv_estimator!r} needs; leave algorithm.family "
+                             "empty (the estimator picks its family) or set it to ppo / remax")
+        self.state = pieces.driver_state(cfg)  # the KL controller with use_kl_in_reward
 
+    @classmethod
+    def accepts(cls, cfg: RunConfig) -> bool:
+        return not (cfg.needs_critic or cfg.needs_reward_baseline)
 
-@dataclass
-class IterationGraph:
-    """One iteration: ``result`` computes to ``NodeOut(table, metrics)``; ``sync`` to the
-    reshard's ``NodeOut(None, metrics)``. Compute both (``Session.submit``)."""
+    def group_specs(self) -> list[Any]:
+        return pieces.policy_specs(self.cfg) + pieces.reward_model_specs(self.cfg)
 
-    result: Any
-    sync: Any
+    def collect(self, ctx: BuildContext, prompts: pa.Table, *, step: int, compute: Callable[[Any], NodeOut],
+                dataset: Any) -> NodeOut | None:
+        return pieces.dynamic_sampling(ctx, prompts, step=step, compute=compute, dataset=dataset)
 
-    @property
-    def outputs(self) -> list[Any]:
-        return [self.result, self.sync]
+    def build(self, ctx: BuildContext, prompts: pa.Table, *, step: int, collected: NodeOut | None = None) -> IterationGraph:
+        if collected is None:
+            samples = pieces.generate(ctx, prompts, step=step)
+            samples = pieces.release_rollout(ctx, samples, step=step)  # colocated: free the engine's memory
+            scored = pieces.score(ctx, samples, step=step)
+        else:  # dynamic sampling's kept samples, generated and scored by collect()
+            scored = pieces.release_rollout(ctx, collected, step=step)
 
-    def visualize(self, filename: str = "grpo", **kwargs: Any) -> Any:
-        """Draw the graph (needs graphviz)."""
-        return dask.visualize(*self.outputs, filename=filename, **kwargs)
-
-    def dependencies(self) -> dict[str, set[str]]:
-        """Task key -> the keys it depends on."""
-        from dask.highlevelgraph import HighLevelGraph
-
-        graph = HighLevelGraph.merge(*(o.__dask_graph__() for o in self.outputs))
-        return {str(k): {str(d) for d in deps} for k, deps in graph.get_all_dependencies().items()}
-
-
-def build_iteration(cfg: RunConfig, groups: GRPOGroups, prompts: pa.Table, *, step: int, tokenizer_dir: str) -> IterationGraph:
-    """The graph of one GRPO iteration."""
-    algo, actor = cfg.algorithm, cfg.actor
-    samples = node("gen", nodes.generate, groups.rollout.bind(), prompts, seed=cfg.trainer.seed * 100003 + step, step=step)
-    if cfg.rollout.free_cache_engine:  # colocated: the engine frees its memory until the reshard
-        samples = node("rollout_sleep", nodes.release_rollout, groups.rollout.bind(), samples, step=step)
-    scored = node("reward", nodes.reward, samples, tokenizer_dir, algo.reward_fn, step=step)
-
-    columns = []
-    if cfg.needs_reference:
-        columns.append(node("ref", nodes.logprobs, groups.ref.bind(), scored, "ref_logprobs", step=step))
-    if cfg.needs_old_logprobs:
-        columns.append(node("old_log_prob", nodes.logprobs, groups.actor.bind(), scored, "old_logprobs", step=step))
-
-    batch = node(
-        "adv",
-        nodes.advantages,
-        scored,
-        *columns,
-        estimator=algo.adv_estimator,
-        gamma=algo.gamma,
-        lam=algo.lam,
-        norm_adv_by_std=algo.norm_adv_by_std_in_grpo,
-        step=step,
-    )
-    mini_batch_rows = actor.ppo_mini_batch_size * cfg.rollout.n // actor.data_parallel_size
-    stats = node("update_actor", nodes.update, groups.actor.bind(), batch, mini_batch_rows, step=step)
-    synced = nodes.build_reshard(cfg, groups.actor, groups.rollout, stats, step=step)
-    return IterationGraph(result=node("collect", nodes.collect, batch, stats, step=step), sync=synced)
+        columns = pieces.logprob_columns(ctx, scored, step=step)  # ref, old_log_prob
+        scored, columns = pieces.kl_in_reward(ctx, self.state, scored, columns, step=step)
+        batch = pieces.advantages(ctx, scored, columns, step=step)
+        stats = pieces.update_actor(ctx, batch, step=step)
+        synced = pieces.weight_sync(ctx, stats, step=step)
+        return IterationGraph(result=node("collect", nodes.collect, batch, stats, step=step), sync=synced)

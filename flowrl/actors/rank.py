@@ -13,39 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
+from flowrl.comm import close_all, free_port, rendezvous_store
 from flowrl.registry import import_string
 
 
 class OutOfOrderTimeout(TimeoutError):
     """A call waited longer than its timeout for an earlier call of the group."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
-def _rendezvous_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta) -> Any:
-    """The group's TCPStore. Rank 0 serves it on ``host`` only: torch's own server listens on
-    every interface (``::``), which would expose the rendezvous beyond loopback."""
-    import torch.distributed as dist
-
-    if rank != 0:
-        return dist.TCPStore(host, port, world_size=world_size, is_master=False, timeout=timeout)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(128)
-    return dist.TCPStore(host, port, world_size=world_size, is_master=True, timeout=timeout,
-                         wait_for_workers=False, master_listen_fd=sock.detach())
 
 
 class RankActor:
@@ -119,7 +97,7 @@ class RankActor:
         os.environ["RANK"], os.environ["WORLD_SIZE"] = str(self.rank), str(self.world_size)
         dist.init_process_group(
             backend=backend,
-            store=_rendezvous_store(host, port, self.rank, self.world_size, timedelta(seconds=timeout_s)),
+            store=rendezvous_store(host, port, self.rank, self.world_size, timedelta(seconds=timeout_s)),
             rank=self.rank,
             world_size=self.world_size,
             timeout=timedelta(seconds=timeout_s),
@@ -135,9 +113,7 @@ class RankActor:
         if close is not None:
             close()
         self.role = None
-        from flowrl.actors import joint
-
-        joint.close_all()
+        close_all()  # joint process groups (flowrl.comm.joint)
         if dist.is_initialized():
             dist.destroy_process_group()
         # Interpreter shutdown with torch loaded spends seconds in the final garbage collection

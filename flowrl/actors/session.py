@@ -75,7 +75,7 @@ class Session:
         pools and :meth:`create_groups` places each group on its pool's workers."""
         from flowrl.cluster import resolve_pools, start_cluster
         from flowrl.cluster.pools import pool_of
-        from flowrl.config.schema import ClusterConfig
+        from flowrl.config import ClusterConfig
 
         if cluster is None:
             cluster = ClusterConfig(
@@ -180,6 +180,17 @@ class Session:
         if self.handle is not None:  # kind=address: restores signal handlers; else already closed
             self.handle.close(timeout=30)
             self.handle = None
+
+    def discard(self) -> None:
+        """Give up a session whose workers were lost: its groups cannot tear down in call order
+        (a rank is gone), so their processes go with the cluster; on an external scheduler the
+        workers are replaced through their nannies. Then close as :meth:`close` does."""
+        self.groups.clear()
+        try:
+            if self.cluster is None and self.client is not None:
+                self.client.restart(timeout=self.startup_timeout_s)
+        finally:
+            self.close()
 
     def __enter__(self) -> "Session":
         return self

@@ -11,8 +11,9 @@ whether it needs a per-row reward baseline (``inputs.reward_baseline_B``, ReMax'
 response score), so a graph knows which nodes to build. Call the ``Estimator`` (it checks its
 inputs are there) or its ``fn``.
 
-Adding an estimator is one decorated function; the config (``algorithm.adv_estimator``) and the
-graphs find it by name::
+Built-ins are registered by import string in ``flowrl/algos/registries.py`` (with their traits,
+so the config reads them without torch). Adding an estimator is one decorated function; the
+config (``algorithm.adv_estimator``) and the graphs find it by name::
 
     @register_estimator("my_estimator")
     def my_estimator(inputs, *, gamma=1.0, lam=1.0, norm_adv_by_std=True):
@@ -35,10 +36,10 @@ import torch
 from torch import Tensor
 
 from flowrl.algos.aggregate import segment_ids, segment_sum
-from flowrl.registry import Registry
+from flowrl.algos.registries import ADVANTAGE_ESTIMATORS
+from flowrl.registry import import_string
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS",
     "AdvantageInputs",
     "Estimator",
     "gae_advantages",
@@ -136,15 +137,18 @@ class Estimator:
         return self.fn(inputs, gamma=gamma, lam=lam, norm_adv_by_std=norm_adv_by_std)
 
 
-ADVANTAGE_ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
-
-
 def register_estimator(name: str, *, needs_values: bool = False, needs_baseline: bool = False):
     """Decorator: register ``fn`` as ``Estimator(fn, needs_values, needs_baseline)`` under
-    ``name``; returns ``fn``."""
+    ``name`` in ``ADVANTAGE_ESTIMATORS`` (``flowrl.algos.registries``); returns ``fn``, which also
+    carries the two traits as attributes, so a config naming it by import string reads them."""
 
     def decorator(fn: EstimatorFn) -> EstimatorFn:
-        ADVANTAGE_ESTIMATORS.register(name, Estimator(fn, needs_values=needs_values, needs_baseline=needs_baseline))
+        ADVANTAGE_ESTIMATORS.register(
+            name, Estimator(fn, needs_values=needs_values, needs_baseline=needs_baseline),
+            needs_values=needs_values, needs_baseline=needs_baseline,
+        )
+        fn.needs_values = needs_values  # type: ignore[attr-defined]
+        fn.needs_baseline = needs_baseline  # type: ignore[attr-defined]
         return fn
 
     return decorator
@@ -162,8 +166,6 @@ def resolve_estimator(name: str) -> Estimator:
     """
     if name in ADVANTAGE_ESTIMATORS or ":" not in name:
         return ADVANTAGE_ESTIMATORS.get(name)
-    from flowrl.registry import import_string
-
     fn = import_string(name)  # importing the module runs its @register_estimator decorators
     if isinstance(fn, Estimator):
         return fn
@@ -252,7 +254,6 @@ def _pad(x_T: Tensor, rows_T: Tensor, positions_T: Tensor, num_rows: int, longes
 # estimators
 
 
-@register_estimator("grpo")
 def grpo_advantages(
     inputs: AdvantageInputs, *, gamma: float = 1.0, lam: float = 1.0, norm_adv_by_std: bool = True
 ) -> tuple[Tensor, Tensor]:
@@ -275,7 +276,6 @@ def grpo_advantages(
     return adv_T, adv_T
 
 
-@register_estimator("rloo")
 def rloo_advantages(
     inputs: AdvantageInputs, *, gamma: float = 1.0, lam: float = 1.0, norm_adv_by_std: bool = True
 ) -> tuple[Tensor, Tensor]:
@@ -292,7 +292,6 @@ def rloo_advantages(
     return adv_T, adv_T
 
 
-@register_estimator("reinforce_plus_plus")
 def reinforce_plus_plus_advantages(
     inputs: AdvantageInputs, *, gamma: float = 1.0, lam: float = 1.0, norm_adv_by_std: bool = True
 ) -> tuple[Tensor, Tensor]:
@@ -322,7 +321,6 @@ def reinforce_plus_plus_advantages(
     return advantages_T, returns_T
 
 
-@register_estimator("gae", needs_values=True)
 def gae_advantages(
     inputs: AdvantageInputs, *, gamma: float = 1.0, lam: float = 1.0, norm_adv_by_std: bool = True
 ) -> tuple[Tensor, Tensor]:
@@ -358,7 +356,6 @@ def gae_advantages(
     return advantages_T, returns_T
 
 
-@register_estimator("reinforce_plus_plus_baseline")
 def reinforce_plus_plus_baseline_advantages(
     inputs: AdvantageInputs, *, gamma: float = 1.0, lam: float = 1.0, norm_adv_by_std: bool = True
 ) -> tuple[Tensor, Tensor]:
@@ -375,7 +372,6 @@ def reinforce_plus_plus_baseline_advantages(
     return adv_T, adv_T
 
 
-@register_estimator("remax", needs_baseline=True)
 def remax_advantages(
     inputs: AdvantageInputs, *, gamma: float = 1.0, lam: float = 1.0, norm_adv_by_std: bool = True
 ) -> tuple[Tensor, Tensor]:

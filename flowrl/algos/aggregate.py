@@ -10,6 +10,10 @@ data-parallel ranks adds up to exactly the loss of the whole batch:
 ``sum over micro-batches and ranks of agg_loss(..., denominator=global_count) == agg_loss(whole batch)``.
 The caller computes the local count with ``agg_denominator``, sums it over micro-batches and ranks
 (an all-reduce), and passes the result. Gradients are then summed, never averaged, across ranks.
+
+The modes are registered in ``AGG_MODES`` (``flowrl/algos/registries.py``); each is one function
+``mode(masked_T, keep_T, cu_seqlens_B1, max_response_length) -> (total, local count)`` over the
+values with masked tokens zeroed, and its trait ``counts`` says what ``agg_denominator`` counts.
 """
 
 from __future__ import annotations
@@ -17,9 +21,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+from flowrl.algos.registries import AGG_MODES
 
-__all__ = ["AGG_MODES", "agg_denominator", "agg_loss", "masked_mean", "segment_ids", "segment_sum"]
+__all__ = [
+    "agg_denominator",
+    "agg_loss",
+    "masked_mean",
+    "segment_ids",
+    "segment_sum",
+    "seq_mean_token_mean",
+    "seq_mean_token_sum",
+    "seq_mean_token_sum_norm",
+    "token_mean",
+]
 
 
 def segment_ids(cu_seqlens_B1: Tensor, num_tokens: int | None = None) -> Tensor:
@@ -45,23 +59,62 @@ def masked_mean(x_T: Tensor, mask_T: Tensor) -> Tensor:
     return torch.where(keep_T, x_T, 0).sum() / count
 
 
-def _check_mode(mode: str) -> None:
-    if mode not in AGG_MODES:
-        raise ValueError(f"unknown loss aggregation mode {mode!r}; valid: {', '.join(AGG_MODES)}")
-
-
 def agg_denominator(response_mask_T: Tensor, cu_seqlens_B1: Tensor, mode: str) -> float:
     """The local count that ``agg_loss`` divides by when ``denominator`` is None.
 
     Valid tokens for ``token-mean``; rows with at least one valid token for the ``seq-mean-*``
     modes. Sum it over micro-batches and ranks to get the global ``denominator``.
     """
-    _check_mode(mode)
+    counts = AGG_MODES.traits(mode)["counts"]
     keep_T = response_mask_T.bool()
-    if mode == "token-mean":
+    if counts == "tokens":
         return float(keep_T.sum())
     tokens_B = segment_sum(keep_T.to(torch.int64), cu_seqlens_B1)
     return float((tokens_B > 0).sum())
+
+
+def token_mean(
+    masked_T: Tensor, keep_T: Tensor, cu_seqlens_B1: Tensor, max_response_length: int | None
+) -> tuple[Tensor, Tensor]:
+    """``token-mean``: the sum of valid token values over the number of valid tokens."""
+    return masked_T.sum(), keep_T.sum()
+
+
+def _row_sums(masked_T: Tensor, keep_T: Tensor, cu_seqlens_B1: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per row: the sum of its values and its valid tokens; and the number of non-empty rows."""
+    sums_B = segment_sum(masked_T, cu_seqlens_B1)
+    tokens_B = segment_sum(keep_T.to(masked_T.dtype), cu_seqlens_B1)
+    return sums_B, tokens_B, (tokens_B > 0).sum()
+
+
+def seq_mean_token_sum(
+    masked_T: Tensor, keep_T: Tensor, cu_seqlens_B1: Tensor, max_response_length: int | None
+) -> tuple[Tensor, Tensor]:
+    """``seq-mean-token-sum``: the sum over rows of each row's token sum, over non-empty rows."""
+    sums_B, _, local = _row_sums(masked_T, keep_T, cu_seqlens_B1)
+    return sums_B.sum(), local
+
+
+def seq_mean_token_mean(
+    masked_T: Tensor, keep_T: Tensor, cu_seqlens_B1: Tensor, max_response_length: int | None
+) -> tuple[Tensor, Tensor]:
+    """``seq-mean-token-mean``: the sum over rows of each row's token mean, over non-empty rows."""
+    sums_B, tokens_B, local = _row_sums(masked_T, keep_T, cu_seqlens_B1)
+    return (sums_B / tokens_B.clamp(min=1)).sum(), local
+
+
+def seq_mean_token_sum_norm(
+    masked_T: Tensor, keep_T: Tensor, cu_seqlens_B1: Tensor, max_response_length: int | None
+) -> tuple[Tensor, Tensor]:
+    """``seq-mean-token-sum-norm`` (Dr.GRPO): ``seq-mean-token-sum`` with each row's sum also
+    divided by the constant ``max_response_length``."""
+    sums_B, _, local = _row_sums(masked_T, keep_T, cu_seqlens_B1)
+    if max_response_length is None or max_response_length <= 0:
+        raise ValueError(
+            f"loss aggregation mode 'seq-mean-token-sum-norm' needs max_response_length > 0 "
+            f"(got {max_response_length!r}); pass the padded response length of the rollout"
+        )
+    return sums_B.sum() / max_response_length, local
 
 
 def agg_loss(
@@ -88,26 +141,9 @@ def agg_loss(
     count (see the module docstring); None uses the local one. A denominator of 0 means nothing
     is valid anywhere and gives a loss of 0 that still has a gradient graph.
     """
-    _check_mode(mode)
+    reduce = AGG_MODES.get(mode)
     keep_T = response_mask_T.bool()
-    masked_T = torch.where(keep_T, values_T, 0)
-    if mode == "token-mean":
-        total = masked_T.sum()
-        local = keep_T.sum()
-    else:
-        sums_B = segment_sum(masked_T, cu_seqlens_B1)
-        tokens_B = segment_sum(keep_T.to(values_T.dtype), cu_seqlens_B1)
-        local = (tokens_B > 0).sum()
-        if mode == "seq-mean-token-mean":
-            sums_B = sums_B / tokens_B.clamp(min=1)
-        total = sums_B.sum()
-        if mode == "seq-mean-token-sum-norm":
-            if max_response_length is None or max_response_length <= 0:
-                raise ValueError(
-                    f"loss aggregation mode {mode!r} needs max_response_length > 0 "
-                    f"(got {max_response_length!r}); pass the padded response length of the rollout"
-                )
-            total = total / max_response_length
+    total, local = reduce(torch.where(keep_T, values_T, 0), keep_T, cu_seqlens_B1, max_response_length)
     if denominator is None:
         denominator = local
     if isinstance(denominator, Tensor):

@@ -9,9 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["FILTER_METRICS", "keep_informative_groups", "overlong_penalty"]
-
-FILTER_METRICS = ("score", "seq_reward", "seq_final_reward")
+__all__ = ["keep_informative_groups", "overlong_penalty"]
 
 
 def overlong_penalty(

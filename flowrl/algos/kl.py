@@ -3,6 +3,7 @@
 Every estimator has the signature ``fn(logp_T, ref_logp_T) -> kl_T`` and works elementwise, so
 it applies to flat ragged tensors or padded ones alike; masking is the caller's (``agg_loss``).
 Numbers follow verl's ``kl_penalty``; ``mse`` and ``low_var_kl`` are verl's names for k2 and k3.
+The names are registered in ``KL_ESTIMATORS`` (``flowrl/algos/registries.py``).
 
 Shape letters: T = tokens of all rows together.
 """
@@ -14,40 +15,28 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from flowrl.registry import Registry
-
-__all__ = ["KL_ESTIMATORS", "KLEstimatorFn", "kl_abs", "kl_k1", "kl_k2", "kl_k3"]
+__all__ = ["KLEstimatorFn", "kl_abs", "kl_k1", "kl_k2", "kl_k3"]
 
 KLEstimatorFn = Callable[[Tensor, Tensor], Tensor]
 
-KL_ESTIMATORS: Registry[KLEstimatorFn] = Registry("KL estimator")
 
-
-@KL_ESTIMATORS.register("k1")
 def kl_k1(logp_T: Tensor, ref_logp_T: Tensor) -> Tensor:
     """``logp - ref``: unbiased, high variance, can be negative."""
     return logp_T - ref_logp_T
 
 
-@KL_ESTIMATORS.register("abs")
 def kl_abs(logp_T: Tensor, ref_logp_T: Tensor) -> Tensor:
     """``|logp - ref|``."""
     return (logp_T - ref_logp_T).abs()
 
 
-@KL_ESTIMATORS.register("k2")
 def kl_k2(logp_T: Tensor, ref_logp_T: Tensor) -> Tensor:
     """``0.5 * (logp - ref)^2``."""
     return 0.5 * (logp_T - ref_logp_T).square()
 
 
-@KL_ESTIMATORS.register("k3")
 def kl_k3(logp_T: Tensor, ref_logp_T: Tensor) -> Tensor:
     """``exp(ref - logp) - (ref - logp) - 1``, log-ratio clamped to ±20 and result to ±10."""
     log_ratio_T = torch.clamp(ref_logp_T - logp_T, min=-20.0, max=20.0)
     kl_T = torch.exp(log_ratio_T) - log_ratio_T - 1
     return torch.clamp(kl_T, min=-10.0, max=10.0)
-
-
-KL_ESTIMATORS.register("mse", kl_k2)
-KL_ESTIMATORS.register("low_var_kl", kl_k3)

@@ -18,11 +18,9 @@ import torch
 from torch import Tensor
 
 from flowrl.algos.aggregate import segment_sum
-from flowrl.algos.kl import KL_ESTIMATORS
-from flowrl.registry import Registry
+from flowrl.algos.registries import KL_CONTROLLERS, KL_ESTIMATORS
 
 __all__ = [
-    "KL_CONTROLLERS",
     "AdaptiveKLController",
     "FixedKLController",
     "KLController",
@@ -76,13 +74,8 @@ class AdaptiveKLController:
         return asdict(self)
 
 
-KL_CONTROLLERS: Registry[type] = Registry("KL controller")
-KL_CONTROLLERS.register("fixed", FixedKLController)
-KL_CONTROLLERS.register("adaptive", AdaptiveKLController)
-
-
 def make_kl_controller(kind: str, *, kl_coef: float, target_kl: float = 0.1, horizon: int = 10000) -> KLController:
-    """A controller of registered ``kind`` (fixed, adaptive) starting at ``kl_coef``."""
+    """A controller of registered ``kind`` (``KL_CONTROLLERS``: fixed, adaptive) starting at ``kl_coef``."""
     cls = KL_CONTROLLERS.get(kind)
     if cls is AdaptiveKLController:
         return AdaptiveKLController(kl_coef, target_kl, horizon)

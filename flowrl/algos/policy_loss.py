@@ -8,7 +8,8 @@ Every loss has one signature::
 ``loss_T`` is the per-token loss, 0 on masked tokens; aggregate it with ``agg_loss``. ``stats`` is
 a dict of detached 0-d tensors, means over the valid tokens of this call: ``pg_clipfrac``,
 ``ppo_kl`` (mean of ``old_logp - logp``) and ``pg_clipfrac_lower``. Numbers follow verl's
-``compute_policy_loss_vanilla`` and ``compute_policy_loss_gspo``.
+``compute_policy_loss_vanilla`` and ``compute_policy_loss_gspo``. The names are registered in
+``POLICY_LOSSES`` (``flowrl/algos/registries.py``).
 
 Shape letters: T = tokens of all rows together, B = rows, B1 = B + 1 offsets (see aggregate.py).
 """
@@ -21,13 +22,10 @@ import torch
 from torch import Tensor
 
 from flowrl.algos.aggregate import masked_mean, segment_ids, segment_sum
-from flowrl.registry import Registry
 
-__all__ = ["POLICY_LOSSES", "PolicyLossFn", "gspo_policy_loss", "vanilla_policy_loss"]
+__all__ = ["PolicyLossFn", "gspo_policy_loss", "vanilla_policy_loss"]
 
 PolicyLossFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
-
-POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
 
 
 def _stats(clipfrac: Tensor, ppo_kl: Tensor, clipfrac_lower: Tensor) -> dict[str, Tensor]:
@@ -38,7 +36,6 @@ def _stats(clipfrac: Tensor, ppo_kl: Tensor, clipfrac_lower: Tensor) -> dict[str
     }
 
 
-@POLICY_LOSSES.register("vanilla")
 def vanilla_policy_loss(
     logp_T: Tensor,
     old_logp_T: Tensor,
@@ -78,7 +75,6 @@ def vanilla_policy_loss(
     return torch.where(keep_T, loss_T, 0), stats
 
 
-@POLICY_LOSSES.register("gspo")
 def gspo_policy_loss(
     logp_T: Tensor,
     old_logp_T: Tensor,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 
-from flowrl.checkpoint.zarr_store import check_params, load_full
+from flowrl.checkpoint.loading import check_params, load_full
 
 __all__ = ["TOKENIZER_FILES", "export_hf"]
 

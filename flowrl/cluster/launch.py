@@ -37,7 +37,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from flowrl.cluster.pools import CONTROLLER, Pool
+from flowrl.config.pools import CONTROLLER, Pool
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +218,7 @@ def start_cluster(cfg: Any, pools: list[Pool], *, log_dir: str | Path | None = N
     # faults and ~25% longer GRPO steps). Torch workers do better with glibc's default.
     dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None})
     if cfg.low_latency:
-        from flowrl.actors import latency
+        from flowrl.cluster import latency
 
         latency.apply()
     total = sum(p.workers for p in pools) + (1 if controller else 0)
@@ -301,7 +301,7 @@ def _start_local(cfg: Any, pools: list[Pool], *, controller: bool) -> ClusterHan
         scheduler_kwargs={"dashboard": cfg.dashboard},
         memory_limit=cfg.memory_limit,
         env=WORKER_ENV,
-        preload=["flowrl.actors.latency"] if cfg.low_latency else [],
+        preload=["flowrl.cluster.latency"] if cfg.low_latency else [],
         silence_logs=logging.WARNING,
         security=security,
         protocol="tls://" if security is not None else None,
@@ -408,7 +408,7 @@ def _start_slurm(cfg: Any, pools: list[Pool], *, log_dir: str | Path | None, con
     try:
         SLURMCluster = import_jobqueue().SLURMCluster  # noqa: N806 - a class
     except ImportError as exc:  # checked at config time too; a different Python may run this
-        from flowrl.cluster.spec import SLURM_EXTRA
+        from flowrl.config.cluster_spec import SLURM_EXTRA
         from flowrl.config.errors import ConfigError
 
         raise ConfigError("cluster.kind", "slurm", "needs dask-jobqueue, which is not installed", SLURM_EXTRA) from exc

@@ -1,100 +1,13 @@
-"""Resource pools: which workers host which worker groups (pure; no Dask here).
+"""Placing worker groups on live workers: the pool of each group and the workers of its ranks.
 
-A pool is a set of Dask worker processes that carry the worker resource ``<pool name>: 1``
-(given when the worker starts: a LocalCluster worker spec, or ``--resources`` in a SLURM job).
-Each worker group is placed on the workers of its pool, one rank per worker process, and no
-worker ever holds two ranks: the ranks of every collective group need their own process (Dask
-actors share one thread per worker and each process has one default ``torch.distributed`` group,
-so two ranks in one process would deadlock at the rendezvous).
-
-- **colocated** (verl's hybrid engine, the default): one pool, ``actor_rollout_ref``, hosts the
-  rollout, actor and reference groups. Its workers are started together, from the same job
-  template (same nodes, same GPUs per job when ``processes`` shares a job), and each group takes
-  its own distinct workers of that pool.
-- **split**: one pool per group (``rollout``, ``actor``, ``ref``), or any user-declared grouping,
-  e.g. ``[{name: train, groups: [actor, ref]}, {name: gen, groups: [rollout]}]``.
-
-One more worker, the *controller*, carries the resource :data:`CONTROLLER` and runs the graph's
-node tasks (see ``flowrl.actors.session``).
+The pools themselves (names, sizes, which groups each hosts) are resolved and checked by the
+config, :mod:`flowrl.config.pools`; this module holds the placement decisions the session makes
+once the workers are up (pure: lists of worker addresses, no Dask calls).
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-from typing import Any
-
-from flowrl.config.errors import ConfigError, check
-
-#: Worker resource of the one worker that runs graph nodes (not a rank of any group).
-CONTROLLER = "flowrl-controller"
-#: The pool name of ``placement=colocated`` (as verl's role mapping calls it).
-COLOCATED_POOL = "actor_rollout_ref"
-
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
-
-
-@dataclass(frozen=True)
-class Pool:
-    """A resolved pool: its name (the worker resource), its size and the groups it hosts."""
-
-    name: str
-    workers: int
-    groups: tuple[str, ...]
-
-
-def check_pool(pool: Any) -> None:
-    """Checks of one ``PoolConfig`` on its own (its groups are checked against the run later)."""
-    check(bool(pool.name) and bool(_NAME.match(pool.name)), "name", pool.name,
-          "must be a name of letters, digits, _ . - (it becomes a Dask worker resource)", "use e.g. name=actor_rollout_ref")
-    check(pool.name != CONTROLLER, "name", pool.name, "is reserved for the controller worker", "pick another pool name")
-    check(len(pool.groups) > 0, "groups", pool.groups, "must name at least one worker group", "use e.g. groups=[actor, rollout, ref]")
-    dupes = sorted({g for g in pool.groups if pool.groups.count(g) > 1})
-    check(not dupes, "groups", pool.groups, f"names {dupes} twice", "list each group once")
-    check(isinstance(pool.workers, int) and pool.workers >= 0, "workers", pool.workers, "must be an integer >= 0",
-          "use 0 (the sum of its groups' world sizes) or a worker count")
-
-
-def resolve_pools(cluster: Any, group_sizes: dict[str, int]) -> list[Pool]:
-    """The pools a run needs: ``cluster.pools`` if declared, else one pool (colocated) or one per
-    group (split). Raises :class:`ConfigError` (key ``cluster.pools``) when a group has no pool,
-    sits in two, or a pool is too small for its groups."""
-    declared = list(getattr(cluster, "pools", []) or [])
-    if not declared:
-        if getattr(cluster, "placement", "colocated") == "split":
-            return [Pool(name, size, (name,)) for name, size in group_sizes.items()]
-        return [Pool(COLOCATED_POOL, sum(group_sizes.values()), tuple(group_sizes))]
-    pools = []
-    seen: dict[str, str] = {}
-    names = [p.name for p in declared]
-    for i, p in enumerate(declared):
-        key = f"cluster.pools[{i}]"
-        if names.count(p.name) > 1:
-            raise ConfigError(f"{key}.name", p.name, "is used by two pools", "give each pool its own name")
-        for g in p.groups:
-            if g not in group_sizes:
-                raise ConfigError(f"{key}.groups", p.groups, f"names {g!r}, which this run does not start",
-                                  "use the groups of this run: " + ", ".join(group_sizes))
-            if g in seen:
-                raise ConfigError(f"{key}.groups", p.groups, f"places {g!r}, already in pool {seen[g]!r}",
-                                  "put each group in exactly one pool")
-            seen[g] = p.name
-        need = sum(group_sizes[g] for g in p.groups)
-        if p.workers and p.workers < need:
-            raise ConfigError(f"{key}.workers", p.workers,
-                              f"is fewer than the {need} ranks of {', '.join(p.groups)} (one worker per rank)",
-                              f"use workers={need} or 0 (automatic)")
-        pools.append(Pool(p.name, p.workers or need, tuple(p.groups)))
-    missing = [g for g in group_sizes if g not in seen]
-    if missing:
-        raise ConfigError("cluster.pools", [p.name for p in declared], f"places no pool for group(s) {missing}",
-                          f"add {missing} to a pool's groups")
-    return pools
-
-
-def check_pools_cover(cluster: Any, group_sizes: dict[str, int]) -> None:
-    """Validate the pools against the run's groups (called by ``RunConfig``; raises ConfigError)."""
-    resolve_pools(cluster, group_sizes)
+from flowrl.config.pools import Pool
 
 
 def pool_of(pools: list[Pool]) -> dict[str, str]:

@@ -1,8 +1,8 @@
 """The ``cluster`` section of the run configuration: where the workers run (local, SLURM via
 dask-jobqueue, or an existing scheduler), resource pools, network and TLS settings.
 
-Part of :mod:`flowrl.config.schema` (which re-exports these classes); the checks that need more
-than one field live in :mod:`flowrl.cluster.spec` and :mod:`flowrl.cluster.pools` (pure).
+The checks that need more than one field live in :mod:`flowrl.config.cluster_spec` and
+:mod:`flowrl.config.pools` (pure; the pools are checked against the run's groups by ``RunConfig``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from flowrl.config.cluster_spec import check_cluster, check_slurm
 from flowrl.config.errors import check
+from flowrl.config.pools import check_pool
 
 
 @dataclass(kw_only=True)
@@ -26,8 +28,6 @@ class PoolConfig:
     """Worker processes in the pool; 0: the sum of its groups' world sizes."""
 
     def __post_init__(self) -> None:
-        from flowrl.cluster.pools import check_pool  # pure; imports nothing heavy
-
         check_pool(self)
 
 
@@ -67,8 +67,6 @@ class SlurmConfig:
     """A worker whose scheduler is gone (client killed) exits after this long, ending its job."""
 
     def __post_init__(self) -> None:
-        from flowrl.cluster.spec import check_slurm  # pure; imports nothing heavy
-
         check_slurm(self)
 
 
@@ -120,6 +118,4 @@ class ClusterConfig:
         check(self.timeout_s > 0, "timeout_s", self.timeout_s, "must be > 0", "use e.g. 600")
         check(self.startup_timeout_s > 0, "startup_timeout_s", self.startup_timeout_s, "must be > 0", "use e.g. 180")
         check(self.host != "", "host", self.host, "must not be empty", "use 127.0.0.1")
-        from flowrl.cluster.spec import check_cluster  # pure; imports nothing heavy
-
         check_cluster(self)

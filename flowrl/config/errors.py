@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 
 class ConfigError(ValueError):
@@ -25,3 +25,15 @@ def check(ok: bool, key: str, value: Any, problem: str, fix: str) -> None:
     """Raise :class:`ConfigError` unless ``ok``."""
     if not ok:
         raise ConfigError(key, value, problem, fix)
+
+
+def check_positive(key: str, value: float, fix: str) -> None:
+    """Raise :class:`ConfigError` unless ``value > 0``."""
+    check(value > 0, key, value, "must be > 0", fix)
+
+
+def check_one_of(key: str, value: str, allowed: Iterable[str]) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is one of ``allowed`` (a tuple, or a
+    registry's ``names()``), listing them: ``use one of a, b``."""
+    allowed = list(allowed)
+    check(value in allowed, key, value, "is not one of " + ", ".join(allowed), f"use one of {', '.join(allowed)}")

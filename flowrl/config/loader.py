@@ -1,7 +1,7 @@
 """YAML + ``key.sub=value`` overrides -> :class:`RunConfig`, strictly.
 
 Unknown keys, wrong types and impossible values raise :class:`ConfigError` naming the full dotted
-key, the value and the fix. Nothing here starts a worker or imports torch beyond the registries.
+key, the value and the fix. Nothing here starts a worker or imports torch.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 
+from flowrl.config.cluster_spec import merge_spec
 from flowrl.config.errors import ConfigError
 from flowrl.config.schema import RunConfig
 
@@ -36,8 +37,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     for item in overrides:
         apply_override(data, item)
     if isinstance(data.get("cluster"), dict) and data["cluster"].get("spec"):
-        from flowrl.cluster.spec import merge_spec  # cluster.spec=PATH: the spec's keys under the run's
-
+        # cluster.spec=PATH: the spec's keys under the run's
         data["cluster"] = merge_spec(data["cluster"], base_dir=Path(path).parent if path is not None else None)
     return from_dict(RunConfig, data)
 

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import html
 import math
-import socket
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from flowrl.comm import free_port
+from flowrl.metrics import names
 from flowrl.metrics.groups import RESHARD_GROUP, THROUGHPUT_GROUP, group_metrics, headline_keys, keys_of
 from flowrl.metrics.run_reader import SAMPLE_COLUMNS, Changes, RunReader
 
@@ -65,6 +66,16 @@ table.view.change.emit();
 table_note.text = n_rows ? `step ${step}: ${n_rows} samples` : `step ${step}: no experience Parquet`;
 """
 
+# Shows the clicked sample row's whole prompt and response.
+_SHOW_SAMPLE_JS = """
+const i = src.selected.indices[0];
+if (i === undefined) return;
+const esc = (s) => String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+const d = src.data;
+div.text = `<b>${esc(d.uid[i])}</b> score ${d.score[i]} (truth ${esc(d.ground_truth[i])})` +
+  `<pre style="white-space:pre-wrap">PROMPT: ${esc(d.prompt[i])}\\nRESPONSE: ${esc(d.response[i])}</pre>`;
+"""
+
 
 def _figure(title: str, *, x_range: Any = None, y_label: str = "", name: str = "") -> Any:
     from bokeh.plotting import figure
@@ -85,21 +96,30 @@ class Dashboard:
     and pushes what changed (call it from a server's periodic callback)."""
 
     def __init__(self, run_dir: str | Path | RunReader, *, max_samples: int = 64, live: bool = False) -> None:
-        from bokeh.layouts import column, row
-        from bokeh.models import Checkbox, ColumnDataSource, CustomJS, DataRange1d, Div, Select
-
         self.reader = run_dir if isinstance(run_dir, RunReader) else RunReader(run_dir, max_samples=max_samples)
         self.live = live
         self.reader.refresh()
-        r = self.reader
-
-        self.metrics_src = ColumnDataSource(self._metric_data(), name="metrics")
-        self.x_range = DataRange1d(name="steps")
-        self._keys = r.metric_keys
+        self._keys = self.reader.metric_keys
         self._figures: dict[tuple[str, str], Any] = {}
         self._grids: dict[tuple[str, tuple[str, ...]], Any] = {}
         self._titles: dict[str, Any] = {}
+        self._make_sources()
+        self._make_widgets()
+        self._link_step_selector()
+        self._fill_timeline()
+        self._fill_samples()
+        self._set_steps(initial=True)
+        self._build_metric_panels()
+        self._set_header()
+        self.layout = self._layout()
 
+    def _make_sources(self) -> None:
+        """The data the figures show: metrics, and the timeline and samples (all steps, and the
+        chosen step's)."""
+        from bokeh.models import ColumnDataSource, DataRange1d
+
+        self.metrics_src = ColumnDataSource(self._metric_data(), name="metrics")
+        self.x_range = DataRange1d(name="steps")
         tl_cols = {"step": [], "node": [], "start": [], "end": [], "duration": [], "label": []}
         self.tl_all = ColumnDataSource(tl_cols, name="timeline_all")
         self.tl_shown = ColumnDataSource({k: [] for k in tl_cols}, name="timeline_shown")
@@ -107,9 +127,14 @@ class Dashboard:
         self.smp_all = ColumnDataSource(dict(empty_samples), name="samples_all")
         self.smp_shown = ColumnDataSource(dict(empty_samples), name="samples_shown")
 
+    def _make_widgets(self) -> None:
+        """Header, step selector, Gantt, samples table and the (empty) panels."""
+        from bokeh.layouts import column, row
+        from bokeh.models import Checkbox, Div, Select
+
         self.header = Div(text="", name="header", sizing_mode="stretch_width")
         self.step_select = Select(title="step", options=[], value="", width=120, name="step_select")
-        self.follow = Checkbox(label="follow the latest step", active=True, visible=live)
+        self.follow = Checkbox(label="follow the latest step", active=True, visible=self.live)
         self.gantt, self.gantt_note = self._gantt()
         self.table_note = Div(text="", name="samples_note")
         self.table = self._table()
@@ -120,6 +145,11 @@ class Dashboard:
         self.reshard = column(name="reshard")
         self.all_metrics = column(name="all_metrics")
 
+    def _link_step_selector(self) -> None:
+        """The browser-side callbacks: the step selector (and new rows) pick the shown step's
+        rows; a clicked sample row shows in full."""
+        from bokeh.models import CustomJS
+
         callback = CustomJS(args=dict(select=self.step_select, tl_all=self.tl_all, tl_shown=self.tl_shown,
                                       smp_all=self.smp_all, smp_shown=self.smp_shown, y_range=self.gantt.y_range,
                                       gantt_title=self.gantt.title, table_note=self.table_note, table=self.table),
@@ -128,25 +158,17 @@ class Dashboard:
         for src in (self.tl_all, self.smp_all):
             src.js_on_change("data", callback)
             src.js_on_change("streaming", callback)
-        self.smp_shown.selected.js_on_change("indices", CustomJS(args=dict(src=self.smp_shown, div=self.selected_text), code="""
-const i = src.selected.indices[0];
-if (i === undefined) return;
-const esc = (s) => String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
-const d = src.data;
-div.text = `<b>${esc(d.uid[i])}</b> score ${d.score[i]} (truth ${esc(d.ground_truth[i])})` +
-  `<pre style="white-space:pre-wrap">PROMPT: ${esc(d.prompt[i])}\\nRESPONSE: ${esc(d.response[i])}</pre>`;
-"""))
+        self.smp_shown.selected.js_on_change("indices", CustomJS(args=dict(src=self.smp_shown, div=self.selected_text),
+                                                                 code=_SHOW_SAMPLE_JS))
 
-        self._fill_timeline()
-        self._fill_samples()
-        self._set_steps(initial=True)
-        self._build_metric_panels()
-        self._set_header()
+    def _layout(self) -> Any:
+        from bokeh.layouts import column, row
+        from bokeh.models import Div
 
         def h(text: str) -> Any:
             return Div(text=f"<h2 style='margin:14px 0 2px 0'>{text}</h2>", sizing_mode="stretch_width")
 
-        self.layout = column(
+        return column(
             self.header,
             h("Overview"), self.overview,
             h("Step"), row(self.step_select, self.follow),
@@ -300,7 +322,7 @@ div.text = `<b>${esc(d.uid[i])}</b> score ${d.score[i]} (truth ${esc(d.ground_tr
         total = (cfg.get("trainer") or {}).get("total_training_steps", "?")
         steps = sorted(r.metrics)
         last = r.metrics[steps[-1]] if steps else {}
-        score = last.get("critic/score/mean")
+        score = last.get(names.SCORE_MEAN)
         link = r.dask_dashboard
         dask = (f"<a href='{html.escape(link)}' target='_blank' id='dask-dashboard'>Dask dashboard</a>" if link
                 else "Dask dashboard: not recorded (set cluster.dashboard=true)")
@@ -310,7 +332,7 @@ div.text = `<b>${esc(d.uid[i])}</b> score ${d.score[i]} (truth ${esc(d.ground_tr
             f"<h1 style='margin:4px 0'>flowrl run</h1><div><code>{html.escape(str(r.run_dir))}</code></div>"
             f"<div>model <code>{html.escape(str(model))}</code> &middot; {html.escape(str(algo))} &middot; "
             f"<b>{len(steps)}</b> / {html.escape(str(total))} steps logged"
-            + (f" &middot; last critic/score/mean <b>{score:.4f}</b>" if isinstance(score, (int, float)) and math.isfinite(score) else "")
+            + (f" &middot; last {names.SCORE_MEAN} <b>{score:.4f}</b>" if isinstance(score, (int, float)) and math.isfinite(score) else "")
             + f" &middot; {dask} &middot; updated {updated}{note}</div>"
         )
 
@@ -347,12 +369,6 @@ def export_html(run_dir: str | Path, out: str | Path, *, max_samples: int = 64) 
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(file_html(dash.layout, resources=INLINE, title=f"flowrl: {Path(run_dir).name}"))
     return out
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def make_server(run_dir: str | Path, *, port: int = 5006, interval_s: float = 2.0, max_samples: int = 64) -> Any:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from flowrl.metrics import names
+
 #: Section order; prefixes not listed follow in alphabetical order, then ``misc``.
 GROUP_ORDER = (
     "critic", "reward", "val-core", "val-aux", "actor", "rollout", "response_length", "prompt_length",
@@ -18,8 +20,8 @@ GROUP_ORDER = (
 )
 MISC = "misc"
 #: Sections that also have their own dashboard panel.
-THROUGHPUT_GROUP = "perf"
-RESHARD_GROUP = "reshard"
+THROUGHPUT_GROUP = names.PERF_GROUP
+RESHARD_GROUP = names.RESHARD_GROUP
 
 
 def metric_group(key: str) -> str:
@@ -57,6 +59,6 @@ def headline_keys(keys: Iterable[str]) -> list[str]:
     """The overview row: reward, KL, entropy, clip fraction, response length, throughput (those
     present), as an RL engineer checks them first."""
     present = set(keys)
-    wanted = ("critic/score/mean", "actor/ppo_kl", "actor/kl_loss", "actor/entropy", "actor/pg_clipfrac",
-              "response_length/mean", "perf/throughput", "timing_s/step")
+    wanted = (names.SCORE_MEAN, names.ACTOR_PPO_KL, names.ACTOR_KL_LOSS, names.ACTOR_ENTROPY, names.ACTOR_PG_CLIPFRAC,
+              names.RESPONSE_LENGTH_MEAN, names.THROUGHPUT, names.STEP_TIME)
     return [k for k in wanted if k in present]

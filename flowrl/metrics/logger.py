@@ -13,16 +13,18 @@ import math
 from pathlib import Path
 from typing import IO, Callable, Iterable
 
+from flowrl.metrics import names
+
 #: The keys shown on the console line, in order, with their short labels.
 CONSOLE_KEYS = (
-    ("critic/score/mean", "score"),
-    ("actor/pg_loss", "pg_loss"),
-    ("actor/kl_loss", "kl"),
-    ("actor/entropy", "entropy"),
-    ("actor/grad_norm", "grad"),
-    ("response_length/mean", "resp_len"),
-    ("perf/throughput", "tok/s"),
-    ("timing_s/step", "step_s"),
+    (names.SCORE_MEAN, "score"),
+    (names.ACTOR_PG_LOSS, "pg_loss"),
+    (names.ACTOR_KL_LOSS, "kl"),
+    (names.ACTOR_ENTROPY, "entropy"),
+    (names.ACTOR_GRAD_NORM, "grad"),
+    (names.RESPONSE_LENGTH_MEAN, "resp_len"),
+    (names.THROUGHPUT, "tok/s"),
+    (names.STEP_TIME, "step_s"),
 )
 
 
@@ -124,7 +126,7 @@ def open_loggers(names: Iterable[str], run_dir: str | Path, *, total: int,
     """The sinks ``trainer.logger`` names, always with ``metrics.jsonl`` first. ``write`` prints
     the console line. An unknown name raises :class:`~flowrl.config.ConfigError`."""
     from flowrl.config import ConfigError
-    from flowrl.config.schema import LOGGERS
+    from flowrl.config.sections import LOGGERS
 
     run_dir = Path(run_dir)
     sinks: list = [JsonlLogger(run_dir / "metrics.jsonl")]

@@ -18,13 +18,82 @@ VALIDATION_TIME = "timing_s/validation"
 SCORE_MEAN = "critic/score/mean"
 SCORE_MAX = "critic/score/max"
 SCORE_MIN = "critic/score/min"
+ADVANTAGES_MEAN = "critic/advantages/mean"
+ADVANTAGES_MAX = "critic/advantages/max"
+ADVANTAGES_MIN = "critic/advantages/min"
+RESPONSE_LENGTH_MEAN = "response_length/mean"
+RESPONSE_LENGTH_MAX = "response_length/max"
+RESPONSE_LENGTH_MIN = "response_length/min"
+PROMPT_LENGTH_MEAN = "prompt_length/mean"
 NUM_SAMPLES = "num_samples"
 NUM_RESPONSE_TOKENS = "num_response_tokens"
 NUM_TOKENS = "num_tokens"
+ROLLOUT_LOGPROB_DIFF_MAX = "rollout/logprob_diff_max"
+"""Largest |log-prob of the generation engine - log-prob of the trainer| over the batch's tokens."""
 
-# --------------------------------------------------------------------------- prefixes
+# --------------------------------------------------------------------------- the critic (PPO)
+VALUES_MEAN = "critic/values/mean"
+VALUES_MAX = "critic/values/max"
+VALUES_MIN = "critic/values/min"
+RETURNS_MEAN = "critic/returns/mean"
+RETURNS_MAX = "critic/returns/max"
+RETURNS_MIN = "critic/returns/min"
+VF_EXPLAINED_VAR = "critic/vf_explained_var"
+
+# --------------------------------------------------------------------------- updates
+ACTOR = "actor"
+"""The prefix of the actor update's stats (``actor/<stat>``, ``run_epochs(prefix=ACTOR)``)."""
+CRITIC = "critic"
+"""The prefix of the critic update's stats (``critic/<stat>``)."""
+PG_LOSS = "pg_loss"
+KL_LOSS = "kl_loss"
+ENTROPY = "entropy"
+GRAD_NORM = "grad_norm"
+VF_LOSS = "vf_loss"
+NUM_OPTIMIZER_STEPS = "num_optimizer_steps"
+UPDATE_S = "update_s"
+ACTOR_PG_LOSS = "actor/pg_loss"
+ACTOR_KL_LOSS = "actor/kl_loss"
+ACTOR_ENTROPY = "actor/entropy"
+ACTOR_GRAD_NORM = "actor/grad_norm"
+ACTOR_PPO_KL = "actor/ppo_kl"
+ACTOR_PG_CLIPFRAC = "actor/pg_clipfrac"
+
+# --------------------------------------------------------------------------- rewards
+REWARD_PREFIX = "reward/"
+RULE_SCORE_MEAN = "reward/rule_score/mean"
+RM_SCORE_MEAN = "reward/rm_score/mean"
+OVERLONG_PENALTY_MEAN = "reward/overlong_penalty/mean"
+OVERLONG_FRAC = "reward/overlong_frac"
+REWARD_BASELINE_MEAN = "reward_baseline/mean"
+REWARD_KL_PENALTY = "actor/reward_kl_penalty"
+"""The mean per-row KL(old || ref) of the KL reward penalty (what the KL controller sees)."""
+REWARD_KL_PENALTY_COEFF = "actor/reward_kl_penalty_coeff"
+
+# --------------------------------------------------------------------------- dynamic sampling (DAPO)
+DYNAMIC_SAMPLING_PREFIX = "dynamic_sampling/"
+KEPT_GROUPS = "dynamic_sampling/kept_groups"
+GROUPS = "dynamic_sampling/groups"
+KEPT_GROUP_FRAC = "dynamic_sampling/kept_group_frac"
+DYNAMIC_NUM_SAMPLES = "dynamic_sampling/num_samples"
+NUM_GEN_BATCHES = "train/num_gen_batches"
+
+# --------------------------------------------------------------------------- weight sync
+RESHARD = "reshard"
+"""The weight sync's node, and the substring the run keeps of its metrics."""
 RESHARD_PREFIX = "reshard/"
+RESHARD_BYTES = "reshard/bytes"
+RESHARD_BYTES_MIN = "reshard/bytes_min"
+RESHARD_PEAK_EXTRA_BYTES = "reshard/peak_extra_bytes"
+
+# --------------------------------------------------------------------------- validation
 VALIDATION_PREFIX = "val-"
+VAL_RESPONSE_LENGTH_MEAN = "val-aux/response_length/mean"
+VAL_NUM_SAMPLES = "val-aux/num_samples"
+
+# --------------------------------------------------------------------------- the dashboard's sections
+PERF_GROUP = "perf"
+RESHARD_GROUP = "reshard"
 
 
 def timing(node: str) -> str:
@@ -35,3 +104,24 @@ def timing(node: str) -> str:
 def compute(what: str) -> str:
     """The slowest rank's time inside the actor method behind ``what``: ``compute_s/<what>``."""
     return f"compute_s/{what}"
+
+
+def update_stat(prefix: str, stat: str) -> str:
+    """One stat of an update, averaged over its optimizer steps: ``<prefix>/<stat>``
+    (``prefix`` is :data:`ACTOR` or :data:`CRITIC`)."""
+    return f"{prefix}/{stat}"
+
+
+def reward_extra(key: str) -> str:
+    """A reward function's extra value ``key`` (verl's dict return), averaged: ``reward/<key>``."""
+    return f"{REWARD_PREFIX}{key}"
+
+
+def val_mean(data_source: str, n: int) -> str:
+    """Validation: mean score of all ``n`` responses per prompt of ``data_source``."""
+    return f"val-core/{data_source}/reward/mean@{n}"
+
+
+def val_best(data_source: str, n: int) -> str:
+    """Validation: mean over the prompts of ``data_source`` of the best of their ``n`` scores."""
+    return f"val-core/{data_source}/reward/best@{n}/mean"

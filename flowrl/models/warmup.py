@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 if TYPE_CHECKING:
     import torch
@@ -131,6 +131,40 @@ def torch_threads(num_threads: int | None) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
+def _optimizer(model: PreTrainedModel, config: WarmupConfig) -> tuple[Any, Any]:
+    """AdamW with a linear learning-rate ramp over ``config.lr_warmup_steps``."""
+    import torch
+
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=config.lr, betas=(0.9, 0.98), weight_decay=0.0
+    )
+    ramp = max(config.lr_warmup_steps, 1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / ramp)
+    )
+    return optimizer, scheduler
+
+
+def _train_step(model: PreTrainedModel, optimizer: Any, scheduler: Any, input_ids_BT: Any,
+                attention_mask_BT: Any, labels_BT: Any, config: WarmupConfig) -> Any:
+    """One supervised step on a batch; returns the loss (0-d tensor)."""
+    import torch.nn.functional as F
+
+    logits_BTV = model(input_ids=input_ids_BT, attention_mask=attention_mask_BT).logits
+    # Position t predicts token t + 1.
+    loss = F.cross_entropy(
+        logits_BTV[:, :-1].flatten(0, 1),
+        labels_BT[:, 1:].flatten(),
+        ignore_index=-100,
+        label_smoothing=config.label_smoothing,
+    )
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    scheduler.step()
+    return loss
+
+
 def warm_up(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -144,17 +178,10 @@ def warm_up(
     Deterministic for a seed: batches come from a private generator, the global RNG is untouched.
     """
     import torch
-    import torch.nn.functional as F
 
     input_ids_BT, attention_mask_BT, labels_BT = encode_supervised(tokenizer, rows)
     probe_rows = list(rows[: config.num_probe_rows])
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.lr, betas=(0.9, 0.98), weight_decay=0.0
-    )
-    ramp = max(config.lr_warmup_steps, 1)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min(1.0, (step + 1) / ramp)
-    )
+    optimizer, scheduler = _optimizer(model, config)
     generator = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
     loss = torch.tensor(float("nan"))
@@ -164,20 +191,8 @@ def warm_up(
         model.train()
         for step in range(1, config.max_steps + 1):
             index_B = torch.randint(0, len(rows), (config.batch_size,), generator=generator)
-            logits_BTV = model(
-                input_ids=input_ids_BT[index_B], attention_mask=attention_mask_BT[index_B]
-            ).logits
-            # Position t predicts token t + 1.
-            loss = F.cross_entropy(
-                logits_BTV[:, :-1].flatten(0, 1),
-                labels_BT[index_B][:, 1:].flatten(),
-                ignore_index=-100,
-                label_smoothing=config.label_smoothing,
-            )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
+            loss = _train_step(model, optimizer, scheduler, input_ids_BT[index_B], attention_mask_BT[index_B],
+                               labels_BT[index_B], config)
             if config.target_greedy_accuracy is not None and step % config.check_every == 0:
                 probe_accuracy = evaluate_accuracy(
                     model, tokenizer, probe_rows, num_samples=1, temperature=0.0
@@ -235,30 +250,38 @@ def evaluate_accuracy(
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
         for begin in range(0, len(rows), batch_size):
-            chunk = rows[begin : begin + batch_size]
-            encoded = tokenizer(
-                prompt_texts(tokenizer, chunk),
-                return_tensors="pt",
-                padding=True,
-                add_special_tokens=False,
-            )
-            output_BT = model.generate(
-                **encoded,
-                **sampling,
-                num_return_sequences=num_samples,
-                max_new_tokens=max_new_tokens,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-            )
-            responses = tokenizer.batch_decode(
-                output_BT[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True
-            )
-            for i, response in enumerate(responses):
-                row = chunk[i // num_samples]
-                result = score(
-                    row["data_source"], response, row["reward_model"]["ground_truth"],
-                    row.get("extra_info"),
-                )
-                total += result["score"] if isinstance(result, dict) else result
+            total = _score_chunk(model, tokenizer, rows[begin : begin + batch_size], total, score=score,
+                                 sampling=sampling, num_samples=num_samples, max_new_tokens=max_new_tokens)
     model.train(was_training)
     return total / (len(rows) * num_samples)
+
+
+def _score_chunk(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, chunk: Sequence[dict],
+                 total: float, *, score: Any, sampling: dict, num_samples: int, max_new_tokens: int) -> float:
+    """``total`` plus the rewards of ``num_samples`` generated answers to every row of ``chunk``
+    (added one by one, in order)."""
+    encoded = tokenizer(
+        prompt_texts(tokenizer, chunk),
+        return_tensors="pt",
+        padding=True,
+        add_special_tokens=False,
+    )
+    output_BT = model.generate(
+        **encoded,
+        **sampling,
+        num_return_sequences=num_samples,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    responses = tokenizer.batch_decode(
+        output_BT[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True
+    )
+    for i, response in enumerate(responses):
+        row = chunk[i // num_samples]
+        result = score(
+            row["data_source"], response, row["reward_model"]["ground_truth"],
+            row.get("extra_info"),
+        )
+        total += result["score"] if isinstance(result, dict) else result
+    return total

@@ -1,4 +1,5 @@
-"""``flowrl parallel-plan``: rank (dp, tp, pp) layouts for a model on a cluster (planner.py).
+"""``flowrl parallel-plan``: rank (dp, tp, pp) layouts for a model on a cluster
+(``layout_search.py``, estimates in ``layout_cost.py``).
 
     flowrl parallel-plan --model 70B --gpus 128
     flowrl parallel-plan --model /ckpt/Qwen2.5-7B --gpus 16 --interconnect ethernet --for both --json
@@ -21,7 +22,7 @@ __all__ = ["add_arguments", "run"]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``parallel-plan`` options to ``parser``."""
-    from flowrl.parallel.planner import INTERCONNECTS
+    from flowrl.parallel.layout_cost import INTERCONNECTS
 
     parser.add_argument("--model", required=True,
                         help="parameter count (7B, 70e9, 350M) or a Hugging Face config.json or its directory")
@@ -54,7 +55,8 @@ def _entry_dict(entry: Any) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Plan and print; 0 on success, 2 (with ``error: ...`` on stderr) on bad inputs."""
-    from flowrl.parallel.planner import format_plan, parse_model, plan_parallelism
+    from flowrl.parallel.layout_search import format_plan, plan_parallelism
+    from flowrl.parallel.model_spec import parse_model
 
     phases = ("train", "generate") if args.for_ == "both" else (args.for_,)
     try:

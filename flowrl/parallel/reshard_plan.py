@@ -33,7 +33,7 @@ Pure code: no torch, no I/O, no process groups.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Iterable
 
 from flowrl.parallel.mesh import ParallelDims
 from flowrl.parallel.shard_spec import Piece, ShardSpec
@@ -306,6 +306,42 @@ def _costs(src: ShardSpec, dst: ShardSpec, placement: Placement, bpe: int
     return min_per_proc, naive, hybridflow, peak
 
 
+def _fill_piece(transfers: list[Transfer], sent: list[int], piece: Piece,
+                source_pieces: Iterable[tuple[int, Piece]], *, src: ShardSpec, dst: ShardSpec,
+                placement: Placement, dst_rank: int, local_rank: int | None, bpe: int) -> None:
+    """Append to ``transfers`` what fills destination ``piece`` of ``dst_rank``: each slice between
+    source piece boundaries from the local source rank if it holds it, else from the holder that
+    has sent least so far (``sent``, updated); consecutive slices of one source piece merge."""
+    proc = placement.dst[dst_rank]
+    row_bytes = dst.slice_numel(piece.param) * bpe
+    cands = [(r, p) for r, p in source_pieces if p.start < piece.stop and p.stop > piece.start]
+    cuts = sorted({piece.start, piece.stop} | {
+        x for _, p in cands for x in (p.start, p.stop) if piece.start < x < piece.stop})
+    last: tuple[int, Piece] | None = None
+    for a, b in zip(cuts, cuts[1:]):
+        holders = [(r, p) for r, p in cands if p.start <= a and b <= p.stop]
+        if not holders:
+            raise ValueError(
+                f"no source rank holds {piece.param}[{a}:{b}] (dim {piece.dim}); the "
+                f"source layout {src.dims} does not cover the model")
+        mine = [h for h in holders if h[0] == local_rank]
+        choice = mine[0] if mine else min(holders, key=lambda h: (sent[h[0]], h[0]))
+        r, sp = choice
+        nbytes = (b - a) * row_bytes
+        if not mine:
+            sent[r] += nbytes
+        if last is choice and transfers[-1].stop == a:  # same source piece: extend
+            t = transfers[-1]
+            transfers[-1] = replace(t, stop=b, nbytes=t.nbytes + nbytes)
+            continue
+        transfers.append(Transfer(
+            src_rank=r, dst_rank=dst_rank, src_process=placement.src[r], dst_process=proc,
+            param=piece.param, dim=piece.dim, start=a, stop=b, src_local=sp.local,
+            src_offset=sp.offset + a - sp.start, dst_local=piece.local,
+            dst_offset=piece.offset + a - piece.start, nbytes=nbytes))
+        last = choice
+
+
 def plan_reshard(src: ShardSpec, dst: ShardSpec, *, placement: Placement,
                  bytes_per_element: int = 2) -> ReshardPlan:
     """Transfers that build every destination shard of ``dst`` from the source shards of ``src``.
@@ -332,37 +368,10 @@ def plan_reshard(src: ShardSpec, dst: ShardSpec, *, placement: Placement,
 
     transfers: list[Transfer] = []
     for dst_rank in range(dst_world):
-        proc = placement.dst[dst_rank]
-        local_rank = src_rank_on.get(proc)
         for piece in dst.shard_of(dst_rank).pieces:
-            row_bytes = dst.slice_numel(piece.param) * bpe
-            cands = [(r, p) for r, p in by_param.get(piece.param, ())
-                     if p.start < piece.stop and p.stop > piece.start]
-            cuts = sorted({piece.start, piece.stop} | {
-                x for _, p in cands for x in (p.start, p.stop) if piece.start < x < piece.stop})
-            last: tuple[int, Piece] | None = None
-            for a, b in zip(cuts, cuts[1:]):
-                holders = [(r, p) for r, p in cands if p.start <= a and b <= p.stop]
-                if not holders:
-                    raise ValueError(
-                        f"no source rank holds {piece.param}[{a}:{b}] (dim {piece.dim}); the "
-                        f"source layout {src.dims} does not cover the model")
-                mine = [h for h in holders if h[0] == local_rank]
-                choice = mine[0] if mine else min(holders, key=lambda h: (sent[h[0]], h[0]))
-                r, sp = choice
-                nbytes = (b - a) * row_bytes
-                if not mine:
-                    sent[r] += nbytes
-                if last is choice and transfers[-1].stop == a:  # same source piece: extend
-                    t = transfers[-1]
-                    transfers[-1] = replace(t, stop=b, nbytes=t.nbytes + nbytes)
-                    continue
-                transfers.append(Transfer(
-                    src_rank=r, dst_rank=dst_rank, src_process=placement.src[r], dst_process=proc,
-                    param=piece.param, dim=piece.dim, start=a, stop=b, src_local=sp.local,
-                    src_offset=sp.offset + a - sp.start, dst_local=piece.local,
-                    dst_offset=piece.offset + a - piece.start, nbytes=nbytes))
-                last = choice
+            _fill_piece(transfers, sent, piece, by_param.get(piece.param, ()), src=src, dst=dst,
+                        placement=placement, dst_rank=dst_rank,
+                        local_rank=src_rank_on.get(placement.dst[dst_rank]), bpe=bpe)
 
     model_bytes = dst.num_params * bpe
     min_per_proc, naive, hybridflow, peak = _costs(src, dst, placement, bpe)

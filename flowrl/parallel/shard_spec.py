@@ -140,7 +140,7 @@ class ModelShape:
 
 def model_shape(model: Any) -> ModelShape:
     """A ModelShape from a ModelShape, a transformers config / ``ArchSpec`` / dict, a config path,
-    or a parameter count preset (``"7B"``, ``7e9``: the planner's standard shapes)."""
+    or a parameter count preset (``"7B"``, ``7e9``: ``model_spec``'s standard shapes)."""
     if isinstance(model, ModelShape):
         return model
     if hasattr(model, "ffn_hidden_size") and hasattr(model, "num_kv_heads"):  # convert.ArchSpec
@@ -152,7 +152,7 @@ def model_shape(model: Any) -> ModelShape:
     if isinstance(model, (str, os.PathLike)) and os.path.exists(os.fspath(model)):
         return ModelShape.from_hf_config(model)
     if isinstance(model, (str, int, float)) and not isinstance(model, bool):
-        from flowrl.parallel.planner import parse_model  # a preset such as "7B"
+        from flowrl.parallel.model_spec import parse_model  # a preset such as "7B"
 
         spec = parse_model(model)
         return ModelShape(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,

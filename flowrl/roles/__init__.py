@@ -1,5 +1,7 @@
 """Roles: what a rank actor holds. Thin glue between experience tables and an engine.
 
-``PolicyRole`` (trained actor), ``ReferenceRole`` (frozen reference) and ``RolloutRole``
-(generation). The rank actor builds a role by import string inside its worker process.
+``PolicyRole`` (trained actor), ``ReferenceRole`` (frozen reference), ``RolloutRole``
+(generation), ``CriticRole`` (PPO value model), ``RewardModelRole`` (neural reward). The rank
+actor builds a role by import string inside its worker process; ``specs`` builds the
+``GroupSpec`` of each group from a run config, ``checkpoints`` saves and restores trainable roles.
 """

@@ -1,21 +1,23 @@
 """The PPO critic: values of the sampled responses, and the clipped value-loss update.
 
-Holds a value model (``TorchDPValueEngine``: the policy's model family with a one-output head)
-and its own optimizer. Like ``PolicyRole``, denominators are global (summed over data-parallel
-ranks), so each mini-batch's gradient equals the single-process one.
+Holds a value model (a ``VALUE_BACKENDS`` engine chosen by ``critic.strategy``: the policy's model
+family with a one-output head) and its own optimizer. Like ``PolicyRole``, denominators are global
+(summed over data-parallel ranks), so each mini-batch's gradient equals the single-process one.
 """
 
 from __future__ import annotations
 
-
 import pyarrow as pa
 import torch
 
-from flowrl.algos import agg_denominator, agg_loss, value_loss
-from flowrl.backends.train.value_dp import TorchDPValueEngine
-from flowrl.config.schema import CriticConfig
+from flowrl.algos import agg_denominator
+from flowrl.algos.actor_loss import critic_loss
+from flowrl.backends.registry import VALUE_BACKENDS
+from flowrl.config import CriticConfig
 from flowrl.data import experience
 from flowrl.data.packed import PackedBatch
+from flowrl.registry import import_string
+from flowrl.roles import checkpoints
 from flowrl.roles.epochs import run_epochs
 
 
@@ -35,18 +37,12 @@ class CriticRole:
         self.cfg = critic
         self.response_length = response_length
         o = critic.optim
-        if critic.strategy == "megatron":  # the same value model on megatron-core (dp x tp x pp)
-            from flowrl.backends.train.megatron.value import MegatronValueTrainEngine
-
-            self.engine = MegatronValueTrainEngine(
-                model_dir, tp=critic.tensor_model_parallel_size, pp=critic.pipeline_model_parallel_size,
-                dp=critic.data_parallel_size, dtype=dtype, lr=o.lr, weight_decay=o.weight_decay, betas=o.betas,
-                eps=o.eps, grad_clip=o.grad_clip, seed=seed,
-            )
-            return
-        self.engine = TorchDPValueEngine(
-            model_dir, trainable=True, dtype=dtype, lr=o.lr, weight_decay=o.weight_decay, betas=o.betas,
-            eps=o.eps, grad_clip=o.grad_clip, seed=seed,
+        traits = VALUE_BACKENDS.traits(critic.strategy)
+        self.checkpoint_kind = traits["checkpoint"]
+        engine_kwargs = import_string(traits["engine_kwargs"])(critic) if traits["engine_kwargs"] else {}
+        self.engine = VALUE_BACKENDS.get(critic.strategy)(
+            model_dir, dtype=dtype, lr=o.lr, weight_decay=o.weight_decay, betas=o.betas,
+            eps=o.eps, grad_clip=o.grad_clip, seed=seed, **engine_kwargs,
         )
 
     # ----------------------------------------------------------------- nodes
@@ -71,30 +67,22 @@ class CriticRole:
         )
 
         def loss_fn(vpreds_T: torch.Tensor, mb: PackedBatch):
-            f = mb.token_fields
-            loss_T, stats = value_loss(
-                vpreds_T, f["values"], f["returns"], f["response_mask"], cliprange_value=cfg.cliprange_value
-            )
-            loss = agg_loss(
-                loss_T, f["response_mask"], mb.response_cu_B1, mode,
-                denominator=denominator, max_response_length=self.response_length,
-            )
-            # Reported per token (not scaled by the global denominator), for readable metrics.
-            scale = denominator / max(agg_denominator(f["response_mask"], mb.response_cu_B1, mode), 1.0)
-            return loss, {"vf_loss": loss.detach() * scale, **stats}
+            return critic_loss(vpreds_T, mb.token_fields, mb.response_cu_B1, mode=mode, cliprange_value=cfg.cliprange_value,
+                               max_response_length=self.response_length, denominator=denominator)
 
         return self.engine.train_step_values(mini, micro_batch_size=cfg.ppo_micro_batch_size_per_gpu, loss_fn=loss_fn)
 
     # ----------------------------------------------------------------- state
-    def checkpoint_state(self) -> dict | None:
-        """Rank 0: ``{"params", "optim", "optim_step"}`` of the value model; other ranks: None."""
-        if self.cfg.strategy == "megatron":  # refused at config time (trainer._check_megatron_critic)
-            raise NotImplementedError("critic checkpoints are not supported with critic.strategy=megatron")
-        return self.engine.checkpoint_state() if self.rank == 0 else None
+    def save_checkpoint(self, path: str, *, step: int, extra: dict) -> dict | None:
+        """Every rank: the value model's parameters and AdamW state as checkpoint ``path``
+        (``extra`` plus ``optim_step`` in its meta); ``{"path", "optim_step"}`` on rank 0, None
+        elsewhere. Backends without a checkpoint kind (megatron) raise NotImplementedError
+        (refused in pre-flight)."""
+        return checkpoints.save(self.engine, self.checkpoint_kind, path, rank=self.rank, step=step, extra=extra)
 
-    def load_checkpoint(self, params: dict, optim: dict | None = None, optim_step: int = 0) -> None:
-        self.engine.load_checkpoint(params, optim, optim_step)
+    def load_checkpoint(self, path: str) -> int:
+        """Every rank: restore checkpoint ``path``; the optimizer step."""
+        return checkpoints.load(self.engine, self.checkpoint_kind, path)
 
     def close(self) -> None:
-        if self.cfg.strategy == "megatron":
-            self.engine.close()
+        self.engine.close()

@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import torch
 
-from flowrl.algos import KL_ESTIMATORS, POLICY_LOSSES, agg_denominator, agg_loss
-from flowrl.backends.train import TRAIN_BACKENDS
-from flowrl.config.schema import ActorConfig
+from flowrl.algos import KL_ESTIMATORS, POLICY_LOSSES, agg_denominator
+from flowrl.algos.actor_loss import ActorLoss, actor_loss
+from flowrl.backends.registry import TRAIN_BACKENDS
+from flowrl.config import ActorConfig
 from flowrl.data import experience
 from flowrl.data.packed import PackedBatch
+from flowrl.roles import checkpoints
 from flowrl.roles.epochs import run_epochs
 
 if TYPE_CHECKING:
@@ -44,6 +46,7 @@ class PolicyRole:
         self.response_length = response_length
         self.use_old_logprobs = use_old_logprobs
         o = actor.optim
+        self.checkpoint_kind = TRAIN_BACKENDS.traits(actor.strategy)["checkpoint"]
         engine_cls = TRAIN_BACKENDS.get(actor.strategy)
         self.engine = engine_cls(
             model_dir,
@@ -57,8 +60,12 @@ class PolicyRole:
             seed=seed,
             **(engine_kwargs or {}),
         )
-        self.policy_loss = POLICY_LOSSES.get(actor.policy_loss)
-        self.kl_estimator = KL_ESTIMATORS.get(actor.kl_loss_type)
+        self.loss = ActorLoss(
+            policy_loss=POLICY_LOSSES.get(actor.policy_loss), kl_estimator=KL_ESTIMATORS.get(actor.kl_loss_type),
+            mode=actor.loss_agg_mode, max_response_length=response_length, use_old_logprobs=use_old_logprobs,
+            clip_ratio_low=actor.clip_ratio_low, clip_ratio_high=actor.clip_ratio_high, clip_ratio_c=actor.clip_ratio_c,
+            entropy_coeff=actor.entropy_coeff, use_kl_loss=actor.use_kl_loss, kl_loss_coef=actor.kl_loss_coef,
+        )
 
     # ----------------------------------------------------------------- nodes
     def compute_logprobs(self, table: pa.Table, column: str = "old_logprobs") -> pa.Table:
@@ -80,55 +87,18 @@ class PolicyRole:
         return run_epochs(batch, epochs=self.cfg.ppo_epochs, mini_batch_rows=mini_batch_rows, step=self._step, prefix="actor")
 
     def _step(self, mini: PackedBatch) -> dict[str, float]:
-        cfg = self.cfg
-        mode = cfg.loss_agg_mode
+        """One optimizer step on a mini-batch: the global denominator, then the engine's
+        accumulated step with :func:`flowrl.algos.actor_loss.actor_loss` per micro-batch."""
         (denominator,) = self.engine.all_reduce_sum(
-            [agg_denominator(mini.token_fields["response_mask"], mini.response_cu_B1, mode)]
+            [agg_denominator(mini.token_fields["response_mask"], mini.response_cu_B1, self.cfg.loss_agg_mode)]
         )
 
-        def agg(x_T: torch.Tensor, mb: PackedBatch) -> torch.Tensor:
-            return agg_loss(
-                x_T,
-                mb.token_fields["response_mask"],
-                mb.response_cu_B1,
-                mode,
-                denominator=denominator,
-                max_response_length=self.response_length,
-            )
-
         def loss_fn(logp_T: torch.Tensor, entropy_T: torch.Tensor | None, mb: PackedBatch):
-            f = mb.token_fields
-            old_T = f["old_logprobs"] if self.use_old_logprobs else logp_T.detach()
-            pg_T, stats = self.policy_loss(
-                logp_T,
-                old_T,
-                f["advantages"],
-                f["response_mask"],
-                mb.response_cu_B1,
-                clip_ratio_low=cfg.clip_ratio_low,
-                clip_ratio_high=cfg.clip_ratio_high,
-                clip_ratio_c=cfg.clip_ratio_c,
-            )
-            pg_loss = agg(pg_T, mb)
-            loss = pg_loss
-            out = {k: v.detach() for k, v in stats.items()}
-            # Reported per token (not scaled by the global denominator), for readable metrics.
-            scale = denominator / max(agg_denominator(f["response_mask"], mb.response_cu_B1, mode), 1.0)
-            out["pg_loss"] = pg_loss.detach() * scale
-            if entropy_T is not None:
-                entropy = agg(entropy_T, mb)
-                out["entropy"] = entropy.detach() * scale
-                if cfg.entropy_coeff:
-                    loss = loss - cfg.entropy_coeff * entropy
-            if cfg.use_kl_loss:
-                kl = agg(self.kl_estimator(logp_T, f["ref_logprobs"]), mb)
-                loss = loss + cfg.kl_loss_coef * kl
-                out["kl_loss"] = kl.detach() * scale
-            return loss, out
+            return actor_loss(logp_T, entropy_T, mb.token_fields, mb.response_cu_B1, spec=self.loss, denominator=denominator)
 
         return self.engine.train_step(
             mini,
-            micro_batch_size=cfg.ppo_micro_batch_size_per_gpu,
+            micro_batch_size=self.cfg.ppo_micro_batch_size_per_gpu,
             loss_fn=loss_fn,
             temperature=self.temperature,
         )
@@ -146,33 +116,20 @@ class PolicyRole:
     def grad_state_dict(self) -> dict[str, torch.Tensor]:
         return self.engine.grad_state_dict()
 
-    def checkpoint_state(self) -> dict | None:
-        """Rank 0: ``{"params", "optim", "optim_step"}`` (see the engine); other ranks: None."""
-        return self.engine.checkpoint_state() if self.rank == 0 else None
+    def save_checkpoint(self, path: str, *, step: int, extra: dict) -> dict | None:
+        """Every rank: checkpoint ``path`` of step ``step`` with ``extra`` in its meta (plus
+        ``optim_step``); ``{"path", "optim_step"}`` on rank 0, None elsewhere. ``full`` backends:
+        rank 0 writes the full state; ``sharded``: each rank its own chunks, rank 0 commits."""
+        return checkpoints.save(self.engine, self.checkpoint_kind, path, rank=self.rank, step=step, extra=extra)
 
-    def load_checkpoint(self, params: dict, optim: dict | None = None, optim_step: int = 0) -> None:
-        """Every rank: restore the full parameters and optimizer state of a checkpoint."""
-        self.engine.load_checkpoint(params, optim, optim_step)
-
-    def save_checkpoint_sharded(self, path: str, step: int, extra: dict | None = None) -> dict | None:
-        """Every rank (megatron): write this rank's own chunks; rank 0 commits. Returns
-        ``{"path", "optim_step"}`` on rank 0."""
-        return self._sharded_engine("save_checkpoint_sharded").save_checkpoint_sharded(path, step=step, extra=extra)
-
-    def load_checkpoint_sharded(self, path: str) -> int:
-        """Every rank (megatron): read only the chunks this rank holds; returns the optimizer step."""
-        return self._sharded_engine("load_checkpoint_sharded").load_checkpoint_sharded(path)
-
-    def _sharded_engine(self, method: str):  # noqa: ANN202 - the engine
-        if not hasattr(self.engine, method):
-            raise TypeError(f"{method}: the {self.cfg.strategy} backend saves full states (checkpoint_state)")
-        return self.engine
+    def load_checkpoint(self, path: str) -> int:
+        """Every rank: restore parameters and optimizer state from checkpoint ``path`` (``full``:
+        every rank reads the full arrays; ``sharded``: only its chunks); the optimizer step."""
+        return checkpoints.load(self.engine, self.checkpoint_kind, path)
 
     def save_hf(self, directory: str) -> None:
         if self.rank == 0:
             self.engine.save_hf(directory)
 
     def close(self) -> None:
-        close = getattr(self.engine, "close", None)
-        if close is not None:
-            close()
+        self.engine.close()

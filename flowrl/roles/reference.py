@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from flowrl.backends.train import TRAIN_BACKENDS
+from flowrl.backends.registry import TRAIN_BACKENDS
 from flowrl.data import experience
 from flowrl.data.packed import PackedBatch
 
@@ -36,6 +36,4 @@ class ReferenceRole:
         return pa.table({column: array})
 
     def close(self) -> None:
-        close = getattr(self.engine, "close", None)
-        if close is not None:
-            close()
+        self.engine.close()

@@ -14,9 +14,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from flowrl.backends.interfaces import torch_dtype
 from flowrl.data.packed import PackedBatch
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class RewardModelRole:
@@ -30,7 +29,7 @@ class RewardModelRole:
         verbosity = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()  # a causal-LM directory gets a new head: expected
         try:
-            self.model = AutoModelForSequenceClassification.from_pretrained(model_dir, config=config, dtype=_DTYPES[dtype])
+            self.model = AutoModelForSequenceClassification.from_pretrained(model_dir, config=config, dtype=torch_dtype(dtype))
         finally:
             transformers.logging.set_verbosity(verbosity)
         self.model.eval()

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flowrl.backends.generate import GEN_BACKENDS
-from flowrl.backends.generate.hf import SamplingParams
+from flowrl.backends.interfaces import SamplingParams
+from flowrl.backends.registry import GEN_BACKENDS
 from flowrl.data import experience
 
 if TYPE_CHECKING:
@@ -26,6 +26,7 @@ class RolloutRole:
         self.tp = tensor_model_parallel_size
         self.dtype = dtype
         self.holds_engine = rank % self.tp == 0
+        self.staged_reshard = GEN_BACKENDS.traits(backend)["reshard"] == "staged"
         self.engine = GEN_BACKENDS.get(backend)(model_dir, dtype=dtype, **(engine_kwargs or {})) if self.holds_engine else None
         self.sampling = sampling
         self.micro_batch_size = micro_batch_size
@@ -62,16 +63,16 @@ class RolloutRole:
     def sleep(self) -> None:
         """Colocated mode: release the engine's KV cache and park its weights while the trainer
         runs (``rollout.free_cache_engine``); the next weight load or generation restores them.
-        Engines without such a mode ignore it."""
-        if self.engine is not None and hasattr(self.engine, "sleep"):
+        Engines without such a mode do nothing."""
+        if self.engine is not None:
             self.engine.sleep()
 
     def wake_up(self) -> None:
-        if self.engine is not None and hasattr(self.engine, "wake_up"):
+        if self.engine is not None:
             self.engine.wake_up()
 
     def close(self) -> None:
-        if self.engine is not None and hasattr(self.engine, "close"):
+        if self.engine is not None:
             self.engine.close()
         self.engine = None
 
@@ -91,46 +92,17 @@ class RolloutRole:
         """Receive this rank's generation tensors from the trainer (``flowrl.backends.reshard``)."""
         from flowrl.backends.reshard import run_rank
 
-        if self.engine is not None and hasattr(self.engine, "reshard_target"):
+        if not self.staged_reshard:  # written in place (backend trait reshard="in_place")
             return run_rank(job, dst_rank=self.rank, dst=self.engine.reshard_target())
         # Engines that cannot be written in place (vllm): stage the shard, assemble full HF
         # tensors on the replica's engine rank, load them through the engine's update path.
-        from flowrl.backends.generate.staging import _DTYPES, gather_replica_state, staging_tensors
+        from flowrl.backends.generate.staging import gather_replica_state, staging_tensors
+        from flowrl.backends.interfaces import torch_dtype
 
         spec = job.plan().dst
-        staged = staging_tensors(spec, self.rank, _DTYPES[self.dtype])
+        staged = staging_tensors(spec, self.rank, torch_dtype(self.dtype))
         stats = run_rank(job, dst_rank=self.rank, dst=staged)
         state = gather_replica_state(spec, self.rank, self.tp, staged)
         if state is not None:
             self.engine.load_hf_state(state)
         return stats
-
-
-def rollout_role_kwargs(rollout: Any, *, max_prompt_length: int, seed: int) -> dict:
-    """The role's backend-specific keyword arguments for a ``RolloutConfig``."""
-    if rollout.name != "vllm":
-        return {}
-    return {
-        "tensor_model_parallel_size": rollout.tensor_model_parallel_size,
-        "engine_kwargs": {
-            "tensor_parallel_size": rollout.tensor_model_parallel_size,
-            "gpu_memory_utilization": rollout.gpu_memory_utilization,
-            "free_cache_engine": rollout.free_cache_engine,
-            "enforce_eager": rollout.enforce_eager,
-            "max_num_seqs": rollout.micro_batch_size,
-            "max_model_len": max_prompt_length + rollout.response_length,
-            "seed": seed,
-        },
-    }
-
-
-def check_rollout_backend(rollout: Any) -> None:
-    """Before any worker starts: the chosen backend is installed and usable here."""
-    if rollout.name != "vllm":
-        return
-    from flowrl.backends.generate.vllm import INSTALL_HINT, vllm_problem
-    from flowrl.config.errors import ConfigError
-
-    problem = vllm_problem()
-    if problem is not None:
-        raise ConfigError("rollout.name", rollout.name, problem, f"install vLLM ({INSTALL_HINT}), or use rollout.name=hf")

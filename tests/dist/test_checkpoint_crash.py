@@ -22,7 +22,7 @@ import pytest
 
 from flowrl.checkpoint import checkpoint_dir, latest_checkpoint, load_full, load_meta, save_checkpoint
 from flowrl.config import ConfigError, load_config
-from flowrl.trainer import GRPORun, resolve_inputs
+from flowrl.run import Run, resolve_inputs
 
 WRITER = textwrap.dedent('''
     import os, sys, time
@@ -111,7 +111,7 @@ def test_half_written_checkpoint_is_never_loaded(tmp_path, tiny_model_dir, addit
         resolve_inputs(load_config(None, base + [f"trainer.resume_mode={half_dir}"]))
     assert "never committed" in str(err.value)
 
-    run = GRPORun(resolve_inputs(load_config(None, base + ["trainer.resume_mode=auto"])))  # no workers
+    run = Run(resolve_inputs(load_config(None, base + ["trainer.resume_mode=auto"])))  # no workers
     assert run.resume_from == str(root / "step_00000002") and run.next_step == 2
     assert float(load_full(run.resume_from)["model.layers.0.weight"][0, 0]) == 2.0
 

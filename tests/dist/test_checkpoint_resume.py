@@ -13,7 +13,7 @@ import torch
 
 from flowrl.checkpoint import latest_checkpoint, load_full, load_meta
 from flowrl.config import load_config
-from flowrl.trainer import train
+from flowrl.run import train
 
 COMPARED = ("critic/score/mean", "actor/pg_loss", "actor/grad_norm")
 

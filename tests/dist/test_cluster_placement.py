@@ -11,7 +11,7 @@ from flowrl.actors.session import GroupSpec
 from flowrl.cluster import COLOCATED_POOL, CONTROLLER
 from flowrl.config.schema import ClusterConfig, PoolConfig
 
-ECHO = "flowrl.actors.testing_roles:EchoRole"
+ECHO = "flowrl_testing.roles:EchoRole"
 SIZES = {"rollout": 1, "actor": 2, "ref": 1}
 
 

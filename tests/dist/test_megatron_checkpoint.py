@@ -14,7 +14,7 @@ import torch
 
 from flowrl.checkpoint import latest_checkpoint, load_full, load_meta
 from flowrl.config import load_config
-from flowrl.trainer import GRPORun, resolve_inputs, train
+from flowrl.run import Run, resolve_inputs, train
 
 pytest.importorskip("megatron.core")
 
@@ -59,7 +59,7 @@ def test_tp2_pp2_checkpoint_loads_bitwise_under_another_layout(tmp_path, tiny_mo
                                                                tp2_pp2_checkpoint, target):
     cfg = resolve_inputs(load_config(None, _args(tmp_path / "run", tiny_model_dir, addition_data,
                                                  *TARGETS[target], f"trainer.resume_mode={tp2_pp2_checkpoint}")))
-    run = GRPORun.open(cfg)  # resumes: each actor rank reads its own chunks
+    run = Run.open(cfg)  # resumes: each actor rank reads its own chunks
     try:
         assert run.next_step == 1
         saved = run.save_checkpoint()  # ... and writes them back under this layout

@@ -34,7 +34,9 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from flowrl.backends.train.megatron import compat, testing  # noqa: E402
+from flowrl.backends.train.megatron import compat  # noqa: E402
+from flowrl.comm import free_port  # noqa: E402
+from flowrl_testing import megatron as testing  # noqa: E402
 
 BF16 = {"logp": 0.1, "entropy": 0.1, "state": 2e-2, "grad_norm_rel": 5e-2, "loss": 1e-2}
 FP32 = {"logp": 1e-5, "entropy": 1e-5, "state": 1e-5, "grad_norm_rel": 1e-5, "loss": 1e-5}
@@ -76,7 +78,7 @@ def test_every_patched_path(tmp_path):
     ]
     out = tmp_path / "results.json"
     testing.spawn(testing.layouts_worker, world_size=2,
-                  args=(2, testing.free_port(), jobs, str(out)), timeout_s=240)
+                  args=(2, free_port(), jobs, str(out)), timeout_s=240)
     direct, *runs = json.loads(out.read_text())
 
     assert direct["applied"] == [True, True]  # idempotent

@@ -18,10 +18,12 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from flowrl.backends.train.megatron import testing, value_testing  # noqa: E402
+from flowrl.comm import free_port  # noqa: E402
+from flowrl_testing import megatron as testing  # noqa: E402
+from flowrl_testing import megatron_value as value_testing  # noqa: E402
 from flowrl.config import load_config  # noqa: E402
 from flowrl.config import ConfigError  # noqa: E402
-from flowrl.trainer import resolve_inputs, train  # noqa: E402
+from flowrl.run import resolve_inputs, train  # noqa: E402
 
 TOL = 1e-5
 
@@ -41,7 +43,7 @@ def critic_models(tmp_path_factory):
 def _launch(models, name, world_size, layouts):
     out_path = models["root"] / f"{name}_w{world_size}.json"
     testing.spawn(value_testing.critic_layouts_worker, world_size=world_size,
-                  args=(world_size, testing.free_port(), models[name]["ref_path"], models[name]["model_dir"],
+                  args=(world_size, free_port(), models[name]["ref_path"], models[name]["model_dir"],
                         layouts, str(out_path)), timeout_s=240)
     return json.loads(out_path.read_text())
 

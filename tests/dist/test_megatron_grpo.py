@@ -8,7 +8,7 @@ conversion, the vocab-parallel log-probs and the full-state sync together.
 import pytest
 
 from flowrl.config import load_config
-from flowrl.trainer import train
+from flowrl.run import train
 
 pytest.importorskip("megatron.core")
 

@@ -16,7 +16,8 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from flowrl.backends.train.megatron import testing  # noqa: E402
+from flowrl.comm import free_port  # noqa: E402
+from flowrl_testing import megatron as testing  # noqa: E402
 
 FP32 = {"logp": 1e-5, "entropy": 1e-5, "state": 1e-5, "grad_norm_rel": 1e-5, "loss": 1e-5}
 BF16 = {"logp": 0.1, "entropy": 0.1, "state": 2e-2, "grad_norm_rel": 5e-2, "loss": 1e-2}
@@ -46,7 +47,7 @@ def launch(models, world_size: int, jobs: list[dict]) -> list[dict]:
     for job in jobs:
         job.pop("grad_norm", None)
     testing.spawn(testing.layouts_worker, world_size=world_size,
-                  args=(world_size, testing.free_port(), jobs, str(out_path)), timeout_s=240)
+                  args=(world_size, free_port(), jobs, str(out_path)), timeout_s=240)
     return json.loads(out_path.read_text())
 
 

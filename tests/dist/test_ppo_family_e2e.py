@@ -19,7 +19,7 @@ import pytest
 
 from flowrl.config import load_config
 from flowrl.data import experience as ex
-from flowrl.trainer import train
+from flowrl.run import train
 
 PPO_METRICS = {
     "critic/vf_loss", "critic/vf_clipfrac", "critic/vf_explained_var", "critic/values/mean", "critic/grad_norm",
@@ -37,7 +37,7 @@ def _rows(run_dir):
 def default_task():
     # The cache `flowrl train` itself uses: built once (about 15 s on an idle core), then reused.
     from flowrl.data.default_task import prepare_default_task
-    from flowrl.trainer import default_cache_dir
+    from flowrl.run import default_cache_dir
 
     return prepare_default_task(default_cache_dir() / "default_task")
 

@@ -21,7 +21,7 @@ import torch
 
 from flowrl.checkpoint import latest_checkpoint, load_full, load_meta
 from flowrl.config import load_config
-from flowrl.trainer import train
+from flowrl.run import train
 
 STEPS = 3
 COMPARED = ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "response_length/mean")
@@ -93,7 +93,7 @@ def test_killed_worker_is_replaced_and_the_run_matches_an_uninterrupted_one(
         tmp_path, tiny_model_dir, addition_data, uninterrupted, caplog, monkeypatch):
     from distributed import default_client
 
-    from flowrl.recovery import rank_pids
+    from flowrl.run.recovery import rank_pids
 
     run_dir = tmp_path / "killed_worker"
     gate = _gate(tmp_path, monkeypatch, run_dir)
@@ -110,7 +110,7 @@ def test_killed_worker_is_replaced_and_the_run_matches_an_uninterrupted_one(
 
     thread = threading.Thread(target=watcher, daemon=True)
     thread.start()
-    with caplog.at_level("WARNING", logger="flowrl.recovery"):
+    with caplog.at_level("WARNING", logger="flowrl.run.recovery"):
         summary = train(load_config(None, _args(run_dir, tiny_model_dir, addition_data, GATED)))
     thread.join(timeout=10)
     assert killed, "the watcher never killed a worker"

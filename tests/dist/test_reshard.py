@@ -15,15 +15,15 @@ import pyarrow as pa
 import pytest
 
 from flowrl.actors import Gather, GroupMesh, Session
-from flowrl.backends.generate.hf import SamplingParams
+from flowrl.backends.interfaces import SamplingParams
 from flowrl.backends.reshard import make_job
-from flowrl.config.schema import ActorConfig
+from flowrl.config import ActorConfig
 from flowrl.data import experience
 from flowrl.parallel.mesh import ParallelDims
 
 pytest.importorskip("megatron.core")
 
-HYBRID = "flowrl.roles.hybrid:HybridRole"
+HYBRID = "flowrl_testing.hybrid:HybridRole"
 ROLLOUT = "flowrl.roles.rollout:RolloutRole"
 TOL = 1e-6
 BUCKET = 4096  # bytes: many rounds even on the tiny model
@@ -120,7 +120,7 @@ def _run_layout(session, model_dirs, *, tp, pp, gen_dp_split):
     assert all(_max_diff(want, b, "old_logprobs", "gen_logprobs") > 1e-3 for b in before)
     job = make_job(train_dir, src=src, dst=ParallelDims(dp=world, tp=1, pp=1), placement="colocated",
                    dst_style="hf", bucket_bytes=BUCKET)
-    from flowrl.nodes import reshard_local
+    from flowrl_testing.nodes import reshard_local
 
     _check_metrics(reshard_local(hybrid.bind(), None, job).metrics, job, bucket=BUCKET)
     _check_weights(trainer_state, hybrid.bind().run("gen_state_dict", gather_mode=Gather.ALL)[0])
@@ -159,7 +159,7 @@ def _gen_state(gen_dir):
 
 
 def _joint(world_size):
-    from flowrl.actors.joint import JointSpec
+    from flowrl.comm import JointSpec
 
     return JointSpec("actor+rollout", "", 0, world_size, 120.0)
 

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from flowrl.config import load_config
-from flowrl.trainer import train
-from flowrl.validation import samples_path
+from flowrl.graphs.validation import samples_path
+from flowrl.run import train
 
 
 @pytest.mark.slow

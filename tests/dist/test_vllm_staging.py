@@ -2,7 +2,6 @@
 shards to the replica's engine rank, which assembles the full HF-named state (dp=2, tp=2)."""
 
 import os
-import socket
 
 import pytest
 import torch
@@ -10,6 +9,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from flowrl.backends.generate.staging import gather_replica_state
+from flowrl.comm import free_port
 from flowrl.parallel.mesh import ParallelDims
 from flowrl.parallel.shard_spec import ModelShape, shard_arrays, shard_spec
 
@@ -35,19 +35,13 @@ def _rank(rank: int, port: int, results) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.timeout(120)
 def test_each_replica_engine_rank_gets_the_full_state():
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     ctx = mp.get_context("spawn")
     with ctx.Manager() as manager:
         results = manager.dict()
-        port = _free_port()
+        port = free_port()
         procs = [ctx.Process(target=_rank, args=(r, port, results)) for r in range(DP * TP)]
         for p in procs:
             p.start()

@@ -9,7 +9,7 @@ import pytest
 
 from flowrl.actors import Gather, GroupCallError, GroupLostError, GroupMesh, Scatter, Session
 
-ECHO = "flowrl.actors.testing_roles:EchoRole"
+ECHO = "flowrl_testing.roles:EchoRole"
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))  # flowrl_testing
 
 FP32 = {"logp": 5e-5, "entropy": 5e-5, "state": 2e-5, "grad_norm_rel": 1e-4, "loss": 1e-5}
 BF16 = {"logp": 0.1, "entropy": 0.1, "state": 2e-2, "grad_norm_rel": 5e-2, "loss": 1e-2}
@@ -77,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device: nothing to check (--cpu runs the plan over gloo)")
         return 2
     try:
-        from flowrl.backends.train.megatron import testing
+        from flowrl.comm import free_port
+        from flowrl_testing import megatron as testing
     except ImportError as exc:  # megatron-core or transformers missing
         print(f"cannot import the megatron backend: {exc}")
         return 2
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             start = time.monotonic()
             try:
                 testing.spawn(testing.layouts_worker, world_size=world, timeout_s=args.timeout,
-                              args=(world, testing.free_port(), jobs, out, backend),
+                              args=(world, free_port(), jobs, out, backend),
                               start_method=start_method)
             except Exception as exc:  # a rank failed or hung: the whole world size fails
                 rows.append((f"world {world}", "FAIL", f"{type(exc).__name__}: {exc}"[:200]))

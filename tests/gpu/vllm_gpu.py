@@ -31,7 +31,7 @@ def build_model(out: Path) -> Path:
 
 
 def greedy_matches(engine, hf, what: str) -> list[list[int]]:
-    from flowrl.backends.generate.hf import SamplingParams
+    from flowrl.backends.interfaces import SamplingParams
 
     params = SamplingParams(n=1, temperature=0.0, max_new_tokens=16)
     tokens_v, logp_v = engine.generate(PROMPTS, params)

@@ -51,7 +51,7 @@ def test_max_restarts():
 
 
 def test_resume_path_must_exist_before_workers(tmp_path, tiny_model_dir, addition_data):
-    from flowrl.trainer import resolve_inputs
+    from flowrl.run import resolve_inputs
 
     cfg = _cfg(tiny_model_dir, addition_data, f"trainer.run_dir={tmp_path / 'run'}",
                f"trainer.resume_mode={tmp_path / 'nope'}")
@@ -74,7 +74,7 @@ def test_cli_reports_a_missing_resume_path(tmp_path, tiny_model_dir, addition_da
 
 
 def _train_engine(model_dir, steps):
-    from flowrl.backends.train.torch_dp import TorchDPEngine
+    from flowrl.backends.train.dp_policy import TorchDPEngine
 
     engine = TorchDPEngine(str(model_dir), lr=1e-2)
     ids = torch.tensor([[3, 4, 5, 6, 7, 8]])

@@ -179,7 +179,7 @@ def test_crash_while_replacing_a_save_of_the_same_path_recovers_it(tmp_path, mon
         return real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", dying_replace)
-    monkeypatch.setattr("flowrl.checkpoint.zarr_store._remove", lambda p: None)  # as after kill -9
+    monkeypatch.setattr("flowrl.checkpoint.zarr_store.remove", lambda p: None)  # as after kill -9
     with pytest.raises(OSError, match="killed between the renames"):
         save_checkpoint(path, step=1, params={"w": np.zeros(2)})
     monkeypatch.undo()

@@ -96,7 +96,7 @@ def test_scheduler_address_goes_with_kind_address():
 
 
 def test_slurm_without_dask_jobqueue_names_the_extra(monkeypatch):
-    import flowrl.cluster.spec as spec
+    import flowrl.config.cluster_spec as spec
 
     monkeypatch.setattr(spec, "has_jobqueue", lambda: False)
     with pytest.raises(ConfigError) as info:
@@ -201,7 +201,7 @@ def test_starting_on_a_public_address_without_tls_warns_first(monkeypatch, capsy
     import distributed
 
     from flowrl.cluster import start_cluster
-    from flowrl.config.schema import ClusterConfig
+    from flowrl.config import ClusterConfig
 
     class Stop(Exception):
         pass

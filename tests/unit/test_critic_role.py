@@ -5,7 +5,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from flowrl.config.schema import CriticConfig, OptimConfig
+from flowrl.config import CriticConfig, OptimConfig
 from flowrl.data import experience as ex
 from flowrl.roles.critic import CriticRole
 

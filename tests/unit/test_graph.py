@@ -7,14 +7,19 @@ import pytest
 
 from flowrl.actors import GroupMesh, WorkerGroup
 from flowrl.config import load_config
-from flowrl.graphs.grpo import GRPOGroups, build_iteration
+from flowrl.graphs.family import BuildContext
+from flowrl.graphs.grpo import GRPO
 
 
 def _groups():
     def group(name, dp):
         return WorkerGroup(name, actors=[None] * dp, addresses=[""] * dp, mesh=GroupMesh(dp=dp))
 
-    return GRPOGroups(rollout=group("rollout", 2), actor=group("actor", 2), ref=group("ref", 1))
+    return {"rollout": group("rollout", 2), "actor": group("actor", 2), "ref": group("ref", 1)}
+
+
+def build_iteration(cfg, groups, prompts, *, step, tokenizer_dir):
+    return GRPO(cfg).build(BuildContext(cfg, groups, tokenizer_dir), prompts, step=step)
 
 
 def _deps(graph):
@@ -43,7 +48,7 @@ def test_graph_nodes_and_dependencies():
 def test_on_policy_graph_skips_old_logprobs_and_kl_free_skips_ref():
     cfg = load_config(None, ["actor.use_kl_loss=false"])
     groups = _groups()
-    groups.ref = None
+    del groups["ref"]
     deps = _deps(build_iteration(cfg, groups, PROMPTS, step=0, tokenizer_dir="/x"))
     assert "ref" not in deps and "old_log_prob" not in deps
     assert deps["adv"] == {"reward"}
@@ -54,8 +59,8 @@ def test_calls_to_one_group_are_numbered_in_build_order():
     groups = _groups()
     build_iteration(cfg, groups, PROMPTS, step=0, tokenizer_dir="/x")
     # actor: old_log_prob (1), update (2), reshard (3); the next call gets 4
-    assert groups.actor.reserve() == 4
-    assert groups.rollout.reserve() == 3  # generate (1), reshard (2)
+    assert groups["actor"].reserve() == 4
+    assert groups["rollout"].reserve() == 3  # generate (1), reshard (2)
 
 
 @pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz's dot binary is not installed")

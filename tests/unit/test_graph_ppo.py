@@ -1,11 +1,14 @@
-"""The PPO-family iteration graph's shape, without a cluster: which nodes each setting adds and
-what depends on what (the critic and actor updates run in parallel)."""
+"""The iteration graphs beyond plain GRPO (the ppo and remax families, the shared options in a
+grpo graph), without a cluster: which nodes each setting adds and what depends on what (the
+critic and actor updates run in parallel)."""
 
 import pyarrow as pa
 
 from flowrl.actors import GroupMesh, WorkerGroup
 from flowrl.config import load_config
-from flowrl.graphs.ppo import PPOGroups, build_iteration, uses_ppo_graph
+from flowrl.graphs.family import BuildContext, resolve_family
+from flowrl.graphs.grpo import GRPO
+from flowrl.graphs.ppo import PPO
 
 
 def _group(name, dp=1):
@@ -13,8 +16,19 @@ def _group(name, dp=1):
 
 
 def _groups():
-    return PPOGroups(rollout=_group("rollout", 2), actor=_group("actor", 2), ref=_group("ref"), critic=_group("critic"),
-                     rm=_group("rm"))
+    return {"rollout": _group("rollout", 2), "actor": _group("actor", 2), "ref": _group("ref"),
+            "critic": _group("critic"), "rm": _group("rm")}
+
+
+def build_iteration(cfg, groups, prompts, *, step, tokenizer_dir, kl_coef=None):
+    family = resolve_family(cfg)(cfg)
+    if kl_coef is not None:
+        family.state.kl_ctrl.value = kl_coef
+    return family.build(BuildContext(cfg, groups, tokenizer_dir), prompts, step=step)
+
+
+def uses_ppo_graph(cfg):  # a family beyond GRPO's (critic or greedy baseline)
+    return resolve_family(cfg) is not GRPO
 
 
 def _deps(graph):
@@ -29,7 +43,7 @@ PROMPTS = pa.table({"group": pa.array([0], pa.int64())})
 
 def test_ppo_graph_with_critic():
     cfg = load_config(None, ["algorithm.adv_estimator=gae", "actor.ppo_mini_batch_size=16", "actor.use_kl_loss=false"])
-    assert uses_ppo_graph(cfg) and cfg.needs_critic and not cfg.needs_reference
+    assert resolve_family(cfg) is PPO and cfg.needs_critic and not cfg.needs_reference
     groups = _groups()
     deps = _deps(build_iteration(cfg, groups, PROMPTS, step=1, tokenizer_dir="/x"))
     assert {"gen", "reward", "values", "old_log_prob", "adv", "update_critic", "update_actor", "reshard", "collect"} == set(deps)
@@ -37,7 +51,7 @@ def test_ppo_graph_with_critic():
     assert deps["adv"] == {"reward", "values", "old_log_prob"}
     assert deps["update_critic"] == {"adv"} and deps["update_actor"] == {"adv"}  # in parallel
     assert deps["collect"] == {"adv", "update_actor", "update_critic"}
-    assert groups.critic.reserve() == 3  # values (1), update (2)
+    assert groups["critic"].reserve() == 3  # values (1), update (2)
 
 
 def test_remax_adds_a_greedy_generation_and_kl_in_reward_precedes_the_advantages():

@@ -4,8 +4,9 @@ import pyarrow as pa
 import pytest
 import torch
 
-from flowrl.backends.generate.hf import HFGenerator, SamplingParams
-from flowrl.backends.train.torch_dp import TorchDPEngine
+from flowrl.backends.generate.hf import HFGenerator
+from flowrl.backends.interfaces import SamplingParams
+from flowrl.backends.train.dp_policy import TorchDPEngine
 from flowrl.data import experience as ex
 from flowrl.data.packed import PackedBatch
 

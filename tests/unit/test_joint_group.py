@@ -1,16 +1,16 @@
-"""Joint process groups (flowrl.actors.joint): built once per name, misuse named clearly."""
+"""Joint process groups (flowrl.comm.joint): built once per name, misuse named clearly."""
 
 from __future__ import annotations
 
 import pytest
 
-from flowrl.actors import joint
-from flowrl.actors.joint import JointSpec
+from flowrl.comm import joint
+from flowrl.comm.joint import JointSpec
 
 
 def test_join_once_per_name_and_clear_errors():
     pytest.importorskip("torch")
-    from flowrl.actors.rank import free_port
+    from flowrl.comm import free_port
 
     spec = JointSpec("unit-joint", "127.0.0.1", free_port(), 1, 30.0)
     try:

@@ -1,12 +1,12 @@
-"""Node spans (nodes._run_node), timeline.jsonl rows, metric-key grouping: pure, no cluster."""
+"""Node spans (flowrl.nodes.core._run_node), timeline.jsonl rows, metric-key grouping: pure, no cluster."""
 
 import json
 
 import pytest
 
-from flowrl import nodes
 from flowrl.metrics.groups import MISC, group_metrics, headline_keys, keys_of, metric_group
 from flowrl.metrics.timeline import append_rows, parse_timeline, read_timeline, span_rows
+from flowrl.nodes import core as nodes
 
 
 def test_run_node_records_wall_clock_span_and_carries_upstream_spans():

@@ -7,14 +7,9 @@ import json
 import pytest
 
 from flowrl.parallel import plan_cli
-from flowrl.parallel.planner import (
-    INTERCONNECTS,
-    TIE_TOLERANCE,
-    ModelSpec,
-    format_plan,
-    parse_model,
-    plan_parallelism,
-)
+from flowrl.parallel.layout_cost import INTERCONNECTS, TIE_TOLERANCE
+from flowrl.parallel.layout_search import format_plan, plan_parallelism
+from flowrl.parallel.model_spec import ModelSpec, parse_model
 
 # -- model shapes ---------------------------------------------------------------------------------
 

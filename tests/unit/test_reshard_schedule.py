@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flowrl.actors.joint import JointSpec
+from flowrl.comm import JointSpec
 from flowrl.backends.reshard import ReshardJob, make_job
 from flowrl.parallel.mesh import ParallelDims
 from flowrl.parallel.reshard_plan import Placement, plan_reshard

@@ -7,7 +7,7 @@ import pytest
 
 from flowrl.config import load_config
 from flowrl.data import experience as ex
-from flowrl.validation import val_sampling, validation_metrics
+from flowrl.graphs.validation import val_sampling, validation_metrics
 
 
 def _table(sources, groups, scores, lengths):
@@ -50,7 +50,7 @@ def test_val_sampling_is_greedy_unless_asked():
 
 def test_test_freq_needs_val_files(tmp_path, tiny_model_dir, addition_data):
     from flowrl.config import ConfigError
-    from flowrl.trainer import resolve_inputs
+    from flowrl.run import resolve_inputs
 
     cfg = load_config(None, [f"model.path={tiny_model_dir}", f"data.train_files={addition_data[0]}", "trainer.test_freq=2",
                              f"trainer.run_dir={tmp_path}"])

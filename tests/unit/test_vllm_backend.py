@@ -12,10 +12,11 @@ import torch
 from flowrl.backends.generate import staging
 from flowrl.backends.generate import vllm as vbackend
 from flowrl.config import ConfigError
-from flowrl.config.schema import RolloutConfig
+from flowrl.config import RolloutConfig
 from flowrl.parallel.mesh import ParallelDims
 from flowrl.parallel.shard_spec import ModelShape, shard_arrays, shard_spec
-from flowrl.roles.rollout import check_rollout_backend, rollout_role_kwargs
+from flowrl.backends.preflight import check_rollout_backend
+from flowrl.roles.specs import rollout_role_kwargs
 
 needs_no_vllm = pytest.mark.skipif(vbackend._installed_version() is not None, reason="vllm is installed here")
 
@@ -136,33 +137,33 @@ def test_staging_tensors_match_the_spec():
 
 
 @needs_no_vllm
-def test_the_trainer_checks_the_backend_before_starting_any_worker(monkeypatch):
+def test_the_trainer_checks_the_backend_before_starting_any_worker(monkeypatch, tiny_model_dir, addition_data):
     from flowrl.actors.session import Session
-    from flowrl.config.schema import RunConfig
-    from flowrl.trainer import GRPORun
+    from flowrl.config import load_config
+    from flowrl.run import train
 
     def no_workers(*args, **kwargs):
         raise AssertionError("workers started before the backend check")
 
     monkeypatch.setattr(Session, "start", no_workers)
-    run = GRPORun.__new__(GRPORun)  # start_workers only reads the config before the check
-    run.cfg = RunConfig(rollout=RolloutConfig(name="vllm"))
+    cfg = load_config(None, ["rollout.name=vllm", f"model.path={tiny_model_dir}", f"data.train_files={addition_data[0]}"])
     with pytest.raises(ConfigError, match="rollout.name.*not installed"):
-        run.start_workers()
+        train(cfg)  # the pre-flight checks run before any worker starts
 
 
 def test_colocated_graph_puts_the_engine_to_sleep_between_generation_and_everything_else():
     from flowrl.actors import GroupMesh, WorkerGroup
     from flowrl.config import load_config
-    from flowrl.graphs.grpo import GRPOGroups, build_iteration
+    from flowrl.graphs.family import BuildContext
+    from flowrl.graphs.grpo import GRPO
 
     def group(name, dp):
         return WorkerGroup(name, actors=[None] * dp, addresses=[""] * dp, mesh=GroupMesh(dp=dp))
 
     cfg = load_config(None, ["rollout.name=vllm", "rollout.free_cache_engine=true", "actor.use_kl_loss=false"])
-    groups = GRPOGroups(rollout=group("rollout", 2), actor=group("actor", 2))
-    graph = build_iteration(cfg, groups, pa.table({"group": pa.array([0], pa.int64())}), step=0, tokenizer_dir="/x")
+    groups = {"rollout": group("rollout", 2), "actor": group("actor", 2)}
+    graph = GRPO(cfg).build(BuildContext(cfg, groups, "/x"), pa.table({"group": pa.array([0], pa.int64())}), step=0)
     deps = {k.rsplit("-", 1)[0]: {d.rsplit("-", 1)[0] for d in v} for k, v in graph.dependencies().items()}
     assert deps["rollout_sleep"] == {"gen"} and deps["reward"] == {"rollout_sleep"}
     # the rollout group's calls: gen, sleep, then the reshard (which wakes the weights)
-    assert groups.rollout.reserve() == 4
+    assert groups["rollout"].reserve() == 4

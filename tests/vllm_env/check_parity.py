@@ -6,7 +6,8 @@ import pytest
 import torch
 from conftest import build_tiny_model_dir
 
-from flowrl.backends.generate.hf import HFGenerator, SamplingParams
+from flowrl.backends.generate.hf import HFGenerator
+from flowrl.backends.interfaces import SamplingParams
 from flowrl.backends.generate.vllm import VLLMGenerator
 
 PROMPTS = [[10, 11, 12], [13, 14], [15, 16, 17, 18, 19], [20], [21, 22, 23, 24], [25, 26], [30, 31, 32], [40]]

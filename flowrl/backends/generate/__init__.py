@@ -1,8 +1,2 @@
-"""Generation backends, chosen by ``rollout.name``: registered by import string so vLLM is
-imported only when chosen."""
-
-from flowrl.registry import Registry
-
-GEN_BACKENDS: Registry = Registry("generation backend")
-GEN_BACKENDS.register("hf", "flowrl.backends.generate.hf:HFGenerator")
-GEN_BACKENDS.register("vllm", "flowrl.backends.generate.vllm:VLLMGenerator")
+"""Generation backends (``rollout.name``: ``hf``, ``vllm``), registered by import string in
+:mod:`flowrl.backends.registry` so vLLM is imported only when chosen."""

@@ -9,31 +9,16 @@ Shape letters: B prompts, N = B * n sequences, P padded prompt length, L new tok
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_new_tokens: int = 16
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+from flowrl.backends.interfaces import SamplingParams, torch_dtype
 
 
 class HFGenerator:
     def __init__(self, model_dir: str, *, dtype: str = "float32") -> None:
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_DTYPES[dtype])
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype(dtype))
         self.model.eval()
         self.model.requires_grad_(False)
         cfg = self.model.generation_config
@@ -143,3 +128,12 @@ class HFGenerator:
         missing = [k for k in missing if not k.endswith("lm_head.weight") or not self.model.config.tie_word_embeddings]
         if missing or unexpected:
             raise ValueError(f"weight sync: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+    def sleep(self) -> None:
+        """Nothing to release (no KV cache kept between calls)."""
+
+    def wake_up(self) -> None:
+        """Nothing to restore."""
+
+    def close(self) -> None:
+        """Nothing to stop (the model goes with the process)."""

@@ -22,8 +22,6 @@ from flowrl.parallel.shard_spec import piece_index
 if TYPE_CHECKING:
     from flowrl.parallel.shard_spec import ShardSpec
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
 
 def staging_tensors(spec: ShardSpec, rank: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Zeroed local tensors of ``rank``'s shard (the padding rows stay zero)."""

@@ -36,7 +36,7 @@ import logging
 import os
 from typing import Any, Iterator
 
-from flowrl.backends.generate.hf import SamplingParams
+from flowrl.backends.interfaces import SamplingParams
 from flowrl.backends.generate.vllm_worker import EXTENSION, encode_state
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,33 @@ def vllm_problem() -> str | None:
     return None
 
 
+def check_installed(rollout: Any) -> None:
+    """Pre-flight (``rollout.name=vllm``): vLLM is installed and usable in this Python, else a
+    ConfigError saying what to install."""
+    from flowrl.config.errors import ConfigError
+
+    problem = vllm_problem()
+    if problem is not None:
+        raise ConfigError("rollout.name", rollout.name, problem, f"install vLLM ({INSTALL_HINT}), or use rollout.name=hf")
+
+
+def vllm_role_kwargs(rollout: Any, *, max_prompt_length: int, seed: int) -> dict:
+    """``RolloutRole``'s keyword arguments for a ``RolloutConfig`` with ``name=vllm``: the
+    replica's tp size and the engine's settings."""
+    return {
+        "tensor_model_parallel_size": rollout.tensor_model_parallel_size,
+        "engine_kwargs": {
+            "tensor_parallel_size": rollout.tensor_model_parallel_size,
+            "gpu_memory_utilization": rollout.gpu_memory_utilization,
+            "free_cache_engine": rollout.free_cache_engine,
+            "enforce_eager": rollout.enforce_eager,
+            "max_num_seqs": rollout.micro_batch_size,
+            "max_model_len": max_prompt_length + rollout.response_length,
+            "seed": seed,
+        },
+    }
+
+
 def import_vllm() -> Any:
     """``import vllm``, or :class:`VLLMUnavailableError` saying what to install."""
     problem = vllm_problem()
@@ -154,6 +181,18 @@ def eos_token_ids(model_dir: str) -> set[int]:
     return set(eos if isinstance(eos, list) else [eos])
 
 
+def _cpu_environment(tensor_parallel_size: int) -> None:
+    """vLLM's CPU settings, unless the environment sets them."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", _DEFAULT_CPU_KVCACHE_GIB)
+    # One compute thread per worker process is the cluster's convention; vLLM's default
+    # binds OpenMP threads to cores other processes use.
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    if tensor_parallel_size == 1:
+        # The engine core in this process: no spawned process, no __main__ guard needed,
+        # and weight updates pass tensors by reference.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
 class VLLMGenerator:
     """A vLLM ``LLM`` over ``model_dir``'s architecture, with weights from :meth:`load_hf_state`.
 
@@ -184,14 +223,7 @@ class VLLMGenerator:
         self.eos_ids = eos_token_ids(model_dir)
         self.tensor_parallel_size = tensor_parallel_size
         if not self.on_cuda:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", _DEFAULT_CPU_KVCACHE_GIB)
-            # One compute thread per worker process is the cluster's convention; vLLM's default
-            # binds OpenMP threads to cores other processes use.
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-            if tensor_parallel_size == 1:
-                # The engine core in this process: no spawned process, no __main__ guard needed,
-                # and weight updates pass tensors by reference.
-                os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            _cpu_environment(tensor_parallel_size)
         self.in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" and tensor_parallel_size == 1
         kwargs: dict[str, Any] = dict(
             model=model_dir,
@@ -276,6 +308,17 @@ class VLLMGenerator:
             if any(c != len(state) for c in counts):
                 raise RuntimeError(f"weight sync: workers loaded {counts} of {len(state)} tensors")
         self.llm.reset_prefix_cache()  # cached prefixes hold the old weights' keys and values
+
+    def logprobs(self, prompts: list[list[int]], responses: list[list[int]], *,
+                 temperature: float = 1.0) -> list[list[float]]:
+        """Not offered by this backend (the parity checks use the ``hf`` engine)."""
+        raise NotImplementedError("teacher-forced log-probs are not implemented for the vllm backend; use rollout.name=hf")
+
+    def reshard_target(self) -> dict[str, Any]:
+        """Not offered: vLLM repacks, fuses and pads its live weights, so a reshard stages this
+        rank's shard and loads it through :meth:`load_hf_state` (backend trait ``reshard="staged"``)."""
+        raise NotImplementedError("the vllm backend's weights cannot be written in place; reshard through staging "
+                                  "(flowrl.backends.generate.staging)")
 
     def _load_ipc(self, state: dict[str, Any], chunk_bytes: int = 1 << 30) -> None:
         """vLLM's weight-transfer API over CUDA IPC: each tensor is copied once to every engine

@@ -3,7 +3,7 @@
 Each process runs :func:`run_rank` with the local tensors it holds (``src``: its training shard,
 by the source spec's local names; ``dst``: the generation tensors to overwrite, by the destination
 spec's) and a process group whose ranks are the plan's processes (colocated: the worker group's
-own group; split: the joint group of ``flowrl.actors.joint``).
+own group; split: the joint group of ``flowrl.comm.joint``).
 
 ``planned`` (the plan, bucketed by ``flowrl.parallel.reshard_schedule``):
   1. local copies: ``dst[slice].copy_(src[slice])``, no buffer;
@@ -27,6 +27,7 @@ from typing import Any, Mapping
 
 import torch
 
+from flowrl.backends.interfaces import torch_dtype
 from flowrl.backends.reshard.job import ReshardJob
 from flowrl.parallel.mesh import ParallelDims
 from flowrl.parallel.reshard_plan import Placement, Transfer, plan_reshard
@@ -35,7 +36,6 @@ from flowrl.parallel.shard_spec import ShardSpec, piece_index, shard_spec
 
 __all__ = ["Staging", "check_tensors", "execute_schedule", "run_rank"]
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 Tensors = Mapping[str, torch.Tensor]
 
 
@@ -178,7 +178,7 @@ def _run_naive(job: ReshardJob, *, process: int, pg: Any, src: Tensors | None,
 
 def _process_group(job: ReshardJob, process: int) -> Any:
     if job.joint is not None:
-        from flowrl.actors import joint
+        from flowrl.comm import joint
 
         if not job.joint.host:
             raise ValueError("ReshardJob.joint has no rendezvous address; the reshard node fills "
@@ -212,7 +212,7 @@ def run_rank(job: ReshardJob, *, src_rank: int | None = None, dst_rank: int | No
     if dst_rank is not None:
         check_tensors(plan.dst, dst_rank, dst, "destination")
     pg = pg if pg is not None else _process_group(job, process)
-    wire = _DTYPES[job.wire_dtype]
+    wire = torch_dtype(job.wire_dtype)
     staging = Staging()
     if job.transport == "naive":
         out = _run_naive(job, process=process, pg=pg, src=src, dst=dst, dst_rank=dst_rank,

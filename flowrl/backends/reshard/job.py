@@ -6,9 +6,9 @@ processes, the transport, the staging bucket and the wire dtype. Every rank rebu
 plan and schedule from it (cached per process), so no transfer list crosses the network.
 
 ``job_for_run(cfg)`` derives the job of a GRPO/PPO run: the actor group's layout (``dp`` strategy:
-full HF replicas; ``megatron``: its TP/PP shards) to the rollout group's (``hf``: a full model per
-worker; ``vllm``: its tp shards), split placement (the groups sit on disjoint workers) over the
-joint group ``"actor+rollout"``.
+full HF replicas, tp = pp = 1; ``megatron``: its TP/PP shards) to the rollout group's (``hf``: a
+full model per worker; ``vllm``: its tp shards), each in its backend's ``shard_style``, split
+placement (the groups sit on disjoint workers) over the joint group ``"actor+rollout"``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from flowrl.actors.joint import JointSpec
+from flowrl.comm.joint import JointSpec
 from flowrl.parallel.mesh import ParallelDims
 from flowrl.parallel.reshard_plan import Placement, ReshardPlan, plan_reshard
 from flowrl.parallel.reshard_schedule import Schedule, schedule_plan
@@ -123,18 +123,18 @@ def _model_shape(path: str) -> ModelShape:
 
 
 def job_for_run(cfg: Any, *, timeout_s: float | None = None) -> ReshardJob:
-    """The actor -> rollout job of a run config (``RunConfig``), split placement."""
+    """The actor -> rollout job of a run config (``RunConfig``), split placement; the storage
+    styles are the backends' ``shard_style`` traits (``flowrl.backends.registry``)."""
+    from flowrl.backends.registry import GEN_BACKENDS, TRAIN_BACKENDS
+
     actor, rollout = cfg.actor, cfg.rollout
-    if actor.strategy == "megatron":
-        vpp = getattr(actor, "virtual_pipeline_model_parallel_size", 1)
-        src = ParallelDims(dp=actor.data_parallel_size, tp=actor.tensor_model_parallel_size,
-                           pp=actor.pipeline_model_parallel_size, vpp=vpp if vpp > 1 else None)
-        src_style = "megatron"
-    else:  # dp: a full transformers replica per rank
-        src, src_style = ParallelDims(dp=actor.world_size, tp=1, pp=1), "hf"
+    vpp = getattr(actor, "virtual_pipeline_model_parallel_size", 1)
+    src = ParallelDims(dp=actor.data_parallel_size, tp=actor.tensor_model_parallel_size,
+                       pp=actor.pipeline_model_parallel_size, vpp=vpp if vpp > 1 else None)
+    src_style = TRAIN_BACKENDS.traits(actor.strategy)["shard_style"]
     dst = ParallelDims(dp=rollout.data_parallel_size, tp=rollout.tensor_model_parallel_size,
                        pp=rollout.pipeline_model_parallel_size)
-    dst_style = "hf" if rollout.name == "hf" else "vllm"
+    dst_style = GEN_BACKENDS.traits(rollout.name)["shard_style"]
     bucket_mb = getattr(rollout, "reshard_bucket_mb", 64)
     return ReshardJob(
         model=_model_shape(cfg.model.path), src_dims=src, src_style=src_style, dst_dims=dst,

@@ -1,8 +1,3 @@
-"""Train backends, chosen by ``actor.strategy``: registered by import string so megatron-core is
-imported only when chosen."""
-
-from flowrl.registry import Registry
-
-TRAIN_BACKENDS: Registry = Registry("train backend")
-TRAIN_BACKENDS.register("dp", "flowrl.backends.train.torch_dp:TorchDPEngine")
-TRAIN_BACKENDS.register("megatron", "flowrl.backends.train.megatron.adapter:MegatronTrainEngine")
+"""Train backends (``actor.strategy`` / ``ref.strategy``: ``dp_policy``, ``megatron.policy``) and
+value backends (``critic.strategy``: ``dp_value``, ``megatron.value``), registered by import string
+in :mod:`flowrl.backends.registry` so megatron-core is imported only when chosen."""

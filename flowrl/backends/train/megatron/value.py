@@ -3,7 +3,7 @@
 The same GPTModel backbone as :class:`~flowrl.backends.train.megatron.engine.MegatronEngine`
 (embedding, decoder, final RMSNorm), with the vocabulary output layer of the last pipeline stage
 replaced by a plain ``hidden -> 1`` linear head (:class:`ValueHead`, replicated on the TP ranks,
-not vocab-parallel). It mirrors the ``dp`` critic (``flowrl.backends.train.value_dp``):
+not vocab-parallel). It mirrors the ``dp`` critic (``flowrl.backends.train.dp_value``):
 ``AutoModelForTokenClassification(num_labels=1)`` loaded from the same directory with the same
 seed, so a new ``score`` head starts from the same numbers, and ``score.weight`` / ``score.bias``
 map to ``output_layer.weight`` / ``output_layer.bias`` exactly, both ways.
@@ -194,7 +194,7 @@ class MegatronValueTrainEngine:
             bf16=dtype == "bfloat16", seed=seed)
 
     def forward_values(self, batch, *, micro_batch_size: int) -> torch.Tensor:
-        from flowrl.backends.train.megatron.adapter import _items
+        from flowrl.backends.train.megatron.policy import _items
 
         values = self.engine.forward_values(_items(batch), micro_batch_size=micro_batch_size)
         return torch.from_numpy(np.concatenate(values)) if values else torch.empty(0)
@@ -202,7 +202,7 @@ class MegatronValueTrainEngine:
     def train_step_values(self, batch, *, micro_batch_size: int, loss_fn) -> dict[str, float]:
         """``loss_fn(values_T, mb)`` with ``mb`` a PackedBatch of the micro-batch's rows (as the
         dp critic's); stats are means over micro-batches and dp ranks, plus grad_norm and lr."""
-        from flowrl.backends.train.megatron.adapter import _items, _packed
+        from flowrl.backends.train.megatron.policy import _items, _packed
 
         names = list(batch.token_fields)
 

@@ -16,11 +16,8 @@ import torch
 import torch.distributed as dist
 
 from flowrl.algos import entropy_from_logits, logprobs_from_logits
+from flowrl.backends.interfaces import LossFn, torch_dtype
 from flowrl.data.packed import PackedBatch
-
-LossFn = Callable[[torch.Tensor, "torch.Tensor | None", PackedBatch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class TorchDPEngine:
@@ -38,7 +35,7 @@ class TorchDPEngine:
         seed: int = 0,
     ) -> None:
         torch.manual_seed(seed)
-        self.model = self._load_model(model_dir, _DTYPES[dtype])
+        self.model = self._load_model(model_dir, torch_dtype(dtype))
         self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
         self.grad_clip = grad_clip
         self.optimizer = None
@@ -229,3 +226,6 @@ class TorchDPEngine:
 
     def param_bytes_local(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def close(self) -> None:
+        """Nothing to release: the model goes with the process, the process group with its actor."""

@@ -1,4 +1,5 @@
-"""The ``megatron`` train backend behind the same interface as ``torch_dp.TorchDPEngine``.
+"""The ``megatron`` train backend (:class:`~flowrl.backends.interfaces.TrainEngine`, checkpoint kind
+``"sharded"``).
 
 Roles hand engines :class:`~flowrl.data.packed.PackedBatch` objects (flat response tokens with
 offsets); :class:`MegatronEngine` takes per-row dicts. This adapter converts both ways and keeps
@@ -11,15 +12,12 @@ A frozen engine (the reference policy) is the same engine that never steps its o
 
 from __future__ import annotations
 
-from typing import Callable
-
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from flowrl.backends.interfaces import LossFn
 from flowrl.data.packed import PackedBatch
-
-LossFn = Callable[[torch.Tensor, "torch.Tensor | None", PackedBatch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
 def _items(batch: PackedBatch) -> list[dict]:
@@ -114,6 +112,10 @@ class MegatronTrainEngine:
 
     def reshard_source(self) -> dict[str, torch.Tensor]:
         return self.engine.reshard_source()
+
+    def grad_state_dict(self) -> dict[str, torch.Tensor]:
+        raise NotImplementedError("grad_state_dict: the megatron backend keeps gradients in its DDP buffers; "
+                                  "use actor.strategy=dp for gradient checks")
 
     def save_hf(self, directory: str) -> None:
         self.engine.save_hf(directory)

@@ -23,10 +23,9 @@ import numpy as np
 import pyarrow as pa
 
 from flowrl import nodes
-from flowrl.actors.dispatch import Gather, Scatter
-from flowrl.actors.group import BoundCall
 from flowrl.config import RunConfig
 from flowrl.data import experience
+from flowrl.metrics import names
 from flowrl.nodes import NodeOut, node
 
 VALIDATION_DIR = "validation"
@@ -34,7 +33,7 @@ VALIDATION_DIR = "validation"
 
 def val_sampling(cfg: RunConfig) -> Any:
     """The sampling parameters of validation, from ``rollout.val_kwargs``."""
-    from flowrl.backends.generate.hf import SamplingParams
+    from flowrl.backends.interfaces import SamplingParams
 
     v = cfg.rollout.val_kwargs
     if not v.do_sample:
@@ -43,6 +42,7 @@ def val_sampling(cfg: RunConfig) -> Any:
 
 
 def samples_path(run_dir: str | Path, step: int) -> Path:
+    """Where the samples of the validation after ``step`` training steps go."""
     return Path(run_dir) / VALIDATION_DIR / f"step_{step:06d}.jsonl"
 
 
@@ -50,22 +50,14 @@ def build_validation(cfg: RunConfig, rollout: Any, prompts: pa.Table, *, step: i
     """The (uncomputed) validation graph after ``step`` training steps; computes to
     ``NodeOut(sample rows, metrics)``. Build it between training graphs, in call order."""
     sampling = val_sampling(cfg)
-    samples = node("val_gen", _generate, rollout.bind(), prompts, sampling, seed=cfg.trainer.seed * 7919 + step, step=step)
+    samples = node("val_gen", nodes.generate_val, rollout.bind(), prompts, sampling, seed=cfg.trainer.seed * 7919 + step, step=step)
     scored = node("val_reward", nodes.reward, samples, tokenizer_dir, cfg.algorithm.reward_fn, step=step)
     return node("val_report", report, scored, tokenizer_dir, sampling.n, step=step)
 
 
-def _generate(rollout: BoundCall, prompts: pa.Table, sampling: Any, seed: int) -> NodeOut:
-    table, compute_s = rollout.run(
-        "generate", prompts, scatter_mode=Scatter.SPLIT, gather_mode=Gather.CONCAT,
-        kwargs={"seed": seed, "sampling": sampling},
-    )
-    return NodeOut(table, {"compute_s/val_gen": compute_s})
-
-
 def report(table: pa.Table, tokenizer_dir: str, n: int) -> NodeOut:
     """verl-style validation metrics, and one plain row per response to write."""
-    tok = nodes._tokenizer(tokenizer_dir)
+    tok = nodes.load_tokenizer(tokenizer_dir)
     prompts = tok.batch_decode(table.column("prompt_ids").to_pylist(), skip_special_tokens=True)
     responses = tok.batch_decode(table.column("response_ids").to_pylist(), skip_special_tokens=True)
     rows = [
@@ -88,12 +80,12 @@ def validation_metrics(table: pa.Table, n: int) -> dict[str, float]:
     out: dict[str, float] = {}
     for src in sorted(set(sources)):
         pick = sources == src
-        out[f"val-core/{src}/reward/mean@{n}"] = float(scores[pick].mean())
+        out[names.val_mean(src, n)] = float(scores[pick].mean())
         if n > 1:
             best = [scores[pick & (groups == g)].max() for g in np.unique(groups[pick])]
-            out[f"val-core/{src}/reward/best@{n}/mean"] = float(np.mean(best))
-    out["val-aux/response_length/mean"] = float(experience.lengths(table, "response_ids").mean())
-    out["val-aux/num_samples"] = float(table.num_rows)
+            out[names.val_best(src, n)] = float(np.mean(best))
+    out[names.VAL_RESPONSE_LENGTH_MEAN] = float(experience.lengths(table, "response_ids").mean())
+    out[names.VAL_NUM_SAMPLES] = float(table.num_rows)
     return out
 
 
@@ -110,6 +102,7 @@ def load_val_prompts(cfg: RunConfig, tokenizer: Any) -> pa.Table:
 
 
 def write_samples(run_dir: str | Path, step: int, rows: list[dict]) -> Path:
+    """Write ``rows`` (one JSON object per response) to :func:`samples_path`, atomically."""
     path = samples_path(run_dir, step)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".jsonl.tmp")

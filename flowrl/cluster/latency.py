@@ -48,7 +48,7 @@ def restore() -> None:
 
 
 def dask_setup(worker: Any) -> None:
-    """Worker preload hook (``preload=["flowrl.actors.latency"]``): the same cap inside a worker
+    """Worker preload hook (``preload=["flowrl.cluster.latency"]``): the same cap inside a worker
     process, including its already-open stream to the scheduler (stock: 2 ms)."""
     apply()
     stream = getattr(worker, "batched_stream", None)

@@ -51,9 +51,9 @@ def join(spec: JointSpec, rank: int) -> Any:
                              "give each joint group its own name")
         return pg
     timeout = timedelta(seconds=spec.timeout_s)
-    from flowrl.actors.rank import _rendezvous_store  # binds to spec.host only, not every interface
+    from flowrl.comm.store import rendezvous_store  # binds to spec.host only, not every interface
 
-    store = _rendezvous_store(spec.host, spec.port, rank, spec.world_size, timeout)
+    store = rendezvous_store(spec.host, spec.port, rank, spec.world_size, timeout)
     pg = dist.ProcessGroupGloo(dist.PrefixStore(f"flowrl-joint/{spec.name}/", store), rank,
                                spec.world_size, timeout)
     _GROUPS[spec.name] = (pg, store, rank, spec.world_size)

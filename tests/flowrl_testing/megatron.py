@@ -9,7 +9,6 @@ has a timeout.
 from __future__ import annotations
 
 import os
-import socket
 import time
 from typing import Any, Callable
 
@@ -22,12 +21,6 @@ HYPERS = dict(lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-6, grad_clip=
 
 
 # ----------------------------------------------------------------------------- processes
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def init_process_group(rank: int, world_size: int, port: int, backend: str = "gloo") -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if backend == "nccl":

@@ -16,7 +16,7 @@ import pyarrow as pa
 import torch
 import torch.distributed as dist
 
-from flowrl.backends.train.megatron.testing import init_process_group
+from flowrl_testing.megatron import init_process_group
 
 # weight_decay 0: torch's AdamW (dp critic) decays norms and biases, megatron's does not.
 OPTIM = dict(lr=1e-3, weight_decay=0.0, betas=(0.9, 0.95), eps=1e-6, grad_clip=0.5)
@@ -25,7 +25,7 @@ NUM_ROWS = 6
 
 
 def critic_config(*, strategy: str, dp: int = 1, tp: int = 1, pp: int = 1):
-    from flowrl.config.schema import CriticConfig, OptimConfig
+    from flowrl.config import CriticConfig, OptimConfig
 
     return CriticConfig(strategy=strategy, data_parallel_size=dp, tensor_model_parallel_size=tp,
                         pipeline_model_parallel_size=pp, optim=OptimConfig(**OPTIM),

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -24,15 +23,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from flowrl.actors.joint import JointSpec
+from flowrl.backends.interfaces import torch_dtype
 from flowrl.backends.reshard.job import ReshardJob, make_job
+from flowrl.comm import JointSpec, free_port
 from flowrl.parallel.mesh import ParallelDims
 from flowrl.parallel.shard_spec import ModelShape, ShardSpec
 
 __all__ = ["expected_shard", "run_cases", "synthetic_shard"]
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
 
 def _values(param_index: int, shape: tuple[int, ...], dim: int, start: int, stop: int,
             dtype: torch.dtype) -> torch.Tensor:
@@ -65,12 +62,6 @@ def expected_shard(spec: ShardSpec, rank: int, dtype: torch.dtype) -> dict[str, 
     return synthetic_shard(spec, rank, dtype, fill=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _job(model: ModelShape, case: dict, transport: str, bucket_bytes: int | None,
          dtype: str) -> ReshardJob:
     return make_job(model, src=ParallelDims(**case["src"]), dst=ParallelDims(**case["dst"]),
@@ -93,7 +84,7 @@ def _worker(rank: int, world_size: int, port: int, model_kwargs: dict, cases: li
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     pg = dist.distributed_c10d._get_default_group()
     model = ModelShape(**model_kwargs)
-    wire = _DTYPES[dtype]
+    wire = torch_dtype(dtype)
     records = []
     try:
         for case in cases:
@@ -184,7 +175,7 @@ def run_cases(world_size: int, model: ModelShape, cases: list[dict], *,
                              f"{world_size}")
     with tempfile.TemporaryDirectory() as tmp:
         out_path = os.path.join(tmp, "records.json")
-        args = (world_size, _free_port(), dataclasses.asdict(model), cases, list(transports),
+        args = (world_size, free_port(), dataclasses.asdict(model), cases, list(transports),
                 bucket_bytes, dtype, repeats, out_path)
         ctx = mp.start_processes(_worker, args=args, nprocs=world_size, join=False,
                                  start_method="spawn")

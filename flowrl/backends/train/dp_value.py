@@ -6,22 +6,18 @@ The model is ``AutoModelForTokenClassification(num_labels=1)`` loaded from a cau
 one-output ``score`` head is new. The value of response token ``t`` is read at the position that
 predicts it (``pos - 1``: the state before the token is emitted), as verl slices its values.
 Gradients reduce once per optimizer step, with losses normalised by global counts, as in
-``torch_dp``.
+``dp_policy``.
 
 Shape letters: B rows, L padded length, T response tokens.
 """
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 
-from flowrl.backends.train.torch_dp import TorchDPEngine
+from flowrl.backends.interfaces import ValueLossFn
+from flowrl.backends.train.dp_policy import TorchDPEngine
 from flowrl.data.packed import PackedBatch
-
-ValueLossFn = Callable[[torch.Tensor, PackedBatch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
-
 
 class TorchDPValueEngine(TorchDPEngine):
     def _load_model(self, model_dir: str, dtype: torch.dtype) -> torch.nn.Module:

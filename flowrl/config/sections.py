@@ -1,0 +1,125 @@
+"""The plain sections of the run configuration: prompt data, the model, the optimizer, the loop.
+
+Part of the schema (see :mod:`flowrl.config.schema`); every field has a docstring that ``flowrl
+config --fields`` prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from flowrl.config.errors import check, check_one_of, check_positive
+
+DTYPES = ("float32", "bfloat16")
+LOGGERS = ("console", "jsonl", "tensorboard")  # trainer.logger; sinks in flowrl/metrics/logger.py
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    train_files: str = ""
+    """Parquet file(s) of prompts in verl's format (comma-separated). Empty: the embedded
+    two-digit addition task, built on first use under ``trainer.cache_dir``."""
+    val_files: str = ""
+    """Parquet file(s) of validation prompts, used every ``trainer.test_freq`` steps. Empty with
+    the embedded default task: its held-out test split."""
+    val_max_samples: int = -1
+    """Validate on the first this many prompts of ``val_files`` (-1: all)."""
+    prompt_key: str = "prompt"
+    """Column holding the chat messages (a list of {role, content}) or a plain string."""
+    train_batch_size: int = 64
+    """Prompts per step (each sampled ``rollout.n`` times)."""
+    max_prompt_length: int = 32
+    """Prompts longer than this many tokens are reported and left out."""
+    shuffle: bool = True
+    """Shuffle prompts each epoch (deterministically, from ``trainer.seed``)."""
+
+    def __post_init__(self) -> None:
+        check_positive("train_batch_size", self.train_batch_size, "use e.g. 32")
+        check_positive("max_prompt_length", self.max_prompt_length, "use e.g. 512")
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    path: str = ""
+    """A local transformers model directory (Llama or Qwen2 family). Empty: the embedded tiny
+    model of the default task."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Parameter dtype of the trained model (fp32 on CPU)."""
+
+    def __post_init__(self) -> None:
+        check_one_of("dtype", self.dtype, DTYPES)
+
+
+@dataclass(kw_only=True)
+class OptimConfig:
+    lr: float = 5e-4
+    """AdamW learning rate (5e-4 suits the embedded tiny model; real models want ~1e-6)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.99)
+    """AdamW betas."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value (0 disables)."""
+
+    def __post_init__(self) -> None:
+        check_positive("lr", self.lr, "use a learning rate such as 1e-6 (large models) .. 1e-3 (tiny)")
+        check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "must be >= 0", "use 0.0 or 0.01")
+        check(
+            all(0 <= b < 1 for b in self.betas), "betas", self.betas, "each must be in [0, 1)", "use (0.9, 0.999)"
+        )
+        check_positive("eps", self.eps, "use 1e-8")
+        check(self.grad_clip >= 0, "grad_clip", self.grad_clip, "must be >= 0", "use 1.0, or 0 to disable")
+
+
+
+@dataclass(kw_only=True)
+class TrainerConfig:
+    total_training_steps: int = 60
+    """RL iterations to run."""
+    test_freq: int = 0
+    """Validate on ``data.val_files`` every this many steps and after the last (0: never);
+    metrics ``val-core/...``, samples in ``<run_dir>/validation/``."""
+    seed: int = 0
+    """Seed for data order, sampling and initialisation."""
+    run_dir: str = ""
+    """Run directory. Empty: ``runs/<UTC timestamp>`` under the current directory."""
+    cache_dir: str = ""
+    """Where the embedded default task is built. Empty: ``~/.cache/flowrl``."""
+    save_experience: bool = True
+    """Write each step's experience table as ``experience/step_XXXXXX.parquet``."""
+    progress: bool = True
+    """Show a progress bar (the per-step line is the ``console`` logger's)."""
+    logger: list[str] = field(default_factory=lambda: ["console"])
+    """Metric sinks, verl's ``trainer.logger``: any of ``console`` (one line per step),
+    ``jsonl``, ``tensorboard`` (event files under ``<run_dir>/tensorboard``, needs the
+    ``tensorboard`` package). ``metrics.jsonl`` is always written (the dashboard and resume read
+    it), so ``jsonl`` is accepted but changes nothing. Override as ``trainer.logger=[console,tensorboard]``."""
+    save_freq: int = 0
+    """Save a checkpoint under ``<run_dir>/checkpoints`` every this many steps, and after the
+    last step (0: never). With ``actor.strategy=megatron`` each rank writes its own chunks."""
+    max_ckpt_to_keep: int = 3
+    """Keep only this many newest checkpoints (0: keep all)."""
+    resume_mode: str = "auto"
+    """``auto``: resume from the newest complete checkpoint under ``<run_dir>/checkpoints`` if
+    there is one, else start fresh; ``disable``: always start fresh; or a checkpoint directory."""
+    max_restarts: int = 3
+    """When a worker holding a rank dies mid-run, rebuild the worker groups and continue from the
+    last checkpoint (steps since it run again), at most this many times per run (0: fail)."""
+
+    def __post_init__(self) -> None:
+        check_positive("total_training_steps", self.total_training_steps, "use e.g. 40")
+        check(self.max_restarts >= 0, "max_restarts", self.max_restarts, "must be >= 0",
+              "use 0 (fail on a lost worker) or e.g. 3")
+        check(self.save_freq >= 0, "save_freq", self.save_freq, "must be >= 0",
+              "use 0 (never save) or e.g. 10 (every 10 steps)")
+        check(self.max_ckpt_to_keep >= 0, "max_ckpt_to_keep", self.max_ckpt_to_keep, "must be >= 0",
+              "use 0 (keep all) or e.g. 3")
+        check(bool(self.resume_mode), "resume_mode", self.resume_mode, "must not be empty",
+              "use auto, disable or the path of a checkpoint directory")
+        for name in self.logger:
+            check_one_of("logger", name, LOGGERS)
+        check(len(set(self.logger)) == len(self.logger), "logger", self.logger, "names a logger twice",
+              "list each logger once, e.g. [console,tensorboard]")

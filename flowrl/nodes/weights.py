@@ -1,0 +1,65 @@
+"""Weight nodes: the weight sync (training shards -> generation ranks) and, colocated, the
+rollout engine's release of its memory until that sync."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from flowrl.actors.group import BoundCall, WorkerGroup, wait_all
+from flowrl.metrics import names
+from flowrl.nodes.core import NodeOut, node
+
+if TYPE_CHECKING:
+    from flowrl.backends.reshard import ReshardJob
+
+
+def reshard(actor: BoundCall, rollout: BoundCall, _after: Any, job: "ReshardJob") -> NodeOut:
+    """Training shards -> generation ranks (``flowrl.backends.reshard``): every rank of both groups
+    runs its part of ``job`` at once, over the groups' joint gloo group (joined on first use)."""
+    timeout = max(actor.group.timeout_s, rollout.group.timeout_s)
+    if job.joint is not None and not job.joint.host:  # rendezvous at the actor's rank 0
+        host, port = actor.group.actors[0].host_port().result(timeout=timeout)
+        job = dataclasses.replace(job, joint=dataclasses.replace(job.joint, host=host, port=port))
+    futures, addresses = [], []
+    for bound in (actor, rollout):
+        futures += [a.call(bound.seq, "reshard", (job,), {}, timeout) for a in bound.group.actors]
+        addresses += bound.group.addresses
+    results = wait_all(futures, timeout, f"{actor.group.name}+{rollout.group.name}.reshard", addresses)
+    return NodeOut(None, reshard_metrics([r for r, _ in results], max(s for _, s in results)))
+
+
+def reshard_metrics(per_process: list[dict], seconds: float) -> dict[str, float]:
+    """``reshard/bytes`` (received over the network, all processes), ``reshard/bytes_min`` (the
+    plan's theoretical minimum), ``reshard/peak_extra_bytes`` (the largest staging peak of any
+    process) and ``compute_s/reshard`` (the slowest process)."""
+    return {
+        names.RESHARD_BYTES: float(sum(s["bytes_received"] for s in per_process)),
+        names.RESHARD_BYTES_MIN: float(per_process[0]["bytes_min"]),
+        names.RESHARD_PEAK_EXTRA_BYTES: float(max(s["peak_extra_bytes"] for s in per_process)),
+        names.compute(names.RESHARD): seconds,
+    }
+
+
+def build_reshard(cfg: Any, actor: WorkerGroup, rollout: WorkerGroup, after: Any, *, step: int) -> Any:
+    """The ``reshard`` node of a run (actor group -> rollout group), ordered after ``after``.
+
+    Binds the actor's and then the rollout's next call now, so the rollout's next ``gen`` runs
+    after this reshard has written the new weights. The job (``job_for_run``) is derived in the
+    node, where ``model.path`` is readable."""
+    return node(names.RESHARD, _reshard_run, actor.bind(), rollout.bind(), after, cfg, step=step)
+
+
+def _reshard_run(actor: BoundCall, rollout: BoundCall, after: Any, cfg: Any) -> NodeOut:
+    from flowrl.backends.reshard import job_for_run
+
+    return reshard(actor, rollout, after, job_for_run(cfg))
+
+
+def release_rollout(rollout: BoundCall, table: pa.Table) -> NodeOut:
+    """Colocated mode: every rollout rank releases its KV cache and parks its weights (vLLM sleep)
+    until the next weight sync; passes ``table`` through so what follows runs after it."""
+    _, seconds = rollout.run("sleep")
+    return NodeOut(table, {names.compute("rollout_sleep"): seconds})

@@ -1,0 +1,100 @@
+"""The worker groups of a run, as :class:`~flowrl.actors.session.GroupSpec` objects built from a
+``RunConfig``: which role each rank holds, with which keyword arguments, on which mesh.
+
+Backend-specific keyword arguments come from the backends' traits (``engine_kwargs``,
+``role_kwargs`` in :mod:`flowrl.backends.registry`), so nothing here names a backend. Importing
+this module imports no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flowrl.actors import GroupMesh
+from flowrl.actors.session import GroupSpec
+from flowrl.backends.interfaces import SamplingParams
+from flowrl.backends.registry import GEN_BACKENDS, TRAIN_BACKENDS
+from flowrl.registry import import_string
+
+__all__ = ["actor_spec", "critic_spec", "ref_spec", "rm_spec", "rollout_role_kwargs", "rollout_sampling", "rollout_spec"]
+
+
+def _mesh(group_cfg: Any) -> GroupMesh:
+    return GroupMesh(dp=group_cfg.data_parallel_size, tp=group_cfg.tensor_model_parallel_size,
+                     pp=group_cfg.pipeline_model_parallel_size)
+
+
+def _train_engine_kwargs(group_cfg: Any, strategy: str) -> dict:
+    """The train backend ``strategy``'s extra engine arguments for ``group_cfg`` (its mesh)."""
+    fn = TRAIN_BACKENDS.traits(strategy)["engine_kwargs"]
+    return import_string(fn)(group_cfg) if fn else {}
+
+
+def rollout_sampling(cfg: Any) -> SamplingParams:
+    """How the rollout group samples during training (``rollout.*``)."""
+    r = cfg.rollout
+    return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.response_length)
+
+
+def rollout_role_kwargs(rollout: Any, *, max_prompt_length: int, seed: int) -> dict:
+    """``RolloutRole``'s backend-specific keyword arguments for a ``RolloutConfig`` (the
+    backend's ``role_kwargs`` trait; none for ``hf``)."""
+    fn = GEN_BACKENDS.traits(rollout.name)["role_kwargs"]
+    return import_string(fn)(rollout, max_prompt_length=max_prompt_length, seed=seed) if fn else {}
+
+
+def rollout_spec(cfg: Any) -> GroupSpec:
+    """The generation group: ``RolloutRole`` with the backend ``rollout.name``."""
+    r = cfg.rollout
+    extra = rollout_role_kwargs(r, max_prompt_length=cfg.data.max_prompt_length, seed=cfg.trainer.seed)
+    return GroupSpec(
+        "rollout", "flowrl.roles.rollout:RolloutRole",
+        {"model_dir": cfg.model.path, "backend": r.name, "dtype": cfg.model.dtype,
+         "micro_batch_size": r.micro_batch_size, "sampling": rollout_sampling(cfg), **extra},
+        _mesh(r),
+    )
+
+
+def actor_spec(cfg: Any) -> GroupSpec:
+    """The trained policy: ``PolicyRole`` with the backend ``actor.strategy``."""
+    r, a = cfg.rollout, cfg.actor
+    return GroupSpec(
+        "actor", "flowrl.roles.policy:PolicyRole",
+        {"model_dir": cfg.model.path, "actor": a, "dtype": cfg.model.dtype, "temperature": r.temperature,
+         "response_length": r.response_length, "use_old_logprobs": cfg.needs_old_logprobs,
+         "seed": cfg.trainer.seed, "engine_kwargs": _train_engine_kwargs(a, a.strategy)},
+        _mesh(a),
+    )
+
+
+def ref_spec(cfg: Any) -> GroupSpec:
+    """The frozen reference policy: ``ReferenceRole`` on the actor's backend, with ``ref``'s mesh."""
+    strategy = cfg.actor.strategy
+    return GroupSpec(
+        "ref", "flowrl.roles.reference:ReferenceRole",
+        {"model_dir": cfg.model.path, "strategy": strategy, "dtype": cfg.model.dtype,
+         "temperature": cfg.rollout.temperature, "micro_batch_size": cfg.ref.log_prob_micro_batch_size_per_gpu,
+         "engine_kwargs": _train_engine_kwargs(cfg.ref, strategy)},
+        _mesh(cfg.ref),
+    )
+
+
+def critic_spec(cfg: Any) -> GroupSpec:
+    """The PPO critic: ``CriticRole`` (its backend ``critic.strategy`` chosen inside the role)."""
+    c = cfg.critic
+    return GroupSpec(
+        "critic", "flowrl.roles.critic:CriticRole",
+        {"model_dir": c.model_path or cfg.model.path, "critic": c, "dtype": cfg.model.dtype,
+         "response_length": cfg.rollout.response_length, "seed": cfg.trainer.seed},
+        _mesh(c),
+    )
+
+
+def rm_spec(cfg: Any) -> GroupSpec:
+    """The neural reward model: ``RewardModelRole``, data parallel only."""
+    rm = cfg.reward_model
+    return GroupSpec(
+        "rm", "flowrl.roles.reward_model:RewardModelRole",
+        {"model_dir": rm.model_path, "dtype": cfg.model.dtype, "micro_batch_size": rm.micro_batch_size_per_gpu},
+        GroupMesh(dp=rm.data_parallel_size, tp=1, pp=1),
+    )

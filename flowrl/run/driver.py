@@ -1,0 +1,208 @@
+"""An open run, driver side: the family, the worker groups, the data, and one step at a time.
+
+The notebook API::
+
+    run = Run.open(resolve_inputs(cfg))   # workers started, checkpoint restored if resuming
+    graph = run.graph()                   # the next iteration's graph (built, not computed)
+    table, metrics = run.step()           # build and run the next iteration
+    run.close()
+
+The algorithm family (``flowrl.graphs``, chosen from the config) declares the worker groups,
+builds each iteration's graph and keeps its driver state; :class:`Run` knows no family by name.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from flowrl.config import RunConfig, dump_config
+from flowrl.metrics import names
+from flowrl.run import checkpointing
+from flowrl.run.weight_sync import PendingSync
+
+log = logging.getLogger(__name__)
+
+
+class Run:
+    """One run: ``cfg`` (resolved, see ``flowrl.run.resolve_inputs``), its run directory and
+    dataset, the family, and, once started, the session and the worker groups by name."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        from transformers import AutoTokenizer
+
+        from flowrl.config import ConfigError
+        from flowrl.data.prompts import PromptDataset
+        from flowrl.graphs.family import resolve_family
+
+        self.cfg = cfg
+        self.run_dir = Path(cfg.trainer.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        dump_config(cfg, self.run_dir / "config.yaml")
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+        self.dataset = PromptDataset(cfg.data.train_files.split(","), self.tokenizer, prompt_key=cfg.data.prompt_key,
+                                     max_prompt_length=cfg.data.max_prompt_length)
+        if self.dataset.rejected:
+            self.dataset.write_rejected(self.run_dir / "rejected_prompts.jsonl")
+        if len(self.dataset) < cfg.data.train_batch_size:
+            raise ConfigError("data.train_batch_size", cfg.data.train_batch_size,
+                              f"exceeds the {len(self.dataset)} usable prompts", f"use at most {len(self.dataset)}")
+        self.family = resolve_family(cfg)(cfg)
+        self.val_prompts: Any = None  # trainer.test_freq > 0: the held-out prompts (checked before workers)
+        if cfg.trainer.test_freq > 0:
+            from flowrl.graphs.validation import load_val_prompts
+
+            self.val_prompts = load_val_prompts(cfg, self.tokenizer)
+        self.session: Any = None
+        self.groups: dict[str, Any] = {}
+        self.sync = PendingSync(self.run_dir, cfg.cluster.timeout_s)
+        self.next_step = 0
+        self.resume_from: str | None = checkpointing.find_resume(cfg, self.run_dir)
+        if self.resume_from is not None:
+            self.next_step, state = checkpointing.resume_point(self.resume_from)
+            self.family.state.load_state_dict(state)
+
+    @classmethod
+    def open(cls, cfg: RunConfig) -> "Run":
+        """A run with its workers started (and its checkpoint restored when resuming)."""
+        run = cls(cfg)
+        try:
+            run.start_workers()
+        except BaseException:
+            run.close()
+            raise
+        return run
+
+    # ------------------------------------------------------------- workers
+    def start_workers(self) -> None:
+        """Start the session and the family's worker groups; restore the resume checkpoint."""
+        from flowrl.run.topology import start_groups
+
+        self.session, self.groups = start_groups(self.cfg, self.family.group_specs(), self.run_dir)
+        if self.resume_from is not None:
+            start = time.perf_counter()
+            checkpointing.restore(self.groups, self.resume_from, run_dir=self.run_dir,
+                                  trainable=self.family.checkpointed_groups)
+            log.info("resumed from %s at step %d (%.1fs)", self.resume_from, self.next_step, time.perf_counter() - start)
+
+    def rebuild(self, checkpoint: str | None, next_step: int) -> None:
+        """After lost workers: replace every worker process, continue at ``next_step`` from
+        ``checkpoint`` (None: the initial model), the family's driver state rewound with it."""
+        session, self.session, self.groups = self.session, None, {}
+        self.sync.drop()  # futures of the dead session
+        session.discard()
+        self.resume_from, self.next_step = checkpoint, next_step
+        if checkpoint is None:
+            self.family.state.reset()
+        else:
+            self.family.state.load_state_dict(checkpointing.resume_point(checkpoint)[1])
+        self.start_workers()
+
+    # ------------------------------------------------------------- one iteration
+    def context(self) -> Any:
+        """What the family builds a graph from: config, groups, tokenizer directory."""
+        from flowrl.graphs.family import BuildContext
+
+        return BuildContext(cfg=self.cfg, groups=self.groups, tokenizer_dir=self.cfg.model.path)
+
+    def prompts(self, step: int) -> Any:
+        """The prompt batch of ``step`` (a pure function of seed and step)."""
+        return self.dataset.batch(step, self.cfg.data.train_batch_size, seed=self.cfg.trainer.seed,
+                                  shuffle=self.cfg.data.shuffle)
+
+    def collect(self, step: int | None = None) -> Any:
+        """The family's driver hook for ``step`` (e.g. dynamic sampling's generation rounds):
+        computes; returns what ``graph(step, collected=...)`` takes, or None without a hook."""
+        step = self.next_step if step is None else step
+        return self.family.collect(self.context(), self.prompts(step), step=step, compute=self._compute,
+                                   dataset=self.dataset)
+
+    def graph(self, step: int | None = None, collected: Any = None) -> Any:
+        """The (uncomputed) graph of ``step`` (default: the next one). Building reserves the
+        groups' call order, so compute every graph you build, in build order."""
+        step = self.next_step if step is None else step
+        return self.family.build(self.context(), self.prompts(step), step=step, collected=collected)
+
+    def step(self) -> tuple[Any, dict[str, float]]:
+        """Build and run the next iteration; returns (experience table, metrics).
+
+        The iteration's weight sync keeps running after this returns; the next ``step`` (or a
+        checkpoint, or ``close``) collects it, and its timing lands in that step's metrics.
+        ``timing_s/step`` spans the driver hook, submission and result, so it includes whatever
+        of the previous sync had not finished."""
+        from flowrl.data import experience
+
+        step = self.next_step
+        start = time.perf_counter()
+        graph = self.graph(step, collected=self.collect(step))
+        submitted = time.time()  # the origin of this step's timeline.jsonl rows
+        result, sync = self.session.submit(graph.outputs)
+        self.next_step += 1
+        try:
+            metrics = self.sync.take()
+            out = result.result(timeout=self.cfg.cluster.timeout_s)
+        except BaseException:
+            sync.cancel()
+            raise
+        finally:
+            result.release()
+        self.sync.record_step(step, submitted, out.spans, sync)
+        metrics.update(out.metrics)
+        metrics.update(_step_metrics(step, time.perf_counter() - start, metrics[names.NUM_TOKENS]))
+        self.family.state.observe(metrics)
+        if self.cfg.trainer.save_experience:
+            experience.write_parquet(out.value, experience.step_path(self.run_dir, step))
+        return out.value, metrics
+
+    def _compute(self, output: Any) -> Any:
+        return self.session.compute(output, timeout=self.cfg.cluster.timeout_s)
+
+    # ------------------------------------------------------------- validation and checkpoints
+    def validate(self) -> dict[str, float]:
+        """Generate on the held-out prompts with the current weights, score, write the samples to
+        ``validation/step_<steps trained>.jsonl``; returns the ``val-core/...`` metrics."""
+        from flowrl.graphs.validation import build_validation, write_samples
+
+        start = time.perf_counter()
+        graph = build_validation(self.cfg, self.groups["rollout"], self.val_prompts, step=self.next_step,
+                                 tokenizer_dir=self.cfg.model.path)
+        out = self._compute(graph)
+        write_samples(self.run_dir, self.next_step, out.value)
+        return {**{k: v for k, v in out.metrics.items() if k.startswith(names.VALIDATION_PREFIX)},
+                names.VALIDATION_TIME: time.perf_counter() - start}
+
+    def validate_if_due(self, step: int) -> dict[str, float]:
+        """After ``step``: validate every ``trainer.test_freq`` steps and after the last step."""
+        freq, total = self.cfg.trainer.test_freq, self.cfg.trainer.total_training_steps
+        if freq <= 0 or not ((step + 1) % freq == 0 or step + 1 == total):
+            return {}
+        return self.validate()
+
+    def save_checkpoint(self) -> str:
+        """Save the state after the last finished step as ``checkpoints/step_<next_step>`` (and
+        the family's other trainable groups); returns the checkpoint's path. Call between steps."""
+        from flowrl.backends.preflight import check_checkpointable
+
+        check_checkpointable(self.cfg, "trainer.save_freq", self.cfg.trainer.save_freq)
+        self.sync.collect_early()  # the save's calls follow the sync; its metrics wait for the next step
+        return checkpointing.save(self.cfg, self.groups, run_dir=self.run_dir, step=self.next_step,
+                                  trainable=self.family.checkpointed_groups,
+                                  algorithm_state=self.family.state.state_dict())
+
+    def close(self) -> None:
+        """Collect the last weight sync, tear down the groups, close the cluster."""
+        if self.session is not None:
+            try:
+                self.sync.collect()
+            except Exception as exc:  # noqa: BLE001 - reported, then shut down anyway
+                log.warning("the last weight sync failed: %s", exc)
+            self.session.close()
+            self.session = None
+
+
+def _step_metrics(step: int, wall_s: float, num_tokens: float) -> dict[str, float]:
+    """The driver's metrics of one step (verl's names)."""
+    return {names.STEP_TIME: wall_s, names.THROUGHPUT: num_tokens / wall_s, names.TIME_PER_STEP: wall_s,
+            names.GLOBAL_STEP: float(step + 1)}

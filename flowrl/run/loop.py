@@ -1,0 +1,163 @@
+"""The training loop: ``trainer.total_training_steps`` iterations, logged, checkpointed, recovered.
+
+:func:`train` resolves and checks the inputs (before any worker starts), opens the run, and per
+step: runs the iteration, validates when due, logs (``metrics.jsonl`` always), saves when due.
+A failed step goes to the recovery state machine (``flowrl.run.recovery``): a real error ends the
+run; a lost worker rebuilds it from the last checkpoint, and the steps since then run again
+(their rows are dropped from ``metrics.jsonl`` and ``timeline.jsonl`` first).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from flowrl.config import RunConfig
+from flowrl.metrics import names
+from flowrl.metrics.timeline import TIMELINE_FILE
+from flowrl.run.driver import Run
+from flowrl.run.preflight import resolve_inputs
+from flowrl.run.recovery import Recovery
+
+METRICS_FILE = "metrics.jsonl"
+
+
+@dataclass
+class RunSummary:
+    run_dir: Path
+    steps: int
+    first_score: float  # mean critic/score/mean over the first (up to) 5 steps
+    last_score: float  # ... and over the last (up to) 5 steps
+    tokens_per_s: float
+    wall_s: float
+    history: list[dict[str, float]] = field(default_factory=list, repr=False)
+    restarts: int = 0  # worker groups rebuilt after a lost worker (trainer.max_restarts)
+
+    def text(self) -> str:
+        return (
+            f"done: {self.steps} steps in {self.wall_s:.1f}s | mean score first 5 steps {self.first_score:.3f} "
+            f"-> last 5 steps {self.last_score:.3f} ({self.last_score - self.first_score:+.3f}) | "
+            f"{self.tokens_per_s:.0f} tokens/s | run dir {self.run_dir}"
+        )
+
+
+class _Sinks:
+    """The loggers (``metrics.jsonl`` always, console lines through the progress bar while
+    there is one) and the bar; reopened after a rebuild drops rows."""
+
+    def __init__(self, cfg: RunConfig, run: Run) -> None:
+        self.cfg, self.run_dir, self.bar = cfg, run.run_dir, None
+        self.logger = self._open()
+
+    def start_bar(self, first: int) -> None:
+        """``trainer.progress``: a bar from step ``first`` (once the workers are up)."""
+        if self.cfg.trainer.progress:
+            from tqdm import tqdm
+
+            total = self.cfg.trainer.total_training_steps
+            self.bar = tqdm(total=total, initial=min(first, total), desc="train", unit="step", dynamic_ncols=True)
+
+    def _open(self) -> Any:
+        from flowrl.metrics import open_loggers
+
+        return open_loggers(self.cfg.trainer.logger, self.run_dir, total=self.cfg.trainer.total_training_steps,
+                            write=lambda line: self.bar.write(line) if self.bar is not None else print(line, flush=True))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.logger.log(step, metrics)
+
+    def advance(self, metrics: dict[str, float]) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix(score=f"{metrics[names.SCORE_MEAN]:.3f}")
+            self.bar.update(1)
+
+    def rewind(self, step: int) -> None:
+        """Steps from ``step`` on run again: their rows go."""
+        self.logger.close()
+        for name in (METRICS_FILE, TIMELINE_FILE):
+            drop_rows_from(self.run_dir / name, step)
+        self.logger = self._open()
+        if self.bar is not None:
+            self.bar.n = step
+            self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        self.logger.close()
+
+
+def train(cfg: RunConfig, *, on_step: Callable[[int, dict[str, float]], None] | None = None) -> RunSummary:
+    """Run ``trainer.total_training_steps`` iterations; returns the summary."""
+    cfg = resolve_inputs(cfg)
+    start = time.perf_counter()
+    run = Run(cfg)  # dataset, run dir, family and resume checkpoint checked before any worker starts
+    first = run.next_step
+    for name in (METRICS_FILE, TIMELINE_FILE):  # a resumed run rewrites steps >= first
+        drop_rows_from(run.run_dir / name, first)
+    history: list[dict[str, float]] = []
+    sinks = _Sinks(cfg, run)
+    recovery = Recovery(cfg.trainer.max_restarts, run.resume_from)
+    try:
+        run.start_workers()
+        sinks.start_bar(first)
+        _loop(run, sinks, recovery, history, first, on_step)
+    finally:
+        sinks.close()
+        run.close()
+    return _summary(run, history, time.perf_counter() - start, recovery.restarts)
+
+
+def _loop(run: Run, sinks: _Sinks, recovery: Recovery, history: list[dict[str, float]], first: int,
+          on_step: Callable[[int, dict[str, float]], None] | None) -> None:
+    t = run.cfg.trainer
+    step = first
+    while step < t.total_training_steps:
+        try:
+            _, metrics = run.step()
+            metrics.update(run.validate_if_due(step))  # trainer.test_freq: val-core/... metrics
+            history.append(metrics)
+            sinks.log(step, metrics)
+            if on_step is not None:
+                on_step(step, metrics)
+            if t.save_freq > 0 and ((step + 1) % t.save_freq == 0 or step + 1 == t.total_training_steps):
+                recovery.saved(run.save_checkpoint())
+        except Exception as exc:  # noqa: BLE001 - re-raised by the recovery unless a worker was lost
+            restart = recovery.on_failure(exc, step, run.session)
+            run.rebuild(restart.checkpoint, restart.resume_step)
+            step = restart.resume_step
+            del history[step - first:]
+            sinks.rewind(step)
+            recovery.rebuilt(step)
+            continue
+        sinks.advance(metrics)
+        step += 1
+
+
+def _summary(run: Run, history: list[dict[str, float]], wall_s: float, restarts: int) -> RunSummary:
+    scores = [m[names.SCORE_MEAN] for m in history] or [float("nan")]  # nan: resumed at the end
+    k = min(5, len(scores))
+    gen_tokens = sum(m[names.NUM_RESPONSE_TOKENS] for m in history)
+    gen_time = sum(m[names.STEP_TIME] for m in history)
+    return RunSummary(run_dir=run.run_dir, steps=len(history), first_score=sum(scores[:k]) / k,
+                      last_score=sum(scores[-k:]) / k, tokens_per_s=gen_tokens / gen_time if gen_time else 0.0,
+                      wall_s=wall_s, history=history, restarts=restarts)
+
+
+def drop_rows_from(path: Path, step: int) -> None:
+    """Keep only the rows of a per-step JSONL file (``metrics.jsonl``, ``timeline.jsonl``) of
+    steps before ``step`` (the rest are run again)."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by a crash
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] < step:
+            kept.append(line)
+    path.write_text("".join(line + "\n" for line in kept))

@@ -1,0 +1,44 @@
+"""The run's processes: one Dask session sized for the family's worker groups, and the groups.
+
+The family declares its groups (``GroupSpec``: name, role by import string, role kwargs, mesh);
+this module starts exactly that many rank-holding workers (plus the controller), places each
+group on its resource pool and records where the Dask dashboard is (``run_info.json``).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from flowrl.actors import Session, WorkerGroup
+from flowrl.actors.session import GroupSpec
+from flowrl.config import RunConfig
+
+RUN_INFO_FILE = "run_info.json"
+
+
+def start_groups(cfg: RunConfig, specs: list[GroupSpec], run_dir: Path) -> tuple[Session, dict[str, WorkerGroup]]:
+    """A session with one worker process per rank of ``specs`` (cluster kind, pools and network
+    from ``cfg.cluster``) and the groups built on it, by name."""
+    session = Session.start(sum(s.mesh.world_size for s in specs), cluster=cfg.cluster,
+                            group_sizes={s.name: s.mesh.world_size for s in specs}, log_dir=str(run_dir / "slurm"))
+    try:
+        write_run_info(run_dir, session)
+        return session, session.create_groups(specs)
+    except BaseException:
+        session.close()
+        raise
+
+
+def write_run_info(run_dir: Path, session: Any) -> None:
+    """``run_info.json``: the Dask dashboard's address (when the scheduler serves one) and when
+    the workers started; ``flowrl dashboard`` links to it."""
+    try:
+        services = session.client.scheduler_info(n_workers=0).get("services", {})
+        link = session.dashboard_link if "dashboard" in services else None
+    except Exception:  # noqa: BLE001 - the link is a convenience, never a reason to fail a run
+        link = None
+    info = {"dask_dashboard": link, "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    (run_dir / RUN_INFO_FILE).write_text(json.dumps(info, indent=1) + "\n")

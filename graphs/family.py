@@ -1,0 +1,194 @@
+"""Algorithm families: what a run asks of an algorithm, and the registry that finds one.
+
+A family is one module of ``flowrl.graphs`` with a class decorated ``@register_family(name)``.
+Constructed as ``family_cls(cfg)``, it
+
+- declares the worker groups its graphs call (:meth:`Family.group_specs`) and which of them
+  besides the actor are trained and checkpointed (:attr:`Family.checkpointed_groups`);
+- keeps its driver state across steps (:attr:`Family.state`: observe / state_dict /
+  load_state_dict / reset), e.g. the KL reward penalty's controller;
+- may run a driver hook before each graph (:meth:`Family.collect`, e.g. dynamic sampling's
+  generation rounds, which compute), then builds the iteration graph (:meth:`Family.build`,
+  pure: building computes nothing, it only reserves the groups' call order).
+
+The run never names a family: :func:`resolve_family` picks ``algorithm.family`` (a registered
+name or ``module:Class``), else the one built-in whose :meth:`Family.accepts` holds for the
+config (the advantage estimator's traits: ``needs_values`` -> ppo, ``needs_baseline`` -> remax,
+else grpo). Built-ins are found by importing every module of this package, so adding a family
+is adding one module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
+
+import dask
+
+from flowrl.actors import WorkerGroup
+from flowrl.config import RunConfig
+from flowrl.registry import Registry
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from flowrl.actors.session import GroupSpec
+    from flowrl.data.prompts import PromptDataset
+    from flowrl.nodes import NodeOut
+
+FAMILIES: Registry[type["Family"]] = Registry("algorithm family", allow_import_strings=True)
+"""Family name -> its class (built-ins: grpo, ppo, remax)."""
+
+
+@dataclass
+class BuildContext:
+    """What a family builds a graph from: the run's config, its worker groups by name
+    (``rollout``, ``actor``, ``ref``, ``critic``, ``rm``: those the family declared) and the
+    directory of the tokenizer that decodes responses for the reward function."""
+
+    cfg: RunConfig
+    groups: dict[str, WorkerGroup]
+    tokenizer_dir: str
+
+
+@dataclass
+class IterationGraph:
+    """One iteration: ``result`` computes to ``NodeOut(table, metrics)``; ``sync`` to the
+    reshard's ``NodeOut(None, metrics)``. Compute both (``Session.submit``)."""
+
+    result: Any
+    sync: Any
+
+    @property
+    def outputs(self) -> list[Any]:
+        return [self.result, self.sync]
+
+    def visualize(self, filename: str = "grpo", **kwargs: Any) -> Any:
+        """Draw the graph (needs graphviz)."""
+        return dask.visualize(*self.outputs, filename=filename, **kwargs)
+
+    def dependencies(self) -> dict[str, set[str]]:
+        """Task key -> the keys it depends on."""
+        from dask.highlevelgraph import HighLevelGraph
+
+        graph = HighLevelGraph.merge(*(o.__dask_graph__() for o in self.outputs))
+        return {str(k): {str(d) for d in deps} for k, deps in graph.get_all_dependencies().items()}
+
+
+class FamilyState:
+    """Driver state a family keeps across steps; this one holds nothing (``state_dict()`` is
+    empty, so checkpoints get no ``algorithm_state``)."""
+
+    def observe(self, metrics: dict[str, float]) -> None:
+        """After a step: take what the step measured (its metrics)."""
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps (``extra["algorithm_state"]``); empty: nothing."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Back to what :meth:`state_dict` returned (a checkpoint's ``algorithm_state``)."""
+
+    def reset(self) -> None:
+        """Back to the state of a fresh run."""
+
+
+class Family:
+    """An algorithm family: its worker groups, its driver state, its iteration graph.
+
+    Subclasses set :attr:`name` (through :func:`register_family`), override :meth:`accepts`
+    to be chosen by default, :meth:`group_specs` and :meth:`build`, and optionally
+    :meth:`collect` and :attr:`state`."""
+
+    name: ClassVar[str] = ""
+    checkpointed_groups: ClassVar[tuple[str, ...]] = ()
+    """Trainable groups besides ``actor``, checkpointed under ``<run_dir>/<name>_checkpoints``
+    before the actor's checkpoint of a step, restored from the same step."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.state: FamilyState = FamilyState()
+
+    @classmethod
+    def accepts(cls, cfg: RunConfig) -> bool:
+        """Whether this family is the default for ``cfg`` (exactly one built-in is)."""
+        return False
+
+    def group_specs(self) -> list["GroupSpec"]:
+        """Every worker group this family's graphs call, in start order."""
+        raise NotImplementedError
+
+    def collect(self, ctx: BuildContext, prompts: "pa.Table", *, step: int, compute: Callable[[Any], "NodeOut"],
+                dataset: "PromptDataset") -> "NodeOut | None":
+        """The driver hook before :meth:`build` (may compute, with ``compute(graph_output)``);
+        its result is :meth:`build`'s ``collected``. None: no hook."""
+        return None
+
+    def build(self, ctx: BuildContext, prompts: "pa.Table", *, step: int, collected: "NodeOut | None" = None) -> IterationGraph:
+        """The (uncomputed) graph of iteration ``step`` on ``prompts``; computes nothing."""
+        raise NotImplementedError
+
+
+def register_family(name: str) -> Callable[[type[Family]], type[Family]]:
+    """Class decorator: register a :class:`Family` subclass as ``name`` (``algorithm.family=name``)."""
+
+    def decorator(cls: type[Family]) -> type[Family]:
+        if not (isinstance(cls, type) and issubclass(cls, Family)):
+            raise TypeError(f"@register_family({name!r}) decorates a subclass of flowrl.graphs.family.Family, got {cls!r}")
+        cls.name = name
+        FAMILIES.register(name, cls)
+        return cls
+
+    return decorator
+
+
+_discovered = False
+
+
+def discover_builtins() -> None:
+    """Import every module of ``flowrl.graphs`` once, so that each built-in family registers."""
+    global _discovered
+    if _discovered:
+        return
+    import flowrl.graphs as package
+
+    for info in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{package.__name__}.{info.name}")
+    _discovered = True
+
+
+def family_names() -> list[str]:
+    """The registered families (built-ins included)."""
+    discover_builtins()
+    return FAMILIES.names()
+
+
+def resolve_family(cfg: RunConfig) -> type[Family]:
+    """The family class of ``cfg``: ``algorithm.family`` (a registered name or ``module:Class``),
+    else the one built-in family whose ``accepts(cfg)`` holds. Construct it as ``cls(cfg)``.
+    Raises ValueError naming the valid families."""
+    discover_builtins()
+    name = cfg.algorithm.family
+    if name:
+        if ":" not in name and name not in FAMILIES:
+            raise ValueError(f"unknown algorithm family {name!r}; valid: {', '.join(FAMILIES.names())} "
+                             "or a 'module:Class' import string of a Family subclass")
+        cls = FAMILIES.get(name)
+        if not (isinstance(cls, type) and issubclass(cls, Family)):
+            raise ValueError(f"algorithm.family={name!r} is {cls!r}, not a subclass of flowrl.graphs.family.Family; "
+                             "point it at a class decorated with @register_family")
+        return cls
+    # Only the built-ins choose themselves: a user's family (often a subclass of one) is named.
+    chosen = [n for n in FAMILIES.names() if _builtin(FAMILIES.get(n)) and FAMILIES.get(n).accepts(cfg)]
+    if len(chosen) != 1:
+        what = "no registered family accepts" if not chosen else f"families {', '.join(chosen)} all accept"
+        raise ValueError(f"{what} algorithm.adv_estimator={cfg.algorithm.adv_estimator!r}; set algorithm.family "
+                         f"to one of {', '.join(FAMILIES.names())} (or a 'module:Class' import string)")
+    return FAMILIES.get(chosen[0])
+
+
+def _builtin(cls: type[Family]) -> bool:
+    """A family of this package (not a user's, which is chosen by name only)."""
+    return cls.__module__.startswith(__name__.rpartition(".")[0] + ".")
