@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping
 from torch import Tensor
 
 from flowrl.algos import agg_denominator, agg_loss, value_loss
+from flowrl.metrics import names
 
 __all__ = ["ActorLoss", "actor_loss", "critic_loss"]
 
@@ -70,16 +71,16 @@ def actor_loss(logp_T: Tensor, entropy_T: Tensor | None, fields: Mapping[str, Te
     loss = pg_loss
     out = {k: v.detach() for k, v in stats.items()}
     scale = _scale(denominator, fields, response_cu_B1, mode)
-    out["pg_loss"] = pg_loss.detach() * scale
+    out[names.PG_LOSS] = pg_loss.detach() * scale
     if entropy_T is not None:
         entropy = agg(entropy_T)
-        out["entropy"] = entropy.detach() * scale
+        out[names.ENTROPY] = entropy.detach() * scale
         if spec.entropy_coeff:
             loss = loss - spec.entropy_coeff * entropy
     if spec.use_kl_loss:
         kl = agg(spec.kl_estimator(logp_T, fields["ref_logprobs"]))
         loss = loss + spec.kl_loss_coef * kl
-        out["kl_loss"] = kl.detach() * scale
+        out[names.KL_LOSS] = kl.detach() * scale
     return loss, out
 
 
@@ -92,4 +93,4 @@ def critic_loss(vpreds_T: Tensor, fields: Mapping[str, Tensor], response_cu_B1: 
                                cliprange_value=cliprange_value)
     loss = agg_loss(loss_T, fields["response_mask"], response_cu_B1, mode, denominator=denominator,
                     max_response_length=max_response_length)
-    return loss, {"vf_loss": loss.detach() * _scale(denominator, fields, response_cu_B1, mode), **stats}
+    return loss, {names.VF_LOSS: loss.detach() * _scale(denominator, fields, response_cu_B1, mode), **stats}

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from flowrl.algos.aggregate import masked_mean, segment_ids, segment_sum
+from flowrl.metrics import names
 
 __all__ = ["PolicyLossFn", "gspo_policy_loss", "vanilla_policy_loss"]
 
@@ -30,9 +31,9 @@ PolicyLossFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
 
 def _stats(clipfrac: Tensor, ppo_kl: Tensor, clipfrac_lower: Tensor) -> dict[str, Tensor]:
     return {
-        "pg_clipfrac": clipfrac.detach(),
-        "ppo_kl": ppo_kl.detach(),
-        "pg_clipfrac_lower": clipfrac_lower.detach(),
+        names.PG_CLIPFRAC: clipfrac.detach(),
+        names.PPO_KL: ppo_kl.detach(),
+        names.PG_CLIPFRAC_LOWER: clipfrac_lower.detach(),
     }
 
 

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from flowrl.algos.aggregate import masked_mean
+from flowrl.metrics import names
 
 __all__ = ["explained_variance", "value_loss"]
 
@@ -36,8 +37,8 @@ def value_loss(
     loss_clipped_T = (clipped_T - returns_T).square()
     loss_T = 0.5 * torch.maximum(loss_unclipped_T, loss_clipped_T)
     stats = {
-        "vf_clipfrac": masked_mean(torch.gt(loss_clipped_T, loss_unclipped_T).float(), keep_T).detach(),
-        "vpred_mean": masked_mean(vpreds_T, keep_T).detach(),
+        names.VF_CLIPFRAC: masked_mean(torch.gt(loss_clipped_T, loss_unclipped_T).float(), keep_T).detach(),
+        names.VPRED_MEAN: masked_mean(vpreds_T, keep_T).detach(),
     }
     return torch.where(keep_T, loss_T, 0), stats
 

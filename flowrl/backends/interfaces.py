@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
+from flowrl.config.sections import DTYPES  # the model.dtype names every engine accepts
+
 if TYPE_CHECKING:
     import torch
 
@@ -43,8 +45,6 @@ __all__ = [
     "torch_dtype",
 ]
 
-DTYPES = ("float32", "bfloat16")
-"""``model.dtype`` names every engine accepts (keys of :func:`torch_dtype`)."""
 
 
 def torch_dtype(name: str) -> "torch.dtype":

@@ -16,6 +16,7 @@ from flowrl.backends.registry import VALUE_BACKENDS
 from flowrl.config import CriticConfig
 from flowrl.data import experience
 from flowrl.data.packed import PackedBatch
+from flowrl.metrics import names
 from flowrl.registry import import_string
 from flowrl.roles import checkpoints
 from flowrl.roles.epochs import run_epochs
@@ -57,7 +58,7 @@ class CriticRole:
         ``mini_batch_rows`` rows, regressing the values on ``returns`` with value clipping around
         the ``values`` the advantages were computed with."""
         batch = PackedBatch.from_table(table, ("values", "returns", "response_mask"))
-        return run_epochs(batch, epochs=self.cfg.ppo_epochs, mini_batch_rows=mini_batch_rows, step=self._step, prefix="critic")
+        return run_epochs(batch, epochs=self.cfg.ppo_epochs, mini_batch_rows=mini_batch_rows, step=self._step, prefix=names.CRITIC)
 
     def _step(self, mini: PackedBatch) -> dict[str, float]:
         cfg = self.cfg

@@ -6,6 +6,7 @@ import time
 from typing import Callable
 
 from flowrl.data.packed import PackedBatch
+from flowrl.metrics import names
 
 
 def run_epochs(
@@ -21,7 +22,7 @@ def run_epochs(
             stats = step(batch.rows(first, min(first + mini_batch_rows, batch.num_rows)))
             for k, v in stats.items():
                 history.setdefault(k, []).append(v)
-    metrics = {f"{prefix}/{k}": sum(v) / len(v) for k, v in history.items()}
-    metrics[f"{prefix}/num_optimizer_steps"] = float(len(history.get("grad_norm", [])))
-    metrics[f"{prefix}/update_s"] = time.perf_counter() - start
+    metrics = {names.update_stat(prefix, k): sum(v) / len(v) for k, v in history.items()}
+    metrics[names.update_stat(prefix, names.NUM_OPTIMIZER_STEPS)] = float(len(history.get(names.GRAD_NORM, [])))
+    metrics[names.update_stat(prefix, names.UPDATE_S)] = time.perf_counter() - start
     return metrics

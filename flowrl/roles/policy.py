@@ -18,6 +18,7 @@ from flowrl.backends.registry import TRAIN_BACKENDS
 from flowrl.config import ActorConfig
 from flowrl.data import experience
 from flowrl.data.packed import PackedBatch
+from flowrl.metrics import names
 from flowrl.roles import checkpoints
 from flowrl.roles.epochs import run_epochs
 
@@ -84,7 +85,7 @@ class PolicyRole:
         if self.cfg.use_kl_loss:
             fields.append("ref_logprobs")
         batch = PackedBatch.from_table(table, tuple(fields))
-        return run_epochs(batch, epochs=self.cfg.ppo_epochs, mini_batch_rows=mini_batch_rows, step=self._step, prefix="actor")
+        return run_epochs(batch, epochs=self.cfg.ppo_epochs, mini_batch_rows=mini_batch_rows, step=self._step, prefix=names.ACTOR)
 
     def _step(self, mini: PackedBatch) -> dict[str, float]:
         """One optimizer step on a mini-batch: the global denominator, then the engine's

@@ -9,7 +9,7 @@ import pytest
 from flowrl.actors import GroupMesh, Session
 from flowrl.actors.session import GroupSpec
 from flowrl.cluster import COLOCATED_POOL, CONTROLLER
-from flowrl.config.schema import ClusterConfig, PoolConfig
+from flowrl.config import ClusterConfig, PoolConfig
 
 ECHO = "flowrl_testing.roles:EchoRole"
 SIZES = {"rollout": 1, "actor": 2, "ref": 1}

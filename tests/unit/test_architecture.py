@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # (floor, module prefixes), low to high; the longest matching prefix decides a module's floor.
 FLOORS = [
-    (0, ["flowrl._version", "flowrl.registry", "flowrl.algos.registries", "flowrl.backends.registry"]),
+    (0, ["flowrl._version", "flowrl.registry", "flowrl.algos.registries", "flowrl.backends.registry",
+         "flowrl.metrics.names"]),
     (1, ["flowrl.algos", "flowrl.parallel", "flowrl.rewards", "flowrl.data", "flowrl.models"]),
     (2, ["flowrl.config"]),
     (3, ["flowrl.checkpoint", "flowrl.metrics", "flowrl.comm", "flowrl.cluster"]),
@@ -142,8 +143,9 @@ def test_no_import_cycles():
     assert not cycles, f"import cycles: {cycles}"
 
 
-def test_config_imports_no_torch():
-    code = ("import sys\nfrom flowrl.config import load_config\n"
+def test_config_and_the_foundation_import_no_torch():
+    code = ("import sys\nimport flowrl.algos.registries, flowrl.backends.registry, flowrl.metrics.names\n"
+            "from flowrl.config import load_config\n"
             "load_config(None, [])\nload_config(None, ['algorithm.adv_estimator=gae', 'actor.strategy=megatron'])\n"
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'megatron', 'vllm', 'dask', 'distributed'))\n"
             "assert not heavy, heavy\n")

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from flowrl.algos import entropy_from_logits, logprobs_from_logits
 from flowrl.backends.interfaces import LossFn, torch_dtype
 from flowrl.data.packed import PackedBatch
+from flowrl.metrics import names
 
 
 class TorchDPEngine:
@@ -138,8 +139,8 @@ class TorchDPEngine:
         totals = self.all_reduce_sum([sums[k] for k in keys] + [float(tokens)])
         denom = max(totals[-1], 1.0)
         out = {k: totals[i] / denom for i, k in enumerate(keys)}
-        out["grad_norm"] = grad_norm
-        out["lr"] = self.optimizer.param_groups[0]["lr"]
+        out[names.GRAD_NORM] = grad_norm
+        out[names.LR] = self.optimizer.param_groups[0]["lr"]
         return out
 
     def _reduce_gradients_and_step(self) -> float:

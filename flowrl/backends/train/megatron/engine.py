@@ -43,6 +43,7 @@ from flowrl.backends.train.megatron.convert import (
     arch_spec, chunk_role, hf_to_megatron, megatron_to_hf)
 from flowrl.backends.train.megatron.model import build_gpt_model, transformer_config_from_hf
 from flowrl.backends.train.megatron.vocab_parallel import vocab_parallel_logprobs
+from flowrl.metrics import names
 from flowrl.parallel.mesh import ParallelDims, padded_vocab_size, validate_model_layout
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, list, torch.Tensor],
@@ -284,7 +285,7 @@ class MegatronEngine:
         if not update_ok:
             raise FloatingPointError("optimizer step skipped (non-finite gradients)")
         stats = self._reduce_stats(store)
-        return {**stats, "grad_norm": float(grad_norm), "lr": self.lr}
+        return {**stats, names.GRAD_NORM: float(grad_norm), names.LR: self.lr}
 
     def _reduce_stats(self, store: list[dict]) -> dict[str, float]:
         """Mean of each stat over real micro-batches and dp ranks; 'loss' is summed instead."""
