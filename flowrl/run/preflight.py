@@ -78,15 +78,18 @@ def _check_files(key: str, files: str) -> None:
 
 
 def check_family(cfg: RunConfig) -> None:
-    """``algorithm.family`` (or the family the estimator implies) names a registered family."""
+    """``algorithm.family`` (or the family the estimator implies) names a registered family that
+    takes this config, and the cluster's pools host every worker group it declares."""
+    from flowrl.config.pools import resolve_pools
     from flowrl.graphs.family import resolve_family
 
     try:
-        resolve_family(cfg)
+        family = resolve_family(cfg)(cfg)
     except ValueError as exc:
         raise ConfigError("algorithm.family", cfg.algorithm.family, str(exc),
                           "leave it empty (the family the estimator implies), or name a registered family "
                           "or package.module:Class") from None
+    resolve_pools(cfg.cluster, {s.name: s.mesh.world_size for s in family.group_specs()})
 
 
 def check_resume_path(cfg: RunConfig, path: str) -> Path:
