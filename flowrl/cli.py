@@ -3,6 +3,7 @@
     flowrl train [CONFIG.yaml] [key.sub=value ...]   run GRPO (no arguments: the embedded default)
     flowrl submit CONFIG.yaml [key=value ...]        the same with the workers as SLURM jobs (cluster.kind=slurm)
     flowrl config [CONFIG.yaml] [key=value ...]      print the resolved config, or --fields to list them
+    flowrl config --from-verl [verl.yaml] [verl.key=value ...]  the flowrl form of a verl command line
     flowrl parallel-plan --model 7B --gpus 64 ...    rank (dp, tp, pp) layouts for a model
     flowrl reshard-plan --train tp=4,pp=2 --gen tp=2  the transfers from training to generation shards
     flowrl export-hf CHECKPOINT OUT_DIR [--config-dir DIR]  a checkpoint as a transformers directory
@@ -36,17 +37,26 @@ def _split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
     return path, overrides
 
 
-def _load(items: list[str]):  # noqa: ANN202 - RunConfig, imported lazily
-    from flowrl.config import load_config
+def _load(items: list[str], *, quiet: bool = False):  # noqa: ANN202 - RunConfig, imported lazily
+    from flowrl.config.loader import load_config_with_notes
 
     path, overrides = _split_config_args(items)
-    return load_config(path, overrides)
+    cfg, notes, keys = load_config_with_notes(path, overrides)
+    if not quiet:
+        for note in notes:  # verl keys accepted without an effect in flowrl
+            print(f"note: {note}", file=sys.stderr)
+        if cfg.model.path:  # a real model: each flowrl default that is not verl's, once
+            from flowrl.config.verl import default_differences
+
+            for line in default_differences(cfg, keys):
+                print(f"note: flowrl default {line}", file=sys.stderr)
+    return cfg
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    cfg = _load(args.items)  # config mistakes first: before torch and the run are imported
     from flowrl.run import train
 
-    cfg = _load(args.items)
     summary = train(cfg)
     print(summary.text())
     return 0
@@ -55,9 +65,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_submit(args: argparse.Namespace) -> int:
     """``flowrl train`` with the workers on a cluster (SLURM jobs or an existing scheduler)."""
     from flowrl.config import ConfigError
-    from flowrl.run import train
 
     cfg = _load(args.items)
+    from flowrl.run import train
+
     if cfg.cluster.kind == "local":
         raise ConfigError("cluster.kind", "local", "flowrl submit runs the workers on a cluster, not this machine",
                           "pass a SLURM spec (flowrl submit cluster/slurm.yaml ..., or cluster.spec=cluster/slurm.yaml), "
@@ -79,8 +90,33 @@ def cmd_config(args: argparse.Namespace) -> int:
         for key, default, doc in describe_fields():
             print(f"{key} = {default}\n    {doc}")
         return 0
+    if args.from_verl:
+        return _print_from_verl(args.items)
     print(yaml.safe_dump(to_dict(_load(args.items)), sort_keys=False), end="")
     return 0
+
+
+def _print_from_verl(items: list[str]) -> int:
+    """The flowrl command line of a verl command line or YAML: every key whose value differs
+    from flowrl's default, then the notes; checked by building the config."""
+    from flowrl.config import RunConfig, to_dict
+    from flowrl.config.loader import load_config_with_notes
+    from flowrl.config.verl_yaml import flatten
+
+    cfg, notes, _ = load_config_with_notes(*_split_config_args(items))
+    ours, fresh = flatten(to_dict(cfg)), flatten(to_dict(RunConfig()))
+    args = [f"{k}={_value(v)}" for k, v in ours.items() if fresh.get(k, object()) != v]
+    print(" \\\n    ".join(["flowrl train"] + args))
+    for note in notes:
+        print(f"# {note}")
+    return 0
+
+
+def _value(v: object) -> str:
+    import json
+    import shlex
+
+    return shlex.quote(v if isinstance(v, str) else json.dumps(v, separators=(",", ":")))
 
 
 def cmd_parallel_plan(args: argparse.Namespace) -> int:
@@ -145,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("config", help="print the resolved configuration (or --fields: every key with its doc)")
     p.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key=value")
     p.add_argument("--fields", action="store_true", help="list every key, its default and what it does")
+    p.add_argument("--from-verl", action="store_true",
+                   help="print the flowrl command line of a verl command line or verl YAML (its keys as they are)")
     p.set_defaults(func=cmd_config)
 
     p = sub.add_parser("parallel-plan", help="rank (dp, tp, pp) layouts for a model and a GPU count")
@@ -190,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        for one in getattr(exc, "errors", [exc]):  # ConfigErrors: every mistake, one line each
+            print(f"error: {one}", file=sys.stderr)
         return EXIT_CONFIG
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -15,7 +15,7 @@ from flowrl.backends.registry import GEN_BACKENDS, TRAIN_BACKENDS, VALUE_BACKEND
 from flowrl.config import ConfigError, RunConfig
 from flowrl.registry import import_string
 
-__all__ = ["check_backends", "check_checkpointable", "check_rollout_backend"]
+__all__ = ["check_backends", "check_checkpointable", "check_model_options", "check_rollout_backend"]
 
 
 def _call(path: str | None, *args: Any, **kwargs: Any) -> Any:
@@ -28,11 +28,25 @@ def check_backends(cfg: RunConfig, *, model_path: str) -> None:
     checkpoints ``trainer.save_freq`` asks for, the generation backend's installation. Raises
     :class:`~flowrl.config.ConfigError` naming the key, the value and the fix."""
     _call(TRAIN_BACKENDS.traits(cfg.actor.strategy)["preflight"], cfg, model_path=model_path)
+    check_model_options(cfg)
     if cfg.needs_critic:
         _check_critic(cfg, cfg.critic.model_path or model_path)
     if cfg.trainer.save_freq > 0:
         check_checkpointable(cfg, "trainer.save_freq", cfg.trainer.save_freq)
     check_rollout_backend(cfg.rollout)
+
+
+def check_model_options(cfg: RunConfig) -> None:
+    """``model.*`` options the chosen backend does not build are refused: LoRA (not built yet),
+    gradient checkpointing (backends without a ``model_kwargs`` trait)."""
+    m = cfg.model
+    if m.lora_rank > 0:
+        raise ConfigError("model.lora_rank", m.lora_rank, "LoRA is not built in flowrl yet",
+                          "set model.lora_rank=0 (train every weight; actor.strategy=fsdp shards them)")
+    if m.enable_gradient_checkpointing and TRAIN_BACKENDS.traits(cfg.actor.strategy).get("model_kwargs") is None:
+        raise ConfigError("model.enable_gradient_checkpointing", True,
+                          f"actor.strategy={cfg.actor.strategy} does not take it",
+                          "set actor.strategy=fsdp, or model.enable_gradient_checkpointing=false")
 
 
 def check_checkpointable(cfg: RunConfig, key: str, value: Any) -> None:

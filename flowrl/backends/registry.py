@@ -13,9 +13,12 @@ Traits of a train backend (``TRAIN_BACKENDS``, ``actor.strategy`` / ``ref.strate
   ``flowrl.config.ConfigError`` before any worker starts (layouts against the model); None: none.
 * ``checkpointable``: import string of ``fn(group_cfg) -> (problem, fix) | None``: why this
   group's state cannot be checkpointed (megatron's distributed optimizer); None: always can.
+* ``model_kwargs`` (optional): import string of ``fn(model_cfg) -> dict``, the trained policy's
+  engine arguments from ``model.*`` (gradient checkpointing); absent: the backend takes none and
+  pre-flight refuses ``model.enable_gradient_checkpointing``.
 
-Value backends (``VALUE_BACKENDS``, ``critic.strategy``): ``checkpoint`` (``"full"``, or None: no
-critic checkpoints yet, refused in pre-flight), ``engine_kwargs`` and ``preflight`` as above
+Value backends (``VALUE_BACKENDS``, ``critic.strategy``): ``checkpoint`` (``"full"``, ``"sharded"``,
+or None: no critic checkpoints yet, refused in pre-flight), ``engine_kwargs`` and ``preflight`` as above
 (``model_path``: the critic's model).
 
 Generation backends (``GEN_BACKENDS``, ``rollout.name``): ``shard_style`` (of the reshard's
@@ -36,6 +39,7 @@ from flowrl.registry import Registry
 __all__ = ["GEN_BACKENDS", "TRAIN_BACKENDS", "VALUE_BACKENDS"]
 
 _MEGATRON = "flowrl.backends.train.megatron.options"
+_FSDP = "flowrl.backends.train.fsdp_options"
 
 TRAIN_BACKENDS: Registry = Registry("train backend")
 TRAIN_BACKENDS.register(
@@ -47,6 +51,11 @@ TRAIN_BACKENDS.register(
     checkpoint="sharded", shard_style="megatron", engine_kwargs=f"{_MEGATRON}:train_engine_kwargs",
     preflight=f"{_MEGATRON}:check_train_layouts", checkpointable=f"{_MEGATRON}:checkpoint_problem",
 )
+TRAIN_BACKENDS.register(
+    "fsdp", "flowrl.backends.train.fsdp_policy:FSDPEngine",
+    checkpoint="sharded", shard_style="hf", engine_kwargs=f"{_FSDP}:engine_kwargs", preflight=f"{_FSDP}:check_fsdp",
+    checkpointable=None, model_kwargs=f"{_FSDP}:model_kwargs",
+)
 
 VALUE_BACKENDS: Registry = Registry("value backend")
 VALUE_BACKENDS.register(
@@ -56,6 +65,10 @@ VALUE_BACKENDS.register(
 VALUE_BACKENDS.register(
     "megatron", "flowrl.backends.train.megatron.value:MegatronValueTrainEngine",
     checkpoint=None, engine_kwargs=f"{_MEGATRON}:value_engine_kwargs", preflight=f"{_MEGATRON}:check_value_layout",
+)
+VALUE_BACKENDS.register(
+    "fsdp", "flowrl.backends.train.fsdp_value:FSDPValueEngine",
+    checkpoint="sharded", engine_kwargs=f"{_FSDP}:engine_kwargs", preflight=f"{_FSDP}:check_fsdp_critic",
 )
 
 GEN_BACKENDS: Registry = Registry("generation backend")

@@ -37,3 +37,26 @@ def check_one_of(key: str, value: str, allowed: Iterable[str]) -> None:
     registry's ``names()``), listing them: ``use one of a, b``."""
     allowed = list(allowed)
     check(value in allowed, key, value, "is not one of " + ", ".join(allowed), f"use one of {', '.join(allowed)}")
+
+
+class ConfigErrors(ConfigError):
+    """Several configuration mistakes of one command line or file, reported together (one
+    ``error: ...`` line each)."""
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        self.errors = list(errors)
+        first = self.errors[0]
+        self.key, self.value, self.problem, self.fix = first.key, first.value, first.problem, first.fix
+        ValueError.__init__(self, "\n".join(str(e) for e in self.errors))
+
+    def under(self, prefix: str) -> "ConfigErrors":
+        return ConfigErrors([e.under(prefix) for e in self.errors])
+
+
+def raise_all(errors: list[ConfigError]) -> None:
+    """Raise the one error, or all of them as :class:`ConfigErrors`; nothing when empty."""
+    flat = [x for e in errors for x in getattr(e, "errors", [e])]
+    if len(flat) == 1:
+        raise flat[0]
+    if flat:
+        raise ConfigErrors(flat)

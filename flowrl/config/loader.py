@@ -16,42 +16,115 @@ from typing import Any, Literal, Union, get_args, get_origin
 import yaml
 
 from flowrl.config.cluster_spec import merge_spec
-from flowrl.config.errors import ConfigError
+from flowrl.config.errors import ConfigError, raise_all
+from flowrl.config.fields import describe_fields  # noqa: F401 - re-exported (flowrl config --fields)
 from flowrl.config.schema import RunConfig
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Build a :class:`RunConfig` from an optional YAML file and dotted overrides."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError("CONFIG", str(path), "no such file", "pass an existing YAML file or none")
-        try:
-            loaded = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError("CONFIG", str(path), f"is not valid YAML ({exc})", "fix the YAML syntax") from exc
-        if not isinstance(loaded, dict):
-            raise ConfigError("CONFIG", str(path), "must hold a mapping at the top level", "write `section: {key: value}`")
-        data = loaded
+    """Build a :class:`RunConfig` from an optional YAML file and dotted overrides.
+
+    verl's keys are accepted as they are (mapped by :mod:`flowrl.config.verl`); a verl YAML
+    (Hydra ``defaults:``, ``actor_rollout_ref``) is composed with Hydra. Every mistake of the
+    file and the command line is reported at once (:class:`~flowrl.config.errors.ConfigErrors`).
+    """
+    return load_config_with_notes(path, overrides)[0]
+
+
+def load_config_with_notes(path: str | Path | None = None,
+                           overrides: list[str] | tuple[str, ...] = ()) -> tuple[RunConfig, list[str], set[str]]:
+    """:func:`load_config`, the notes of accepted verl keys that change nothing in flowrl, and
+    the dotted flowrl keys the file and overrides set."""
+    errors: list[ConfigError] = []
+    data, notes, origin = resolve_data(path, overrides, errors)
+    cfg = from_dict(RunConfig, data, errors=errors)
+    raise_all([_as_typed(e, origin) for e in errors])
+    from flowrl.config.verl_yaml import flatten
+
+    return cfg, notes, set(flatten(data))
+
+
+def _as_typed(exc: ConfigError, origin: dict[str, str]) -> ConfigError:
+    """The error under the verl key the user wrote, when a verl key was translated."""
+    verl_key = origin.get(exc.key)
+    if verl_key is None:
+        return exc
+    return ConfigError(f"{verl_key} (flowrl's {exc.key})", exc.value, exc.problem, exc.fix)
+
+
+def resolve_data(path: str | Path | None, overrides: list[str] | tuple[str, ...],
+                 errors: list[ConfigError]) -> tuple[dict[str, Any], list[str], dict[str, str]]:
+    """The flowrl-form nested dict of a YAML file and overrides, and the notes of accepted verl
+    keys that change nothing; every translation mistake is appended to ``errors``."""
+    from flowrl.config.verl_load import translate_all
+
+    items = []
     for item in overrides:
-        apply_override(data, item)
+        try:
+            items.append((*parse_override(item), item))
+        except ConfigError as exc:
+            errors.append(exc)
+    data: dict[str, Any] = {}
+    yaml_items: list[tuple[str, Any, bool]] = []
+    if path is not None:
+        loaded = _read_yaml(Path(path))
+        from flowrl.config.verl_yaml import compose_verl_yaml, flatten
+
+        if _is_verl_yaml(loaded):
+            yaml_items, items = compose_verl_yaml(Path(path), items)
+        else:  # flowrl's YAML: its keys are read as overrides are (verl names too)
+            yaml_items = [(key, value, "set") for key, value in flatten(loaded).items()]
+    flat, notes, origin = translate_all(yaml_items, [(k, v) for k, v, _ in items], errors)
+    for key, value in flat.items():
+        try:
+            _set(data, key, value)
+        except ConfigError as exc:
+            errors.append(exc)
     if isinstance(data.get("cluster"), dict) and data["cluster"].get("spec"):
         # cluster.spec=PATH: the spec's keys under the run's
         data["cluster"] = merge_spec(data["cluster"], base_dir=Path(path).parent if path is not None else None)
-    return from_dict(RunConfig, data)
+    return data, notes, origin
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError("CONFIG", str(path), "no such file", "pass an existing YAML file or none")
+    try:
+        loaded = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError("CONFIG", str(path), f"is not valid YAML ({exc})", "fix the YAML syntax") from exc
+    if not isinstance(loaded, dict):
+        raise ConfigError("CONFIG", str(path), "must hold a mapping at the top level", "write `section: {key: value}`")
+    return loaded
+
+
+def _is_verl_yaml(loaded: dict[str, Any]) -> bool:
+    from flowrl.config.verl import VERL_SECTIONS
+
+    return "defaults" in loaded or any(k in loaded for k in VERL_SECTIONS)
 
 
 def apply_override(data: dict[str, Any], item: str) -> None:
     """Set ``a.b.c=value`` into the nested dict ``data`` (the value parsed as YAML)."""
+    key, value = parse_override(item)
+    _set(data, key, value)
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``(key, value)`` of ``a.b.c=value``: the value parsed as YAML; Hydra's ``+``/``++``
+    prefixes are dropped (flowrl's keys all exist)."""
     key, sep, raw = item.partition("=")
-    key = key.strip()
+    key = key.strip().lstrip("+")
     if not sep or not key or any(not part for part in key.split(".")):
         raise ConfigError(item, item, "is not an override", "write overrides as key.sub=value, e.g. actor.optim.lr=1e-3")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
+    return key, value
+
+
+def _set(data: dict[str, Any], key: str, value: Any) -> None:
     node = data
     parts = key.split(".")
     for part in parts[:-1]:
@@ -62,30 +135,51 @@ def apply_override(data: dict[str, Any], item: str) -> None:
     node[parts[-1]] = value
 
 
-def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from a mapping, checking every key and type."""
+def from_dict(cls: type, data: Any, prefix: str = "", errors: list[ConfigError] | None = None) -> Any:
+    """Build dataclass ``cls`` from a mapping, checking every key and type. Every mistake is
+    collected (``errors``); at the top they are raised together."""
+    own, errors = errors is None, [] if errors is None else errors
+    result = None
     if not isinstance(data, dict):
-        raise ConfigError(prefix or "CONFIG", data, "must be a mapping of keys", f"write {prefix}.<key>=<value>")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        full = f"{prefix}.{key}" if prefix else str(key)
-        if key not in fields:
-            close = difflib.get_close_matches(str(key), list(fields), n=1)
-            fix = f"did you mean {prefix + '.' if prefix else ''}{close[0]}?" if close else "valid keys: " + ", ".join(fields)
-            raise ConfigError(full, value, "unknown key", fix)
-        kwargs[key] = _coerce(hints[key], value, full)
-    try:
-        return cls(**kwargs)
-    except ConfigError as exc:
-        raise exc.under(prefix) from None
+        errors.append(ConfigError(prefix or "CONFIG", data, "must be a mapping of keys", f"write {prefix}.<key>=<value>"))
+    else:
+        hints = typing.get_type_hints(cls)
+        fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+        kwargs: dict[str, Any] = {}
+        broken = False  # a field that did not coerce: the section is not built (unknown keys are only left out)
+        for key, value in data.items():
+            full = f"{prefix}.{key}" if prefix else str(key)
+            if key not in fields:
+                errors.append(ConfigError(full, value, "unknown key", _suggest(full, list(fields), prefix)))
+                continue
+            mark = len(errors)
+            try:
+                kwargs[key] = _coerce(hints[key], value, full, errors)
+            except ConfigError as exc:
+                errors.append(exc)
+            broken = broken or len(errors) > mark
+        if not broken:
+            try:
+                result = cls(**kwargs)
+            except ConfigError as exc:
+                errors.append(exc.under(prefix))
+    if own:
+        raise_all(errors)
+    return result
 
 
-def _coerce(tp: Any, value: Any, key: str) -> Any:
+def _suggest(full: str, fields: list[str], prefix: str) -> str:
+    from flowrl.config.verl_load import suggest
+
+    return suggest(full) or (
+        f"did you mean {prefix + '.' if prefix else ''}{difflib.get_close_matches(full.rsplit('.', 1)[-1], fields, n=1)[0]}?"
+        if difflib.get_close_matches(full.rsplit(".", 1)[-1], fields, n=1) else "valid keys: " + ", ".join(fields))
+
+
+def _coerce(tp: Any, value: Any, key: str, errors: list[ConfigError] | None = None) -> Any:
     origin = get_origin(tp)
     if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, key)
+        return from_dict(tp, value, key, errors)
     if origin in (Union, types.UnionType):
         options = [a for a in get_args(tp) if a is not type(None)]
         if value is None and type(None) in get_args(tp):
@@ -156,30 +250,3 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 def dump_config(cfg: RunConfig, path: str | Path) -> None:
     """Write the resolved config as YAML (loadable by :func:`load_config`)."""
     Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-
-
-def describe_fields(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted key, default, docstring) for every field, from the attribute docstrings."""
-    import ast
-    import inspect
-
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        try:
-            source = inspect.getsource(klass)
-        except (OSError, TypeError):
-            continue
-        body = ast.parse(source).body[0].body  # type: ignore[attr-defined]
-        for stmt, nxt in zip(body, body[1:]):
-            if isinstance(stmt, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
-                docs[stmt.target.id] = " ".join(str(nxt.value.value).split())  # type: ignore[union-attr]
-    rows: list[tuple[str, str, str]] = []
-    instance = cls()
-    for f in dataclasses.fields(cls):
-        key = f"{prefix}{f.name}"
-        value = getattr(instance, f.name)
-        if dataclasses.is_dataclass(value):
-            rows.extend(describe_fields(type(value), key + "."))
-        else:
-            rows.append((key, repr(value), docs.get(f.name, "")))
-    return rows

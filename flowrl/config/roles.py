@@ -13,6 +13,8 @@ from typing import Literal
 from flowrl.algos.registries import AGG_MODES
 from flowrl.backends.registry import GEN_BACKENDS, TRAIN_BACKENDS, VALUE_BACKENDS
 from flowrl.config.errors import check, check_one_of, check_positive
+from flowrl.config.fsdp import FSDPConfig
+from flowrl.config.multi_turn import MultiTurnConfig
 from flowrl.config.sections import OptimConfig
 
 
@@ -56,7 +58,8 @@ class ValKwargsConfig:
         check_positive("n", self.n, "use 1 (greedy) or e.g. 4 with do_sample=true")
         check(self.n == 1 or self.do_sample, "n", self.n, "greedy decoding gives n identical responses",
               "set rollout.val_kwargs.do_sample=true, or n=1")
-        check_positive("temperature", self.temperature, "use 1.0 (or do_sample=false for greedy)")
+        check(self.temperature > 0 or not self.do_sample, "temperature", self.temperature,
+              "must be > 0 when do_sample", "use 1.0 (or do_sample=false for greedy)")
         check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]", "use 1.0 to disable")
         check(self.top_k == -1 or self.top_k >= 1, "top_k", self.top_k, "must be -1 or >= 1", "use -1 to disable")
 
@@ -98,6 +101,8 @@ class RolloutConfig(ParallelFields):
     and generation (verl's name)."""
     enforce_eager: bool = False
     """vllm: no CUDA graphs / torch.compile (faster start, slower decoding)."""
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    """Multi-turn, tool-using rollouts (off by default; see ``flowrl.config.multi_turn``)."""
 
     def __post_init__(self) -> None:
         self._check_mesh()
@@ -172,6 +177,10 @@ class ActorConfig(ParallelFields):
     """Model chunks per pipeline stage (> 1: megatron's interleaved 1F1B schedule)."""
     use_distributed_optimizer: bool = False
     """Shard optimizer states over data-parallel ranks (megatron strategy)."""
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    """How ``strategy=fsdp`` shards the policy (verl's ``fsdp_config``)."""
+    ulysses_sequence_parallel_size: int = 1
+    """verl's Ulysses sequence parallelism: not built in flowrl (must be 1)."""
 
     def __post_init__(self) -> None:
         self._check_mesh()
@@ -189,6 +198,9 @@ class ActorConfig(ParallelFields):
         check_positive("ppo_mini_batch_size", self.ppo_mini_batch_size, "use data.train_batch_size for one step per batch")
         check_positive("ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu, "use e.g. 64")
         check_positive("ppo_epochs", self.ppo_epochs, "use 1")
+        check(self.ulysses_sequence_parallel_size == 1, "ulysses_sequence_parallel_size",
+              self.ulysses_sequence_parallel_size, "Ulysses sequence parallelism is not built in flowrl",
+              "set actor.ulysses_sequence_parallel_size=1 (shard with actor.strategy=fsdp or megatron)")
         check_one_of("loss_agg_mode", self.loss_agg_mode, AGG_MODES.names())
         for name in ("clip_ratio_low", "clip_ratio_high"):
             value = getattr(self, name)
@@ -213,6 +225,8 @@ class ReferenceConfig(ParallelFields):
     """Reference-policy workers (only started when ``actor.use_kl_loss``)."""
     log_prob_micro_batch_size_per_gpu: int = 256
     """Samples per forward pass on one rank."""
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    """How the reference shards under ``actor.strategy=fsdp`` (verl's ``fsdp_config``)."""
 
     def __post_init__(self) -> None:
         self._check_mesh()
@@ -247,6 +261,8 @@ class CriticConfig(ParallelFields):
     were computed with (verl's default 0.5)."""
     loss_agg_mode: str = "token-mean"
     """How token value losses reduce to one number (the actor's modes)."""
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    """How ``strategy=fsdp`` shards the critic (verl's ``fsdp_config``)."""
 
     def __post_init__(self) -> None:
         self._check_mesh()

@@ -12,7 +12,7 @@ from typing import Literal
 from flowrl.config.errors import check, check_one_of, check_positive
 
 DTYPES = ("float32", "bfloat16")
-LOGGERS = ("console", "jsonl", "tensorboard")  # trainer.logger; sinks in flowrl/metrics/logger.py
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb")  # trainer.logger; sinks in flowrl/metrics/logger.py
 
 
 @dataclass(kw_only=True)
@@ -30,13 +30,22 @@ class DataConfig:
     train_batch_size: int = 64
     """Prompts per step (each sampled ``rollout.n`` times)."""
     max_prompt_length: int = 32
-    """Prompts longer than this many tokens are reported and left out."""
+    """Prompts longer than this many tokens are reported and left out (``filter_overlong_prompts``)
+    or cut (``truncation``). 32 suits the embedded task; verl's default is 512."""
+    filter_overlong_prompts: bool = True
+    """Leave out (and report in ``rejected_prompts.jsonl``) prompts longer than
+    ``max_prompt_length``; false: apply ``truncation`` to them (verl's default is false)."""
+    truncation: Literal["error", "left", "right", "middle"] = "error"
+    """An overlong prompt that is not filtered out: ``error`` (fail, naming the row), or keep its
+    last (``left``), first (``right``) or first and last halves (``middle``) ``max_prompt_length``
+    tokens, as verl."""
     shuffle: bool = True
     """Shuffle prompts each epoch (deterministically, from ``trainer.seed``)."""
 
     def __post_init__(self) -> None:
         check_positive("train_batch_size", self.train_batch_size, "use e.g. 32")
         check_positive("max_prompt_length", self.max_prompt_length, "use e.g. 512")
+        check_one_of("truncation", self.truncation, ("error", "left", "right", "middle"))
 
 
 @dataclass(kw_only=True)
@@ -46,9 +55,19 @@ class ModelConfig:
     model of the default task."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Parameter dtype of the trained model (fp32 on CPU)."""
+    enable_gradient_checkpointing: bool = False
+    """Recompute each block's activations in backward (the policy; ``actor.strategy=fsdp``)."""
+    lora_rank: int = 0
+    """LoRA adapters of this rank on ``target_modules`` (0: train every weight)."""
+    lora_alpha: int = 16
+    """LoRA scaling numerator (``alpha / rank``)."""
+    target_modules: str | list[str] = "all-linear"
+    """Modules that get adapters: ``all-linear`` or a list of module names (peft's)."""
 
     def __post_init__(self) -> None:
         check_one_of("dtype", self.dtype, DTYPES)
+        check(isinstance(self.lora_rank, int) and self.lora_rank >= 0, "lora_rank", self.lora_rank,
+              "must be an integer >= 0", "use 0 (no LoRA) or e.g. 8")
 
 
 @dataclass(kw_only=True)
@@ -78,7 +97,21 @@ class OptimConfig:
 @dataclass(kw_only=True)
 class TrainerConfig:
     total_training_steps: int = 60
-    """RL iterations to run."""
+    """RL iterations to run; with ``total_epochs`` > 0 at most this many (0: no cap)."""
+    total_epochs: int = 0
+    """Passes over the training prompts (verl's ``trainer.total_epochs``): the run trains
+    ``total_epochs * (usable prompts // data.train_batch_size)`` steps, capped by
+    ``total_training_steps`` when > 0. 0: ``total_training_steps`` alone."""
+    val_before_train: bool = False
+    """Validate once before the first step (logged at step 0 with the first step's metrics,
+    needs ``test_freq`` > 0 or ``data.val_files``); verl's default is true."""
+    critic_warmup: int = 0
+    """Steps that train only the critic before the actor starts (verl's key). Only 0 is
+    implemented yet."""
+    project_name: str = "flowrl"
+    """Project of the ``wandb`` logger (verl's ``trainer.project_name``)."""
+    experiment_name: str = ""
+    """Run name of the ``wandb`` logger; empty: the run directory's name."""
     test_freq: int = 0
     """Validate on ``data.val_files`` every this many steps and after the last (0: never);
     metrics ``val-core/...``, samples in ``<run_dir>/validation/``."""
@@ -110,7 +143,13 @@ class TrainerConfig:
     last checkpoint (steps since it run again), at most this many times per run (0: fail)."""
 
     def __post_init__(self) -> None:
-        check_positive("total_training_steps", self.total_training_steps, "use e.g. 40")
+        check(self.total_training_steps > 0 or (self.total_training_steps == 0 and self.total_epochs > 0),
+              "total_training_steps", self.total_training_steps, "must be > 0 (0 only with total_epochs > 0)",
+              "use e.g. 40, or set trainer.total_epochs")
+        check(self.total_epochs >= 0, "total_epochs", self.total_epochs, "must be >= 0", "use 0 or e.g. 15")
+        check(self.critic_warmup == 0, "critic_warmup", self.critic_warmup,
+              "in verl: trains only the critic for the first steps; not implemented yet in flowrl",
+              "use 0; nearest flowrl setting: critic.ppo_epochs (more critic passes per step)")
         check(self.max_restarts >= 0, "max_restarts", self.max_restarts, "must be >= 0",
               "use 0 (fail on a lost worker) or e.g. 3")
         check(self.save_freq >= 0, "save_freq", self.save_freq, "must be >= 0",

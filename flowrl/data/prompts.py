@@ -4,7 +4,10 @@ Columns read: ``prompt`` (chat messages, or a plain string), ``data_source``,
 ``reward_model.ground_truth`` and optionally ``extra_info``. Rows that cannot be used (missing
 fields, a prompt longer than ``max_prompt_length`` tokens) are reported with their file, row and
 reason -- logged, kept in :attr:`PromptDataset.rejected` and written by the trainer to
-``rejected_prompts.jsonl`` -- never dropped silently.
+``rejected_prompts.jsonl`` -- never dropped silently. An overlong prompt is left out
+(``filter_overlong``) or cut as verl's ``data.truncation`` says (``left`` keeps the end, ``right``
+the start, ``middle`` both halves; ``error`` fails). A file of which no row is usable raises
+:class:`NoUsablePrompts`, naming the longest prompt.
 """
 
 from __future__ import annotations
@@ -31,6 +34,37 @@ class Rejected:
     reason: str
 
 
+class NoUsablePrompts(ValueError):
+    """Every row was rejected; ``longest`` is the longest prompt's token count (0 if no row got
+    as far as tokenizing), ``too_long`` how many rows exceeded ``max_prompt_length``."""
+
+    def __init__(self, message: str, *, longest: int, too_long: int) -> None:
+        super().__init__(message)
+        self.longest, self.too_long = longest, too_long
+
+
+class OverlongPrompt(ValueError):
+    """``truncation=error``: a prompt longer than ``max_prompt_length`` (verl fails too)."""
+
+
+TRUNCATIONS = ("error", "left", "right", "middle")
+
+
+def truncate(ids: list[int], max_len: int, mode: str) -> list[int]:
+    """``ids`` cut to ``max_len`` tokens as verl's ``data.truncation``: ``left`` keeps the last
+    tokens, ``right`` the first, ``middle`` the first ``max_len // 2`` and the last rest."""
+    if len(ids) <= max_len:
+        return ids
+    if mode == "left":
+        return ids[-max_len:]
+    if mode == "right":
+        return ids[:max_len]
+    if mode == "middle":
+        head = max_len // 2
+        return ids[:head] + ids[len(ids) - (max_len - head):]
+    raise OverlongPrompt(f"prompt has {len(ids)} tokens > data.max_prompt_length={max_len} (data.truncation=error)")
+
+
 def render_prompt(prompt: Any, tokenizer: Any) -> str:
     """Chat messages through the tokenizer's chat template (or a plain string as is)."""
     if isinstance(prompt, str):
@@ -43,8 +77,13 @@ def render_prompt(prompt: Any, tokenizer: Any) -> str:
 
 
 class PromptDataset:
-    def __init__(self, files: Sequence[str | Path], tokenizer: Any, *, prompt_key: str = "prompt", max_prompt_length: int = 512) -> None:
+    def __init__(self, files: Sequence[str | Path], tokenizer: Any, *, prompt_key: str = "prompt", max_prompt_length: int = 512,
+                 filter_overlong: bool = True, truncation: str = "error") -> None:
+        if truncation not in TRUNCATIONS:
+            raise ValueError(f"truncation={truncation!r}: use one of {', '.join(TRUNCATIONS)}")
         self.rejected: list[Rejected] = []
+        self.longest = 0  # tokens of the longest prompt seen (kept or not)
+        self._cut = (filter_overlong, truncation)
         rows: dict[str, list] = {"data_source": [], "ground_truth": [], "prompt_ids": [], "extra_info": []}
         for file in files:
             file = str(file)
@@ -56,6 +95,8 @@ class PromptDataset:
             for i, row in enumerate(table.to_pylist()):
                 try:
                     ids, truth, source = self._parse(row, tokenizer, prompt_key, max_prompt_length)
+                except OverlongPrompt as exc:
+                    raise OverlongPrompt(f"{file} row {i}: {exc}") from None
                 except ValueError as exc:
                     self.rejected.append(Rejected(file, i, str(exc)))
                     continue
@@ -66,7 +107,9 @@ class PromptDataset:
         if self.rejected:
             log.warning("%d prompt rows rejected; first: %s", len(self.rejected), self.rejected[0])
         if not rows["prompt_ids"]:
-            raise ValueError(f"no usable prompt rows in {list(map(str, files))}; first problem: {self.rejected[:1]}")
+            too_long = sum("max_prompt_length" in r.reason for r in self.rejected)
+            raise NoUsablePrompts(f"no usable prompt rows in {list(map(str, files))}; first problem: {self.rejected[:1]}",
+                                  longest=self.longest, too_long=too_long)
         self.table = pa.table(
             {
                 "data_source": pa.array(rows["data_source"], pa.string()),
@@ -76,8 +119,7 @@ class PromptDataset:
             }
         )
 
-    @staticmethod
-    def _parse(row: dict, tokenizer: Any, prompt_key: str, max_len: int) -> tuple[list[int], str, str]:
+    def _parse(self, row: dict, tokenizer: Any, prompt_key: str, max_len: int) -> tuple[list[int], str, str]:
         reward = row.get("reward_model") or {}
         truth = reward.get("ground_truth") if isinstance(reward, dict) else None
         if truth is None:
@@ -89,8 +131,12 @@ class PromptDataset:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if not ids:
             raise ValueError("empty prompt")
+        self.longest = max(self.longest, len(ids))
+        filter_overlong, truncation = self._cut
         if len(ids) > max_len:
-            raise ValueError(f"prompt has {len(ids)} tokens > data.max_prompt_length={max_len}")
+            if filter_overlong:
+                raise ValueError(f"prompt has {len(ids)} tokens > data.max_prompt_length={max_len}")
+            ids = truncate(ids, max_len, truncation)
         return ids, str(truth), source
 
     def __len__(self) -> int:

@@ -2,7 +2,9 @@
 
 ``metrics.jsonl`` (one JSON object per step) is always written: the dashboard, resume and the
 run summary read it. ``console`` prints one line per step, ``tensorboard`` writes event files
-under ``<run_dir>/tensorboard`` (``tensorboard --logdir <run_dir>/tensorboard``).
+under ``<run_dir>/tensorboard`` (``tensorboard --logdir <run_dir>/tensorboard``), ``wandb`` logs
+to Weights & Biases under ``trainer.project_name`` / ``trainer.experiment_name`` (offline, files
+under ``<run_dir>/wandb``, unless ``WANDB_MODE`` is set or ``WANDB_API_KEY`` is present).
 :func:`open_loggers` builds the sinks a config names.
 """
 
@@ -106,6 +108,31 @@ class TensorBoardLogger:
         self._writer.close()
 
 
+class WandbLogger:
+    """Scalars to Weights & Biases (verl's ``wandb`` logger). Offline when there is no API key
+    (``wandb sync <run_dir>/wandb/offline-run-*`` uploads later); ``WANDB_MODE`` wins."""
+
+    def __init__(self, run_dir: str | Path, *, project: str, name: str, config: dict | None = None) -> None:
+        import os
+
+        try:
+            import wandb
+        except ImportError as exc:
+            from flowrl.config import ConfigError
+
+            raise ConfigError("trainer.logger", "wandb", f"needs the wandb package ({exc})",
+                              "pip install wandb, or drop wandb from trainer.logger") from exc
+        mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+        self._run = wandb.init(project=project, name=name or Path(run_dir).name, dir=str(run_dir), mode=mode,
+                               config=config or {}, reinit="finish_previous")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self._run.log({k: v for k, v in metrics.items() if _finite(v) is not None}, step=step)
+
+    def close(self) -> None:
+        self._run.finish()
+
+
 class MetricLoggers:
     """Several sinks behind one ``log``/``close``."""
 
@@ -122,9 +149,11 @@ class MetricLoggers:
 
 
 def open_loggers(names: Iterable[str], run_dir: str | Path, *, total: int,
-                 write: Callable[[str], None] = print) -> MetricLoggers:
+                 write: Callable[[str], None] = print, project: str = "flowrl", experiment: str = "",
+                 config: dict | None = None) -> MetricLoggers:
     """The sinks ``trainer.logger`` names, always with ``metrics.jsonl`` first. ``write`` prints
-    the console line. An unknown name raises :class:`~flowrl.config.ConfigError`."""
+    the console line; ``project``, ``experiment`` and ``config`` go to wandb. An unknown name
+    raises :class:`~flowrl.config.ConfigError`."""
     from flowrl.config import ConfigError
     from flowrl.config.sections import LOGGERS
 
@@ -136,6 +165,8 @@ def open_loggers(names: Iterable[str], run_dir: str | Path, *, total: int,
                 sinks.append(ConsoleLogger(total, write))
             elif name == "tensorboard":
                 sinks.append(TensorBoardLogger(run_dir / "tensorboard"))
+            elif name == "wandb":
+                sinks.append(WandbLogger(run_dir, project=project, name=experiment, config=config))
             elif name != "jsonl":  # jsonl: always on
                 raise ConfigError("trainer.logger", name, "is not a logger", f"use any of {', '.join(LOGGERS)}")
     except BaseException:

@@ -101,6 +101,19 @@ VAL_NUM_SAMPLES = "val-aux/num_samples"
 PERF_GROUP = "perf"
 RESHARD_GROUP = "reshard"
 
+# --------------------------------------------------------------------------- multi-turn rollouts
+AGENT_PREFIX = "agent/"
+AGENT_NUM_TURNS_MEAN = "agent/num_turns/mean"
+AGENT_TOOL_CALLS_MEAN = "agent/tool_calls/mean"
+AGENT_TOOL_ERROR_FRAC = "agent/tool_error_frac"  # failed calls / calls (malformed ones included)
+AGENT_WELL_FORMED_CALL_FRAC = "agent/well_formed_call_frac"  # calls the parser could read / calls
+AGENT_TOOL_REWARD_MEAN = "agent/tool_reward/mean"
+
+
+def agent_finish_reason(reason: str) -> str:
+    """Fraction of trajectories that ended for ``reason`` (stop, length, max_turns)."""
+    return f"agent/finish_reason/{reason}"
+
 
 def timing(node: str) -> str:
     """Wall time of graph node ``node`` inside its task: ``timing_s/<node>``."""

@@ -19,8 +19,31 @@ def _generate(rollout: BoundCall, prompts: pa.Table, kwargs: dict, what: str) ->
 
 
 def generate(rollout: BoundCall, prompts: pa.Table, seed: int) -> NodeOut:
-    """``rollout.n`` responses per prompt with the group's sampling parameters, seeded."""
-    return _generate(rollout, prompts, {"seed": seed}, "gen")
+    """``rollout.n`` responses per prompt with the group's sampling parameters, seeded; with
+    multi-turn rollouts also the ``agent/*`` metrics (:func:`agent_metrics`)."""
+    out = _generate(rollout, prompts, {"seed": seed}, "gen")
+    out.metrics.update(agent_metrics(out.value))
+    return out
+
+
+def agent_metrics(table: pa.Table) -> dict[str, float]:
+    """Turns and tool calls per trajectory, the failed and the well-formed share of the calls, the
+    tools' reward hooks and the share of each finish reason; none for single-turn tables."""
+    if "num_turns" not in table.column_names:
+        return {}
+    calls = table.column("tool_calls").to_numpy()
+    total = max(int(calls.sum()), 1)
+    reasons = table.column("finish_reason").to_pylist()
+    out = {
+        names.AGENT_NUM_TURNS_MEAN: float(table.column("num_turns").to_numpy().mean()),
+        names.AGENT_TOOL_CALLS_MEAN: float(calls.mean()),
+        names.AGENT_TOOL_ERROR_FRAC: float(table.column("tool_errors").to_numpy().sum()) / total,
+        names.AGENT_WELL_FORMED_CALL_FRAC: 1.0 - float(table.column("malformed_calls").to_numpy().sum()) / total,
+        names.AGENT_TOOL_REWARD_MEAN: float(table.column("tool_reward").to_numpy().mean()),
+    }
+    for reason in ("stop", "length", "max_turns"):
+        out[names.agent_finish_reason(reason)] = reasons.count(reason) / max(len(reasons), 1)
+    return out
 
 
 def generate_greedy(rollout: BoundCall, prompts: pa.Table, sampling: Any) -> NodeOut:

@@ -192,6 +192,11 @@ class Setup:
     reference_model: bool
     generate_batch_size: int
     gpu_tflops: float
+    fully_sharded: bool = False
+    """FSDP (``actor.strategy=fsdp``): tp = pp = 1; weights, gradients, Adam state and the
+    reference all sharded over d, plus one gathered block (its weights and gradients) at a time;
+    the parameters are all-gathered in forward and in backward and the gradients reduce-scattered
+    for every micro-batch."""
 
     @property
     def memory_limit_gb(self) -> float:
@@ -256,9 +261,18 @@ def train_memory(setup: Setup, dims: ParallelDims, stages: tuple[int, ...], k: i
             shard * REFERENCE_BYTES if setup.reference_model else 0.0,
             activations,
         )
+        if setup.fully_sharded:
+            parts = _fully_sharded(parts, spec.params_per_layer, setup, dims.dp)
         if not worst or sum(parts) > worst[-1]:
             worst = (*parts, sum(parts))
     return worst
+
+
+def _fully_sharded(parts: tuple[float, ...], block: int, setup: Setup, d: int) -> tuple[float, ...]:
+    """FSDP's memory: every state over d, one block's weights and gradients gathered."""
+    weights, grads, optimizer, reference, activations = parts
+    return (weights / d + block * setup.weight_bytes, grads / d + block * _GRAD_BYTES,
+            optimizer * (1 if setup.distributed_optimizer else 1 / d), reference / d, activations)
 
 
 def train_entry(setup: Setup, dims: ParallelDims, stages: tuple[int, ...], k: int) -> PlanEntry:
@@ -291,7 +305,9 @@ def train_entry(setup: Setup, dims: ParallelDims, stages: tuple[int, ...], k: in
     dp_bytes = dp_s = 0.0
     if d > 1:
         params_gpu = max(_stage_params(spec, stages, vocab)) / t
-        if setup.distributed_optimizer:
+        if setup.fully_sharded:  # gather in forward and backward, reduce-scatter: every micro-batch
+            dp_bytes = m * (d - 1) / d * params_gpu * (_GRAD_BYTES + 2 * setup.weight_bytes)
+        elif setup.distributed_optimizer:
             dp_bytes = (d - 1) / d * params_gpu * (_GRAD_BYTES + setup.weight_bytes)
         else:
             dp_bytes = 2 * (d - 1) / d * params_gpu * _GRAD_BYTES

@@ -187,7 +187,7 @@ def plan_parallelism(
     optimizer: Literal["adam", "sgd"] = "adam", distributed_optimizer: bool = True, reference_model: bool = True,
     for_: Literal["train", "generate"] = "train", top_k: int | None = 5,
     recompute: Literal["auto", "none", "full"] = "auto", tp: int | None = None, pp: int | None = None,
-    generate_batch_size: int = 256, gpu_tflops: float = GPU_TFLOPS,
+    generate_batch_size: int = 256, gpu_tflops: float = GPU_TFLOPS, fully_sharded: bool = False,
 ) -> list[PlanEntry]:
     """Rank the (dp, tp, pp) layouts of ``num_gpus`` GPUs for training or generating with ``model``.
 
@@ -209,6 +209,8 @@ def plan_parallelism(
         tp, pp: pin tensor_model_parallel_size / pipeline_model_parallel_size and plan the rest.
         generate_batch_size: most concurrent sequences per generation replica (vLLM max_num_seqs).
         gpu_tflops: sustained bf16 TFLOP/s per GPU.
+        fully_sharded: plan ``actor.strategy=fsdp`` (data parallel only, every state sharded over dp;
+            ``layout_cost.Setup.fully_sharded``).
 
     Returns the layouts that fit, fastest first. Raises ValueError naming the bad argument and a fix,
     or, when nothing fits, the smallest memory any layout needs and how many GPUs would do.
@@ -220,6 +222,11 @@ def plan_parallelism(
         distributed_optimizer=distributed_optimizer, reference_model=reference_model, for_=for_, top_k=top_k,
         recompute=recompute, generate_batch_size=generate_batch_size, gpu_tflops=gpu_tflops,
     )
+    if fully_sharded:
+        if (tp or 1) > 1 or (pp or 1) > 1:
+            raise ValueError(f"fully_sharded (actor.strategy=fsdp) is data parallel only, but tp={tp}, pp={pp}; "
+                             "drop --tp/--pp, or plan without --fully-sharded (megatron)")
+        setup, tp, pp = replace(setup, fully_sharded=True), 1, 1
     _check_pinned(setup, tp, pp)
     entries = _evaluate(setup, for_, recompute, tp, pp)
     if not entries:  # only when num_gpus cannot be split at all, e.g. a prime count above a node

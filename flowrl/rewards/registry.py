@@ -6,11 +6,21 @@ A reward function has verl's signature::
 
 ``solution_str`` is the decoded response without the EOS token. A returned dict must hold
 ``"score"``; its other keys become extra metrics. Users pass their own function as an import
-string, ``"mypkg.rewards:my_score"``, wherever a registered name is accepted.
+string, ``"mypkg.rewards:my_score"``, or as verl's ``custom_reward_function`` does, a file and a
+name, ``"path/to/reward.py:compute_score"``, wherever a registered name is accepted.
+
+The function is called as verl's default (naive) reward manager calls it: by keyword, with
+``extra_info`` as a dict (the row's ``extra_info`` plus ``num_turns`` and
+``rollout_reward_scores``, as verl adds them).
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import json
+import sys
+from pathlib import Path
 from typing import Any, Callable
 
 from flowrl.registry import Registry
@@ -21,11 +31,58 @@ REWARD_FUNCTIONS: Registry[RewardFn] = Registry("reward function", allow_import_
 
 
 def resolve_reward_fn(name: str) -> RewardFn:
-    """The reward function registered as ``name``, or the one ``"module:function"`` names."""
-    fn = REWARD_FUNCTIONS.get(name)
+    """The reward function registered as ``name``, or the one ``"module:function"`` or
+    ``"file.py:function"`` names, called with verl's arguments (:class:`VerlCall`)."""
+    fn = load_file_function(name) if is_file_ref(name) else REWARD_FUNCTIONS.get(name)
     if not callable(fn):
         raise TypeError(f"reward function {name!r} resolved to {fn!r}, which is not callable")
-    return fn
+    if getattr(fn, "__module__", "").startswith("flowrl.rewards."):
+        return fn  # the built-ins take extra_info as a dict or its JSON string alike
+    return VerlCall(fn)
+
+
+def is_file_ref(name: str) -> bool:
+    """``path/to/file.py:function`` (verl's ``custom_reward_function.path`` and ``.name``)."""
+    path, sep, _ = name.rpartition(":")
+    return bool(sep) and path.endswith(".py")
+
+
+def load_file_function(name: str) -> Any:
+    """The function ``name`` of the Python file ``path`` in ``"path:name"`` (loaded once)."""
+    path, _, attr = name.rpartition(":")
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        raise ValueError(f"reward function file {path!r} does not exist; fix custom_reward_function.path "
+                         "(algorithm.reward_fn=path/to/file.py:function)")
+    module_name = "flowrl_reward_" + hashlib.sha1(str(file).encode()).hexdigest()[:12]
+    module = sys.modules.get(module_name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(module_name, file)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    if not hasattr(module, attr):
+        raise ValueError(f"{path} has no function {attr!r}; fix custom_reward_function.name")
+    return getattr(module, attr)
+
+
+class VerlCall:
+    """Calls a reward function as verl's default reward manager does: keywords
+    ``data_source, solution_str, ground_truth, extra_info`` with ``extra_info`` a dict (a JSON
+    string from the experience table is decoded) holding ``num_turns`` and
+    ``rollout_reward_scores`` too."""
+
+    def __init__(self, fn: RewardFn) -> None:
+        self.fn = fn
+
+    def __call__(self, data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None) -> Any:
+        if isinstance(extra_info, str):
+            extra_info = json.loads(extra_info) if extra_info else {}
+        info = dict(extra_info or {})
+        info.setdefault("num_turns", None)
+        info.setdefault("rollout_reward_scores", {})
+        return self.fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth, extra_info=info)
 
 
 def split_score(result: float | dict[str, Any]) -> tuple[float, dict[str, float]]:

@@ -129,7 +129,8 @@ class PolicyRole:
         return checkpoints.load(self.engine, self.checkpoint_kind, path)
 
     def save_hf(self, directory: str) -> None:
-        if self.rank == 0:
+        """``full`` backends: rank 0 writes; ``sharded``: every rank gathers, rank 0 writes."""
+        if self.rank == 0 or self.checkpoint_kind == "sharded":
             self.engine.save_hf(directory)
 
     def close(self) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -13,15 +13,20 @@ from flowrl.backends.registry import GEN_BACKENDS
 from flowrl.data import experience
 
 if TYPE_CHECKING:
+    from flowrl.agents.loop import Trajectory
     from flowrl.backends.reshard import ReshardJob
 
 
 class RolloutRole:
     """One rank of the generation mesh. With ``tensor_model_parallel_size`` tp > 1 (``vllm``),
     each replica's tp rank 0 holds one engine spanning tp devices and the other tp ranks hold
-    none: they take part in weight syncs only (``reshard``)."""
+    none: they take part in weight syncs only (``reshard``).
 
-    def __init__(self, *, rank: int, world_size: int, model_dir: str, backend: str = "hf", dtype: str = "float32", micro_batch_size: int = 256, sampling: SamplingParams, tensor_model_parallel_size: int = 1, engine_kwargs: dict | None = None) -> None:
+    With ``multi_turn`` (a ``rollout.multi_turn`` section with ``enable``) each sample is an agent
+    trajectory (:mod:`flowrl.agents`): tool answers are in ``response_ids`` with
+    ``response_mask`` 0, and the table gets the agent columns (:data:`AGENT_COLUMNS`)."""
+
+    def __init__(self, *, rank: int, world_size: int, model_dir: str, backend: str = "hf", dtype: str = "float32", micro_batch_size: int = 256, sampling: SamplingParams, tensor_model_parallel_size: int = 1, engine_kwargs: dict | None = None, multi_turn: Any = None) -> None:
         self.rank = rank
         self.tp = tensor_model_parallel_size
         self.dtype = dtype
@@ -30,6 +35,7 @@ class RolloutRole:
         self.engine = GEN_BACKENDS.get(backend)(model_dir, dtype=dtype, **(engine_kwargs or {})) if self.holds_engine else None
         self.sampling = sampling
         self.micro_batch_size = micro_batch_size
+        self.agent = _Agent(multi_turn, model_dir) if multi_turn is not None and multi_turn.enable else None
 
     def generate(self, prompts: pa.Table, seed: int = 0, sampling: SamplingParams | None = None) -> pa.Table:
         """One row per sample: the prompt's columns repeated ``n`` times, plus ``uid``,
@@ -37,6 +43,8 @@ class RolloutRole:
         params = sampling or self.sampling
         if self.engine is None:
             return None  # not an output rank: the replica's engine rank answers for it
+        if self.agent is not None:
+            return self._generate_agent(prompts, params, seed * 1009 + self.rank)
         prompt_ids = prompts.column("prompt_ids").to_pylist()
         responses, logprobs = self.engine.generate(
             prompt_ids, params, seed=seed * 1009 + self.rank, micro_batch_size=self.micro_batch_size
@@ -55,6 +63,51 @@ class RolloutRole:
             response_mask=experience.from_lists(mask, pa.list_(pa.int8())),
             rollout_logprobs=experience.from_lists(logprobs, experience.TOKEN_FLOATS),
         )
+
+    def _sample_table(self, prompts: pa.Table, n: int) -> pa.Table:
+        """The prompt rows repeated ``n`` times (prompt-major) with their ``uid``."""
+        repeat = np.repeat(np.arange(prompts.num_rows), n)
+        table = prompts.take(pa.array(repeat))
+        sample = np.tile(np.arange(n), prompts.num_rows)
+        uid = pc.binary_join_element_wise(
+            pc.cast(table.column("group"), pa.string()), pa.array(sample.astype(str)), "-"
+        )
+        return experience.with_columns(table, uid=uid)
+
+    def _generate_agent(self, prompts: pa.Table, params: SamplingParams, seed: int) -> pa.Table:
+        """One agent trajectory per sample (``params.n`` per prompt), on this rank's engine."""
+        from flowrl.agents.loop import run_agent_loop
+
+        table = self._sample_table(prompts, params.n)
+        prompt_ids = table.column("prompt_ids").to_pylist()
+        rows = table.drop_columns([c for c in ("prompt_ids",) if c in table.column_names]).to_pylist()
+        one = SamplingParams(n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                             max_new_tokens=params.max_new_tokens)
+
+        def generate(contexts: list[list[int]], budgets: list[int], turn_seed: int) -> tuple[list, list]:
+            step = SamplingParams(**{**one.__dict__, "max_new_tokens": max(budgets)})
+            return self.engine.generate(contexts, step, seed=turn_seed, micro_batch_size=self.micro_batch_size)
+
+        trajs = run_agent_loop(prompt_ids, generate=generate, codec=self.agent.codec, parser=self.agent.parser,
+                               runner=self.agent.runner, settings=self.agent.settings(params.max_new_tokens),
+                               seed=seed, states=[self.agent.states(row) for row in rows])
+        self._fill_tool_logprobs(prompt_ids, trajs, params.temperature)
+        return experience.with_columns(table, **agent_columns(trajs, self.agent.tools))
+
+    def _fill_tool_logprobs(self, prompt_ids: list[list[int]], trajs: list["Trajectory"], temperature: float) -> None:
+        """Teacher-forced log-probs of the tool tokens (context, never loss), so that
+        ``rollout_logprobs`` covers the whole response like the trainer's log-probs."""
+        rows = [i for i, t in enumerate(trajs) if 0 in t.mask]
+        if not rows:
+            return
+        logps: list = []
+        for start in range(0, len(rows), self.micro_batch_size):  # one forward per micro-batch
+            chunk = rows[start : start + self.micro_batch_size]
+            logps += self.engine.logprobs([prompt_ids[i] for i in chunk], [trajs[i].response for i in chunk],
+                                          temperature=temperature or 1.0)
+        for i, lp in zip(rows, logps):
+            t = trajs[i]
+            t.logprobs = [a if m else float(b) for a, b, m in zip(t.logprobs, lp, t.mask)]
 
     def load_hf_state(self, state: dict) -> None:
         if self.engine is not None:
@@ -106,3 +159,70 @@ class RolloutRole:
         if state is not None:
             self.engine.load_hf_state(state)
         return stats
+
+
+AGENT_COLUMNS = ("num_turns", "tool_calls", "tool_errors", "malformed_calls", "finish_reason", "tool_reward",
+                 "turn_spans")
+"""Per-sample columns of multi-turn rollouts: model turns, tool calls (malformed ones included),
+failed calls, unreadable calls, why the trajectory ended (``stop``, ``length``, ``max_turns``),
+the tools' reward hooks summed, and ``[start, end, kind]`` per turn in ``response_ids`` (kind 1:
+the model's tokens, 0: a tool's answer)."""
+
+
+class _Agent:
+    """What a rollout rank needs for the agent loop: tokenizer codec, parser, tools and their runner."""
+
+    def __init__(self, cfg: Any, model_dir: str) -> None:
+        from transformers import AutoTokenizer
+
+        from flowrl.agents.loop import ChatCodec
+        from flowrl.agents.parsers import resolve_parser
+        from flowrl.agents.runner import ToolRunner
+        from flowrl.agents.tools import resolve_tools
+
+        self.cfg = cfg
+        self.codec = ChatCodec(AutoTokenizer.from_pretrained(model_dir), extra_eos_ids=_generation_eos_ids(model_dir))
+        self.parser = resolve_parser(cfg.parser)
+        self.tools = resolve_tools(cfg.tools)
+        self.runner = ToolRunner(self.tools, timeout_s=cfg.tool_timeout_s, max_chars=cfg.max_tool_response_chars)
+
+    def settings(self, response_length: int) -> Any:
+        from flowrl.agents.loop import AgentSettings
+
+        return AgentSettings(max_turns=self.cfg.max_turns, response_length=response_length,
+                             tool_timeout_s=self.cfg.tool_timeout_s,
+                             max_observation_chars=self.cfg.max_tool_response_chars)
+
+    def states(self, row: dict) -> dict:
+        return {name: tool.create_state(row) for name, tool in self.tools.items()}
+
+
+def _generation_eos_ids(model_dir: str) -> list[int]:
+    """The EOS ids of the model's generation config (what the engines stop at), if it has one."""
+    from transformers import GenerationConfig
+
+    try:
+        eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
+    except OSError:
+        return []
+    return [eos] if isinstance(eos, int) else list(eos or [])
+
+
+def agent_columns(trajs: list["Trajectory"], tools: dict) -> dict[str, pa.Array]:
+    """The experience columns of agent trajectories (response, mask, log-probs, :data:`AGENT_COLUMNS`)."""
+    def ints(values: list[int]) -> pa.Array:
+        return pa.array(values, pa.int32())
+
+    rewards = [float(sum(tool.reward(t.state.get(name)) for name, tool in tools.items())) for t in trajs]
+    return dict(
+        response_ids=experience.from_lists([t.response for t in trajs], experience.TOKEN_IDS),
+        response_mask=experience.from_lists([t.mask for t in trajs], pa.list_(pa.int8())),
+        rollout_logprobs=experience.from_lists([t.logprobs for t in trajs], experience.TOKEN_FLOATS),
+        num_turns=ints([t.num_turns for t in trajs]),
+        tool_calls=ints([t.tool_calls for t in trajs]),
+        tool_errors=ints([t.tool_errors for t in trajs]),
+        malformed_calls=ints([t.malformed_calls for t in trajs]),
+        finish_reason=pa.array([t.finish_reason for t in trajs], pa.string()),
+        tool_reward=pa.array(rewards, pa.float32()),
+        turn_spans=pa.array([t.spans for t in trajs], pa.list_(pa.list_(pa.int32()))),
+    )

@@ -30,6 +30,12 @@ def _train_engine_kwargs(group_cfg: Any, strategy: str) -> dict:
     return import_string(fn)(group_cfg) if fn else {}
 
 
+def _model_engine_kwargs(model_cfg: Any, strategy: str) -> dict:
+    """The policy's engine arguments from ``model.*`` (the backend's optional ``model_kwargs``)."""
+    fn = TRAIN_BACKENDS.traits(strategy).get("model_kwargs")
+    return import_string(fn)(model_cfg) if fn else {}
+
+
 def rollout_sampling(cfg: Any) -> SamplingParams:
     """How the rollout group samples during training (``rollout.*``)."""
     r = cfg.rollout
@@ -50,7 +56,8 @@ def rollout_spec(cfg: Any) -> GroupSpec:
     return GroupSpec(
         "rollout", "flowrl.roles.rollout:RolloutRole",
         {"model_dir": cfg.model.path, "backend": r.name, "dtype": cfg.model.dtype,
-         "micro_batch_size": r.micro_batch_size, "sampling": rollout_sampling(cfg), **extra},
+         "micro_batch_size": r.micro_batch_size, "sampling": rollout_sampling(cfg), **extra,
+         **({"multi_turn": r.multi_turn} if r.multi_turn.enable else {})},
         _mesh(r),
     )
 
@@ -62,7 +69,8 @@ def actor_spec(cfg: Any) -> GroupSpec:
         "actor", "flowrl.roles.policy:PolicyRole",
         {"model_dir": cfg.model.path, "actor": a, "dtype": cfg.model.dtype, "temperature": r.temperature,
          "response_length": r.response_length, "use_old_logprobs": cfg.needs_old_logprobs,
-         "seed": cfg.trainer.seed, "engine_kwargs": _train_engine_kwargs(a, a.strategy)},
+         "seed": cfg.trainer.seed,
+         "engine_kwargs": {**_train_engine_kwargs(a, a.strategy), **_model_engine_kwargs(cfg.model, a.strategy)}},
         _mesh(a),
     )
 

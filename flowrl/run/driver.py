@@ -43,7 +43,8 @@ class Run:
         dump_config(cfg, self.run_dir / "config.yaml")
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
         self.dataset = PromptDataset(cfg.data.train_files.split(","), self.tokenizer, prompt_key=cfg.data.prompt_key,
-                                     max_prompt_length=cfg.data.max_prompt_length)
+                                     max_prompt_length=cfg.data.max_prompt_length,
+                                     filter_overlong=cfg.data.filter_overlong_prompts, truncation=cfg.data.truncation)
         if self.dataset.rejected:
             self.dataset.write_rejected(self.run_dir / "rejected_prompts.jsonl")
         if len(self.dataset) < cfg.data.train_batch_size:

@@ -9,6 +9,7 @@ run; a lost worker rebuilds it from the last checkpoint, and the steps since the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -63,8 +64,13 @@ class _Sinks:
     def _open(self) -> Any:
         from flowrl.metrics import open_loggers
 
-        return open_loggers(self.cfg.trainer.logger, self.run_dir, total=self.cfg.trainer.total_training_steps,
-                            write=lambda line: self.bar.write(line) if self.bar is not None else print(line, flush=True))
+        from flowrl.config import to_dict
+
+        t = self.cfg.trainer
+        return open_loggers(t.logger, self.run_dir, total=t.total_training_steps,
+                            write=lambda line: self.bar.write(line) if self.bar is not None else print(line, flush=True),
+                            project=t.project_name, experiment=t.experiment_name,
+                            config=to_dict(self.cfg) if "wandb" in t.logger else None)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.logger.log(step, metrics)
@@ -91,33 +97,73 @@ class _Sinks:
 
 
 def train(cfg: RunConfig, *, on_step: Callable[[int, dict[str, float]], None] | None = None) -> RunSummary:
-    """Run ``trainer.total_training_steps`` iterations; returns the summary."""
+    """Run ``trainer.total_training_steps`` iterations (or ``trainer.total_epochs`` passes);
+    returns the summary."""
     cfg = resolve_inputs(cfg)
     start = time.perf_counter()
-    run = Run(cfg)  # dataset, run dir, family and resume checkpoint checked before any worker starts
+    run = _open_run(cfg)  # dataset, run dir, family and resume checkpoint checked before any worker starts
     first = run.next_step
+    if run.resume_from is not None:
+        print(f"resumed from step {first} ({run.resume_from})", flush=True)
     for name in (METRICS_FILE, TIMELINE_FILE):  # a resumed run rewrites steps >= first
         drop_rows_from(run.run_dir / name, first)
     history: list[dict[str, float]] = []
-    sinks = _Sinks(cfg, run)
+    sinks = _Sinks(run.cfg, run)
     recovery = Recovery(cfg.trainer.max_restarts, run.resume_from)
     try:
         run.start_workers()
         sinks.start_bar(first)
-        _loop(run, sinks, recovery, history, first, on_step)
+        before = run.validate() if first == 0 and cfg.trainer.val_before_train and run.val_prompts is not None else {}
+        _loop(run, sinks, recovery, history, first, on_step, before)
     finally:
         sinks.close()
         run.close()
     return _summary(run, history, time.perf_counter() - start, recovery.restarts)
 
 
+def _open_run(cfg: RunConfig) -> Run:
+    """``Run(cfg)``; a prompt file without a usable row is a config error, and
+    ``trainer.total_epochs`` becomes a step count once the usable prompts are known."""
+    from flowrl.config import ConfigError
+    from flowrl.data.prompts import NoUsablePrompts, OverlongPrompt
+
+    d = cfg.data
+    try:
+        run = Run(cfg)
+    except NoUsablePrompts as exc:
+        if exc.too_long:
+            raise ConfigError("data.max_prompt_length", d.max_prompt_length,
+                              f"rejects every prompt of data.train_files (the longest has {exc.longest} tokens)",
+                              f"raise it, e.g. data.max_prompt_length={exc.longest}, or set "
+                              "data.filter_overlong_prompts=false with data.truncation=left") from None
+        raise ConfigError("data.train_files", d.train_files, str(exc), "fix the rows (rejected_prompts.jsonl)") from None
+    except OverlongPrompt as exc:
+        raise ConfigError("data.truncation", d.truncation, str(exc),
+                          "raise data.max_prompt_length, set data.filter_overlong_prompts=true, or "
+                          "data.truncation=left|right|middle") from None
+    t = cfg.trainer
+    if t.total_epochs > 0:
+        steps = epoch_steps(t.total_epochs, len(run.dataset), d.train_batch_size, t.total_training_steps)
+        run.cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(t, total_training_steps=steps))
+    return run
+
+
+def epoch_steps(total_epochs: int, num_prompts: int, batch_size: int, cap: int) -> int:
+    """Steps of ``total_epochs`` passes over ``num_prompts`` (drop-last batches, as verl's
+    sampler), at most ``cap`` when > 0 (verl stops at ``total_training_steps`` too)."""
+    steps = total_epochs * (num_prompts // batch_size)
+    return min(steps, cap) if cap > 0 else steps
+
+
 def _loop(run: Run, sinks: _Sinks, recovery: Recovery, history: list[dict[str, float]], first: int,
-          on_step: Callable[[int, dict[str, float]], None] | None) -> None:
+          on_step: Callable[[int, dict[str, float]], None] | None, before: dict[str, float]) -> None:
     t = run.cfg.trainer
     step = first
     while step < t.total_training_steps:
         try:
             _, metrics = run.step()
+            if step == 0:
+                metrics.update(before)  # trainer.val_before_train: the untrained policy's val-core/...
             metrics.update(run.validate_if_due(step))  # trainer.test_freq: val-core/... metrics
             history.append(metrics)
             sinks.log(step, metrics)

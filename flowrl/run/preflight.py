@@ -41,6 +41,7 @@ def resolve_inputs(cfg: RunConfig) -> RunConfig:
                           "directory (no config.json)", "point it at a reward model saved with save_pretrained")
     check_family(cfg)
     check_backends(cfg, model_path=model_path)
+    check_loggers(cfg)
     run_dir = cfg.trainer.run_dir or str(Path("runs") / datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"))
     resume_mode = cfg.trainer.resume_mode
     if resume_mode not in ("auto", "disable"):
@@ -65,7 +66,12 @@ def _inputs(cfg: RunConfig) -> tuple[str, str, str]:
     from flowrl.data.default_task import prepare_default_task
 
     cache = Path(cfg.trainer.cache_dir) if cfg.trainer.cache_dir else default_cache_dir()
-    task = prepare_default_task(cache / "default_task", seed=cfg.trainer.seed)
+    if cfg.rollout.multi_turn.enable:  # the embedded agentic task (flowrl.data.agent_task)
+        from flowrl.data.agent_task import prepare_agent_task
+
+        task = prepare_agent_task(cache / "agent_task", seed=cfg.trainer.seed)
+    else:
+        task = prepare_default_task(cache / "default_task", seed=cfg.trainer.seed)
     if cfg.trainer.test_freq > 0 and not val_files:
         val_files = str(task.test_path)  # validation: the default task's held-out split
     return str(task.model_dir), str(task.train_path), val_files
@@ -75,6 +81,16 @@ def _check_files(key: str, files: str) -> None:
     for f in files.split(","):
         if not Path(f).is_file():
             raise ConfigError(key, f, "no such file", f"point {key} at Parquet prompt files")
+
+
+def check_loggers(cfg: RunConfig) -> None:
+    """The packages of ``trainer.logger``'s sinks are installed (wandb, tensorboard)."""
+    import importlib.util
+
+    for name, module in (("wandb", "wandb"), ("tensorboard", "tensorboard")):
+        if name in cfg.trainer.logger and importlib.util.find_spec(module) is None:
+            raise ConfigError("trainer.logger", cfg.trainer.logger, f"names {name}, whose package is not installed",
+                              f"pip install {module}, or drop {name} from trainer.logger")
 
 
 def check_family(cfg: RunConfig) -> None:

@@ -32,3 +32,12 @@ def test_vllm_gpu():
                           capture_output=True, text=True, timeout=1200)
     print(proc.stdout[-5000:])
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+
+
+def test_fsdp_gpu():
+    """FSDP2 over NCCL against dp on the CPU; GPU checkpoint restored under dp (fsdp_gpu.py)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "fsdp_gpu.py")],
+                          capture_output=True, text=True, timeout=900, env=env)
+    print(proc.stdout[-5000:])
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FLOORS = [
     (0, ["flowrl._version", "flowrl.registry", "flowrl.algos.registries", "flowrl.backends.registry",
          "flowrl.metrics.names"]),
-    (1, ["flowrl.algos", "flowrl.parallel", "flowrl.rewards", "flowrl.data", "flowrl.models"]),
+    (1, ["flowrl.algos", "flowrl.parallel", "flowrl.rewards", "flowrl.data", "flowrl.models", "flowrl.agents"]),
     (2, ["flowrl.config"]),
     (3, ["flowrl.checkpoint", "flowrl.metrics", "flowrl.comm", "flowrl.cluster"]),
     (4, ["flowrl.actors"]),

@@ -18,7 +18,7 @@ def test_logger_list_override_parses_from_the_command_line_syntax():
 
 
 @pytest.mark.parametrize("override, key, value, fix", [
-    ("trainer.logger=[console,wandb]", "trainer.logger", "wandb", "use one of console, jsonl, tensorboard"),
+    ("trainer.logger=[console,swanlab]", "trainer.logger", "swanlab", "use one of console, jsonl, tensorboard, wandb"),
     ("trainer.logger=[console,console]", "trainer.logger", ["console", "console"], "list each logger once"),
     ("trainer.logger=console", "trainer.logger", "console", "write trainer.logger=[...]"),
 ])
@@ -29,10 +29,10 @@ def test_bad_logger_names_the_key_value_and_fix(override, key, value, fix):
 
 
 def test_cli_rejects_an_unknown_logger_before_any_worker():
-    proc = subprocess.run([sys.executable, "-m", "flowrl.cli", "config", "trainer.logger=[console,wandb]"],
+    proc = subprocess.run([sys.executable, "-m", "flowrl.cli", "config", "trainer.logger=[console,swanlab]"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert "trainer.logger='wandb'" in proc.stderr and "tensorboard" in proc.stderr
+    assert "trainer.logger='swanlab'" in proc.stderr and "tensorboard" in proc.stderr
 
 
 def test_metrics_jsonl_is_written_whatever_the_logger_list(tmp_path):

@@ -22,6 +22,9 @@ from flowrl.metrics import names
 
 
 class TorchDPEngine:
+    device = torch.device("cpu")
+    """Where the model computes (the dp backend: the CPU; batches and results stay on the host)."""
+
     def __init__(
         self,
         model_dir: str,
@@ -75,17 +78,19 @@ class TorchDPEngine:
 
     # ----------------------------------------------------------------- forward
     def _forward(self, mb: PackedBatch, *, temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        padded = mb.padded(self.pad_id)
+        padded, dev = mb.padded(self.pad_id), self.device
         decoder = self.model.get_decoder()
-        hidden_BLH = decoder(input_ids=padded.input_ids_BL, attention_mask=padded.attention_mask_BL).last_hidden_state
+        hidden_BLH = decoder(input_ids=padded.input_ids_BL.to(dev),
+                             attention_mask=padded.attention_mask_BL.to(dev)).last_hidden_state
         # Logits only where a response token is predicted: position pos-1 predicts token pos.
-        hidden_TH = hidden_BLH[padded.row_T, padded.pos_T - 1]
+        hidden_TH = hidden_BLH[padded.row_T.to(dev), (padded.pos_T - 1).to(dev)]
         logits_TV = self.model.get_output_embeddings()(hidden_TH).float()
         if temperature != 1.0:
             logits_TV = logits_TV / temperature
-        logp_T = logprobs_from_logits(logits_TV, mb.response_T.long())
+        logp_T = logprobs_from_logits(logits_TV, mb.response_T.long().to(dev))
         entropy_T = entropy_from_logits(logits_TV) if with_entropy else None
-        return logp_T, entropy_T
+        # results on the host, where the losses' inputs are (no copy on the CPU)
+        return logp_T.cpu(), (entropy_T.cpu() if entropy_T is not None else None)
 
     @torch.no_grad()
     def forward_logprobs(

@@ -35,9 +35,9 @@ class TorchDPValueEngine(TorchDPEngine):
             transformers.logging.set_verbosity(verbosity)
 
     def _values(self, mb: PackedBatch) -> torch.Tensor:
-        padded = mb.padded(self.pad_id)
-        scores_BL1 = self.model(input_ids=padded.input_ids_BL, attention_mask=padded.attention_mask_BL).logits
-        return scores_BL1[padded.row_T, padded.pos_T - 1, 0].float()
+        padded, dev = mb.padded(self.pad_id), self.device
+        scores_BL1 = self.model(input_ids=padded.input_ids_BL.to(dev), attention_mask=padded.attention_mask_BL.to(dev)).logits
+        return scores_BL1[padded.row_T.to(dev), (padded.pos_T - 1).to(dev), 0].float().cpu()
 
     @torch.no_grad()
     def forward_values(self, batch: PackedBatch, *, micro_batch_size: int) -> torch.Tensor:

@@ -1,0 +1,189 @@
+"""The ``fsdp`` train backend: any ``AutoModelForCausalLM`` sharded with FSDP2's ``fully_shard``
+(DTensor, dim-0 shards) over the data-parallel ranks.
+
+Each rank holds ``1 / world`` of every parameter, of its gradient and of AdamW's state. Every
+transformer block (the model's ``_no_split_modules`` classes) is its own FSDP unit; the rest
+(embeddings, final norm, head; tied weights once) is the root unit, a small module that runs the
+``dp`` backend's forward, so the numbers are the ``dp`` backend's: the same forward, gradients
+reduce-scattered as a SUM (losses are normalised by global token counts, as in ``dp_policy``),
+the global gradient norm over all shards, the same AdamW per element.
+
+Weights leave the engine whole: ``reshard_source`` all-gathers every parameter (``hf`` style,
+every rank a full replica for the planner, which sends each generation rank only what it lacks),
+``hf_state_dict`` gathers on every rank and keeps it on rank 0. Checkpoints are sharded: each rank
+writes its own rows (``fsdp_checkpoint``). Computes on the CPU over gloo.
+
+Shape letters: T response tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from flowrl.backends.interfaces import torch_dtype
+from flowrl.backends.train.dp_policy import TorchDPEngine
+from flowrl.backends.train.fsdp_tensors import full as _full
+from flowrl.backends.train.fsdp_tensors import local as _local
+from flowrl.data.packed import PackedBatch
+
+__all__ = ["FSDPEngine"]
+
+
+class _Root(torch.nn.Module):
+    """The root FSDP unit: holds the model, runs ``fn`` under FSDP's root hooks."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, fn, *args, **kwargs):  # noqa: ANN001 - any engine method
+        out = fn(*args, **kwargs)  # fresh tensors out (FSDP's backward hooks must not sit on views)
+        if isinstance(out, tuple):
+            return tuple(t.clone() if isinstance(t, torch.Tensor) and t._base is not None else t for t in out)
+        return out.clone() if isinstance(out, torch.Tensor) and out._base is not None else out
+
+
+class FSDPEngine(TorchDPEngine):
+    def __init__(
+        self,
+        model_dir: str,
+        *,
+        trainable: bool = True,
+        dtype: str = "float32",
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        grad_clip: float = 1.0,
+        seed: int = 0,
+        reshard_after_forward: bool = True,
+        param_offload: bool = False,
+        optimizer_offload: bool = False,
+        param_dtype: str | None = None,
+        reduce_dtype: str | None = None,
+        buffer_dtype: str | None = None,
+        gradient_checkpointing: bool = False,
+    ) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("FSDPEngine needs torch.distributed.init_process_group first (a worker group)")
+        torch.manual_seed(seed)
+        if dist.get_backend() == "nccl":  # NCCL on GPU, gloo on CPU: the same code
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.model = self._load_model(model_dir, torch_dtype(dtype)).to(self.device)
+        self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
+        self.grad_clip = grad_clip
+        self.optimizer_offload = optimizer_offload  # host memory already: nothing to move on CPU
+        if buffer_dtype is not None:
+            for buf in self.model.buffers():
+                if buf.is_floating_point():
+                    buf.data = buf.data.to(torch_dtype(buffer_dtype))
+        if gradient_checkpointing and trainable:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self._broadcast_parameters()  # heads new in the checkpoint (the critic's) start equal
+        self._root = self._shard(reshard_after_forward, param_offload, param_dtype, reduce_dtype)
+        self.optimizer = None
+        if trainable:
+            self.model.train()
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay,
+                                               betas=betas, eps=eps)
+        else:
+            self.model.eval()
+            self.model.requires_grad_(False)
+
+    def _shard(self, reshard_after_forward: bool, param_offload: bool, param_dtype: str | None,
+               reduce_dtype: str | None) -> torch.nn.Module:
+        """``fully_shard`` every block, then the root; gradients reduce as a SUM."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+
+        mesh = init_device_mesh(self.device.type, (self.dp_size,))
+        mp = MixedPrecisionPolicy(param_dtype=torch_dtype(param_dtype) if param_dtype else None,
+                                  reduce_dtype=torch_dtype(reduce_dtype) if reduce_dtype else None)
+        kw = {"mesh": mesh, "mp_policy": mp, "reshard_after_forward": reshard_after_forward}
+        if param_offload and self.device.type == "cuda":
+            kw["offload_policy"] = CPUOffloadPolicy()
+        blocks = set(getattr(self.model, "_no_split_modules", None) or ())
+        for module in list(self.model.modules()):
+            if type(module).__name__ in blocks:
+                fully_shard(module, **kw)
+        root = fully_shard(_Root(self.model), **kw)
+        for module in root.modules():
+            if isinstance(module, FSDPModule):
+                module.set_gradient_divide_factor(1.0)
+                module.set_force_sum_reduction_for_comms(True)
+        return root
+
+    def all_reduce_sum(self, values: list[float]) -> list[float]:
+        """Sum small host values over the data-parallel group (on the group's device)."""
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return t.cpu().tolist()
+
+    # ----------------------------------------------------------------- forward (under the root)
+    def _forward(self, mb: PackedBatch, *, temperature: float, with_entropy: bool):
+        return self._root(super()._forward, mb, temperature=temperature, with_entropy=with_entropy)
+
+    # ----------------------------------------------------------------- update
+    def _reduce_gradients_and_step(self) -> float:
+        """FSDP reduced the gradients during backward; clip by the norm over all shards, step."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:  # as dp: a parameter without a gradient steps with zeros
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params]
+        norm = _full(torch.nn.utils.get_total_norm(grads, 2.0))
+        if self.grad_clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, norm)
+        self.optimizer.step()
+        return float(norm)
+
+    # ----------------------------------------------------------------- weights
+    def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The full HF-named state on rank 0, None elsewhere; every rank must call it."""
+        state = {k: _full(v.detach()).cpu().clone() for k, v in self.model.state_dict().items()}
+        return state if dist.get_rank() == 0 else None
+
+    def reshard_source(self) -> dict[str, torch.Tensor]:
+        """Every parameter gathered whole (``hf`` style): every rank calls it."""
+        return {n: _full(p.detach()).cpu() for n, p in self.model.named_parameters()}
+
+    def grad_state_dict(self) -> dict[str, torch.Tensor]:
+        """The reduced gradients of the last step, gathered whole; every rank must call it."""
+        return {n: _full(p.grad.detach()).cpu().clone() for n, p in self.model.named_parameters() if p.grad is not None}
+
+    def save_hf(self, directory: str) -> None:
+        """Every rank calls it; rank 0 writes a transformers directory."""
+        state = self.hf_state_dict()
+        if state is not None:
+            self.model.save_pretrained(directory, state_dict=state)
+
+    def param_bytes_local(self) -> int:
+        return sum(_local(p).numel() * p.element_size() for p in self.model.parameters())
+
+    def state_bytes_local(self) -> dict[str, int]:
+        """Bytes this rank holds of parameters, gradients and optimizer state (for the memory table)."""
+        grads = sum(_local(p.grad).numel() * p.grad.element_size() for p in self.model.parameters() if p.grad is not None)
+        optim = 0
+        for state in (self.optimizer.state.values() if self.optimizer else ()):
+            optim += sum(_local(v).numel() * v.element_size() for v in state.values()
+                         if isinstance(v, torch.Tensor) and v.dim() > 0)
+        return {"params": self.param_bytes_local(), "grads": grads, "optim": optim}
+
+    # ----------------------------------------------------------------- checkpoints (sharded)
+    def save_checkpoint_sharded(self, path: str, *, step: int, extra: dict | None = None) -> dict | None:
+        from flowrl.backends.train.fsdp_checkpoint import save_sharded
+
+        return save_sharded(self, path, step=step, extra=extra)
+
+    def load_checkpoint_sharded(self, path: str) -> int:
+        from flowrl.backends.train.fsdp_checkpoint import load_sharded
+
+        return load_sharded(self, path)
+
+    def local_params(self) -> dict[str, torch.Tensor]:
+        """This rank's rows of every parameter (HF names, tied once): the DTensors' local tensors."""
+        return {n: _local(p) for n, p in self.model.named_parameters()}
+
+    def close(self) -> None:
+        """Nothing to release beyond the process (the group belongs to the actor)."""

@@ -1,0 +1,136 @@
+"""A verl YAML (Hydra ``defaults:`` composition, ``${oc...}`` interpolation, or verl's generated
+flat config) composed with Hydra's compose API and flattened to verl's dotted keys.
+
+Which keys sit at verl's defaults is read from verl's own generated config next to the file
+(``_generated_<name>.yaml``, ``_generated_ppo_trainer.yaml``) or in the installed ``verl``
+package (``pip install --no-deps verl``): keys at their default that flowrl has no field for are
+what flowrl does anyway and are skipped; every other key goes through the table.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from flowrl.config.errors import ConfigError
+
+_MISSING = object()
+
+
+def compose_verl_yaml(path: Path, items: list[tuple[str, Any, str]]) -> tuple[list[tuple[str, Any, str]], list[tuple[str, Any, str]]]:
+    """``([(verl key, value, state)], overrides left for flowrl)``; ``state`` is ``set`` (differs
+    from verl's default), ``default`` (verl's default, or an interpolation following another key:
+    applied where flowrl has the field) or ``inert`` (a default under a feature that is off:
+    skipped). The overrides naming keys of the composed config go to Hydra (so interpolations
+    follow them)."""
+    try:
+        from omegaconf import OmegaConf
+    except ImportError as exc:
+        raise ConfigError("CONFIG", str(path), f"is a verl (Hydra) YAML and hydra-core is not installed ({exc})",
+                          "pip install hydra-core") from exc
+    base = _compose(path, [])
+    to_hydra = [i for i in items if OmegaConf.select(base, i[0], default=_MISSING) is not _MISSING]
+    rest = [i for i in items if i not in to_hydra]
+    cfg = _compose(path, [raw.lstrip("+") for _, _, raw in to_hydra]) if to_hydra else base
+    flat = flatten(_container(cfg, path))
+    reference = _reference(path, base)
+    followers = _interpolated(cfg)
+    off = [k[: -len("enable")] for k, v in flat.items() if k.endswith(".enable") and v in (False, None)]
+    out = []
+    for key, value in flat.items():
+        at_default = reference is not None and key in reference and reference[key] == value
+        if at_default and any(key.startswith(p) for p in off):
+            state = "inert"  # a default under a feature left off (``enable: false``)
+        elif at_default or key in followers or value == "???":  # verl's default, or follows another key
+            state = "default"
+        else:
+            state = "set"
+        out.append((key, None if value == "???" else value, state))
+    return out, rest
+
+
+def _interpolated(cfg: Any, prefix: str = "") -> set[str]:
+    """Dotted keys whose value is a ``${...}`` interpolation (they follow the key they name)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    keys: set[str] = set()
+    for key in cfg.keys():
+        full = f"{prefix}{key}"
+        if OmegaConf.is_interpolation(cfg, key):
+            keys.add(full)
+            continue
+        node = cfg._get_node(key)
+        if isinstance(node, DictConfig):
+            keys |= _interpolated(node, full + ".")
+    return keys
+
+
+def _compose(path: Path, overrides: list[str]) -> Any:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(path.parent.resolve()), version_base=None):
+            return compose(config_name=path.stem, overrides=overrides)
+    except Exception as exc:  # noqa: BLE001 - Hydra's errors, shortened into one config error
+        raise ConfigError("CONFIG", str(path), f"Hydra could not compose it: {_short(exc)}",
+                          "check the defaults list and the override values") from None
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def _container(cfg: Any, path: Path) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    except Exception as exc:  # noqa: BLE001 - an interpolation that does not resolve
+        raise ConfigError("CONFIG", str(path), f"an interpolation does not resolve: {_short(exc)}",
+                          "fix the ${...} reference") from None
+
+
+def _short(exc: Exception) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted leaves of a nested mapping; Hydra's ``_target_`` (and other ``_`` keys) left out."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if str(key).startswith("_"):  # Hydra's _target_, _self_
+            continue
+        full = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, full + "."))
+        else:
+            out[full] = value
+    return out
+
+
+def _reference(path: Path, base: Any) -> dict[str, Any] | None:
+    """verl's defaults, flat: the file itself (before the overrides) when it lies in verl's
+    config tree; else verl's ``ppo_trainer`` from the installed package; else its generated
+    flat config next to the file."""
+    from omegaconf import OmegaConf
+
+    if (path.parent / "_generated_ppo_trainer.yaml").is_file() or path.stem.startswith("_generated_"):
+        return flatten(_container(base, path))
+    tree = verl_config_dir()
+    if tree is not None and (tree / "ppo_trainer.yaml").is_file():
+        return flatten(_container(_compose(tree / "ppo_trainer.yaml", []), path))
+    for candidate in (path.parent / f"_generated_{path.stem}.yaml",):
+        if candidate.is_file():
+            return flatten(OmegaConf.to_container(OmegaConf.load(candidate), resolve=True))  # type: ignore[arg-type]
+    return None
+
+
+def verl_config_dir() -> Path | None:
+    """The config tree of the installed ``verl`` package (``pip install --no-deps verl``)."""
+    spec = importlib.util.find_spec("verl")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    tree = Path(list(spec.submodule_search_locations)[0]) / "trainer" / "config"
+    return tree if tree.is_dir() else None
