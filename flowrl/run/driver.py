@@ -113,18 +113,19 @@ class Run:
         return self.dataset.batch(step, self.cfg.data.train_batch_size, seed=self.cfg.trainer.seed,
                                   shuffle=self.cfg.data.shuffle)
 
-    def collect(self, step: int | None = None) -> Any:
+    def collect(self, step: int | None = None, prompts: Any = None) -> Any:
         """The family's driver hook for ``step`` (e.g. dynamic sampling's generation rounds):
         computes; returns what ``graph(step, collected=...)`` takes, or None without a hook."""
         step = self.next_step if step is None else step
-        return self.family.collect(self.context(), self.prompts(step), step=step, compute=self._compute,
-                                   dataset=self.dataset)
+        prompts = self.prompts(step) if prompts is None else prompts
+        return self.family.collect(self.context(), prompts, step=step, compute=self._compute, dataset=self.dataset)
 
-    def graph(self, step: int | None = None, collected: Any = None) -> Any:
+    def graph(self, step: int | None = None, collected: Any = None, prompts: Any = None) -> Any:
         """The (uncomputed) graph of ``step`` (default: the next one). Building reserves the
         groups' call order, so compute every graph you build, in build order."""
         step = self.next_step if step is None else step
-        return self.family.build(self.context(), self.prompts(step), step=step, collected=collected)
+        prompts = self.prompts(step) if prompts is None else prompts
+        return self.family.build(self.context(), prompts, step=step, collected=collected)
 
     def step(self) -> tuple[Any, dict[str, float]]:
         """Build and run the next iteration; returns (experience table, metrics).
@@ -137,7 +138,8 @@ class Run:
 
         step = self.next_step
         start = time.perf_counter()
-        graph = self.graph(step, collected=self.collect(step))
+        prompts = self.prompts(step)  # drawn once for the driver hook and the graph
+        graph = self.graph(step, collected=self.collect(step, prompts), prompts=prompts)
         submitted = time.time()  # the origin of this step's timeline.jsonl rows
         result, sync = self.session.submit(graph.outputs)
         self.next_step += 1
