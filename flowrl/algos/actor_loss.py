@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping
 from torch import Tensor
 
 from flowrl.algos import agg_denominator, agg_loss, value_loss
+from flowrl.algos.registries import AGG_MODES
 from flowrl.metrics import names
 
 __all__ = ["ActorLoss", "actor_loss", "critic_loss"]
@@ -43,7 +44,10 @@ class ActorLoss:
 
 
 def _scale(denominator: float, fields: Mapping[str, Tensor], response_cu_B1: Tensor, mode: str) -> float:
-    """Global-to-local rescaling of a reported stat (per token, not per global count)."""
+    """Global-to-local rescaling of a reported stat (per token, not per global count); 1 for
+    ``token-sum``, whose stat is the micro-batch's sum."""
+    if AGG_MODES.traits(mode)["counts"] == "nothing":
+        return 1.0
     return denominator / max(agg_denominator(fields["response_mask"], response_cu_B1, mode), 1.0)
 
 

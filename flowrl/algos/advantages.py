@@ -298,10 +298,9 @@ def reinforce_plus_plus_advantages(
     """REINFORCE++: discounted returns-to-go over each row's valid tokens, whitened over the batch.
 
     Returns are the unwhitened returns-to-go. Masked tokens are not steps: a return passes through
-    them undiscounted and their rewards are ignored. verl instead resets the running return at
-    every masked token; the two agree whenever masked tokens only precede or follow the response,
-    and differ for masked tokens inside it (tool output in multi-turn rows), where verl would cut
-    the outcome reward off from the earlier turns. ``lam`` and ``norm_adv_by_std`` are unused.
+    them undiscounted and their rewards are ignored, as in verl 0.9 (which carries the running
+    return through masked tokens, tool output in multi-turn rows included, so the outcome reward
+    reaches the earlier turns). ``lam`` and ``norm_adv_by_std`` are unused.
     """
     rewards_T = _float(inputs.token_rewards_T)
     num_rows, num_tokens = inputs.num_rows, rewards_T.numel()

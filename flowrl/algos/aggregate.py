@@ -33,6 +33,7 @@ __all__ = [
     "seq_mean_token_sum",
     "seq_mean_token_sum_norm",
     "token_mean",
+    "token_sum",
 ]
 
 
@@ -63,9 +64,12 @@ def agg_denominator(response_mask_T: Tensor, cu_seqlens_B1: Tensor, mode: str) -
     """The local count that ``agg_loss`` divides by when ``denominator`` is None.
 
     Valid tokens for ``token-mean``; rows with at least one valid token for the ``seq-mean-*``
-    modes. Sum it over micro-batches and ranks to get the global ``denominator``.
+    modes; 0 for ``token-sum``, which divides by nothing. Sum it over micro-batches and ranks to
+    get the global ``denominator``.
     """
     counts = AGG_MODES.traits(mode)["counts"]
+    if counts == "nothing":
+        return 0.0
     keep_T = response_mask_T.bool()
     if counts == "tokens":
         return float(keep_T.sum())
@@ -78,6 +82,14 @@ def token_mean(
 ) -> tuple[Tensor, Tensor]:
     """``token-mean``: the sum of valid token values over the number of valid tokens."""
     return masked_T.sum(), keep_T.sum()
+
+
+def token_sum(
+    masked_T: Tensor, keep_T: Tensor, cu_seqlens_B1: Tensor, max_response_length: int | None
+) -> tuple[Tensor, Tensor]:
+    """``token-sum``: the sum of valid token values, divided by nothing (verl 0.9's mode; its
+    ``* dp_size`` undoes the gradient averaging of DDP/FSDP, and flowrl sums gradients)."""
+    return masked_T.sum(), masked_T.new_zeros(())
 
 
 def _row_sums(masked_T: Tensor, keep_T: Tensor, cu_seqlens_B1: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -131,6 +143,7 @@ def agg_loss(
     Masked tokens are ignored (their values may be anything, even NaN).
 
     - ``token-mean``: sum of valid token values / number of valid tokens.
+    - ``token-sum``: sum of valid token values (``denominator`` is ignored).
     - ``seq-mean-token-sum``: sum over rows of the row's token sum / number of non-empty rows.
     - ``seq-mean-token-mean``: sum over rows of the row's token mean / number of non-empty rows.
     - ``seq-mean-token-sum-norm`` (Dr.GRPO): like ``seq-mean-token-sum`` with each row's sum also
@@ -144,6 +157,8 @@ def agg_loss(
     reduce = AGG_MODES.get(mode)
     keep_T = response_mask_T.bool()
     total, local = reduce(torch.where(keep_T, values_T, 0), keep_T, cu_seqlens_B1, max_response_length)
+    if AGG_MODES.traits(mode)["counts"] == "nothing":
+        return total
     if denominator is None:
         denominator = local
     if isinstance(denominator, Tensor):

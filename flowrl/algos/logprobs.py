@@ -54,31 +54,38 @@ class _LogProbs(torch.autograd.Function):
 
 
 class _Entropy(torch.autograd.Function):
+    """``H = lse(z') - sum(softmax(z') * z')`` with ``z' = z - max(z)`` per row: the shift makes
+    both terms small, so near-one-hot rows of large logits keep their precision (the unshifted
+    ``lse(z) - E_p[z]`` cancels two numbers of about ``max(z)``) and ``H >= 0`` holds exactly
+    (``lse(z') >= 0`` and ``z' <= 0``)."""
+
     @staticmethod
     def forward(ctx, logits_NV: Tensor) -> Tensor:
         dtype = _compute_dtype(logits_NV.dtype)
-        lse_N = torch.empty(logits_NV.shape[0], dtype=dtype, device=logits_NV.device)
-        ent_N = torch.empty_like(lse_N)
+        max_N = torch.empty(logits_NV.shape[0], dtype=dtype, device=logits_NV.device)
+        lse_N = torch.empty_like(max_N)  # of the shifted logits
+        ent_N = torch.empty_like(max_N)
         for rows in _row_chunks(*logits_NV.shape):
             z_nV = logits_NV[rows].to(dtype)
+            max_n = z_nV.amax(dim=-1)
+            z_nV = z_nV - max_n[:, None]
             lse_n = torch.logsumexp(z_nV, dim=-1)
             p_nV = torch.exp(z_nV - lse_n[:, None])
             # 0 * -inf is NaN: a token of zero probability adds nothing.
             pz_nV = torch.where(p_nV > 0, p_nV * z_nV, 0)
-            lse_N[rows] = lse_n
-            ent_N[rows] = lse_n - pz_nV.sum(-1)
-        ctx.save_for_backward(logits_NV, lse_N, ent_N)
+            max_N[rows], lse_N[rows], ent_N[rows] = max_n, lse_n, lse_n - pz_nV.sum(-1)
+        ctx.save_for_backward(logits_NV, max_N, lse_N, ent_N)
         return ent_N
 
     @staticmethod
     def backward(ctx, grad_N: Tensor) -> Tensor | None:
-        logits_NV, lse_N, ent_N = ctx.saved_tensors
+        logits_NV, max_N, lse_N, ent_N = ctx.saved_tensors
         if not ctx.needs_input_grad[0]:
             return None
-        # H = lse - E_p[z];  dH/dz_j = -p_j (z_j - E_p[z]),  E_p[z] = lse - H
+        # H = lse - E_p[z];  dH/dz_j = -p_j (z_j - E_p[z]), the same for the shifted z'
         grad_NV = torch.empty_like(logits_NV)
         for rows in _row_chunks(*logits_NV.shape):
-            z_nV = logits_NV[rows].to(lse_N.dtype)
+            z_nV = logits_NV[rows].to(lse_N.dtype) - max_N[rows, None]
             p_nV = torch.exp(z_nV - lse_N[rows, None])
             mean_z_n1 = (lse_N[rows] - ent_N[rows])[:, None]
             g_nV = -p_nV * (z_nV - mean_z_n1) * grad_N[rows, None].to(lse_N.dtype)

@@ -92,7 +92,8 @@ def gspo_policy_loss(
     ``s_i = exp(mean over row i's valid tokens of (logp - old_logp))``; each token uses
     ``s_i * exp(logp_t - sg(logp_t))`` (value ``s_i``, gradient through its own logp), with the
     log clamped at 10 above, and the PPO clip without the dual clip (``clip_ratio_c`` is unused).
-    verl always aggregates GSPO with ``seq-mean-token-mean``; choose that mode to match it.
+    verl 0.9.1 aggregates GSPO with the configured ``loss_agg_mode``, as flowrl does (its docs
+    recommend ``seq-mean-token-mean``; choose that mode to follow them).
     ``pg_clipfrac_lower`` is 0.
     """
     del clip_ratio_c

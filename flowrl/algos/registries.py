@@ -56,19 +56,25 @@ POLICY_LOSSES.register("vanilla", "flowrl.algos.policy_loss:vanilla_policy_loss"
 POLICY_LOSSES.register("gspo", "flowrl.algos.policy_loss:gspo_policy_loss")
 
 KL_ESTIMATORS: Registry[Callable] = Registry("KL estimator")
-"""Name -> ``fn(logp_T, ref_logp_T) -> kl_T``; ``mse`` and ``low_var_kl`` are verl's names."""
+"""Name -> ``fn(logp_T, ref_logp_T) -> kl_T``; ``kl``, ``mse`` and ``low_var_kl`` are verl's names;
+``+``: verl's straight-through forms (the value of the estimator, the gradient of k2)."""
 KL_ESTIMATORS.register("k1", "flowrl.algos.kl:kl_k1")
+KL_ESTIMATORS.register("kl", "flowrl.algos.kl:kl_k1")
 KL_ESTIMATORS.register("abs", "flowrl.algos.kl:kl_abs")
 KL_ESTIMATORS.register("k2", "flowrl.algos.kl:kl_k2")
 KL_ESTIMATORS.register("k3", "flowrl.algos.kl:kl_k3")
 KL_ESTIMATORS.register("mse", "flowrl.algos.kl:kl_k2")
 KL_ESTIMATORS.register("low_var_kl", "flowrl.algos.kl:kl_k3")
+for _name, _fn in (("k1+", "kl_k1_st"), ("kl+", "kl_k1_st"), ("abs+", "kl_abs_st"), ("k2+", "kl_k2"),
+                   ("mse+", "kl_k2"), ("k3+", "kl_k3_st"), ("low_var_kl+", "kl_k3_st")):
+    KL_ESTIMATORS.register(_name, f"flowrl.algos.kl:{_fn}")
 
 AGG_MODES: Registry[Callable] = Registry("loss aggregation mode")
 """Name -> ``fn(masked_T, keep_T, cu_seqlens_B1, max_response_length) -> (total, local count)``;
-trait ``counts``: what the denominator counts, ``tokens`` (valid tokens) or ``rows`` (rows with a
-valid token)."""
+trait ``counts``: what the denominator counts, ``tokens`` (valid tokens), ``rows`` (rows with a
+valid token) or ``nothing`` (``token-sum``: no division)."""
 AGG_MODES.register("token-mean", "flowrl.algos.aggregate:token_mean", counts="tokens")
+AGG_MODES.register("token-sum", "flowrl.algos.aggregate:token_sum", counts="nothing")
 AGG_MODES.register("seq-mean-token-sum", "flowrl.algos.aggregate:seq_mean_token_sum", counts="rows")
 AGG_MODES.register("seq-mean-token-mean", "flowrl.algos.aggregate:seq_mean_token_mean", counts="rows")
 AGG_MODES.register("seq-mean-token-sum-norm", "flowrl.algos.aggregate:seq_mean_token_sum_norm", counts="rows")

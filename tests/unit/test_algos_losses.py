@@ -147,8 +147,22 @@ def test_kl_estimators_hand_worked():
 def test_kl_aliases_are_the_same_function():
     assert KL_ESTIMATORS.get("mse") is KL_ESTIMATORS.get("k2")
     assert KL_ESTIMATORS.get("low_var_kl") is KL_ESTIMATORS.get("k3")
-    with pytest.raises(ValueError, match="abs, k1, k2, k3, low_var_kl, mse"):
+    assert KL_ESTIMATORS.get("kl") is KL_ESTIMATORS.get("k1")  # verl's name (actor.kl_loss_type=kl)
+    assert KL_ESTIMATORS.get("low_var_kl+") is KL_ESTIMATORS.get("k3+")
+    with pytest.raises(ValueError, match="abs, abs\\+, k1, k1\\+, k2"):
         KL_ESTIMATORS.get("full")
+
+
+@pytest.mark.parametrize("name, base", [("k1+", "k1"), ("abs+", "abs"), ("k3+", "k3"), ("k2+", "k2"), ("mse+", "k2")])
+def test_kl_straight_through_value_of_the_estimator_gradient_of_k2(name, base):
+    # verl's "+" forms: forward = the base estimator, backward = k2's gradient (logp - ref)
+    logp_T = torch.tensor([0.0, -1.0, -2.5, -0.25], requires_grad=True)
+    ref_T = torch.tensor([-1.0, 0.0, -0.5, -0.25])
+    kl_T = KL_ESTIMATORS.get(name)(logp_T, ref_T)
+    torch.testing.assert_close(kl_T, KL_ESTIMATORS.get(base)(logp_T, ref_T), rtol=0, atol=0)
+    kl_T.sum().backward()
+    # d/dlogp of 0.5 (logp - ref)^2 = logp - ref = [1, -1, -2, 0]
+    _close(logp_T.grad, [1.0, -1.0, -2.0, 0.0])
 
 
 # --------------------------------------------------------------------------------------- aggregation
@@ -172,8 +186,12 @@ def test_agg_modes_hand_worked():
     _close(agg_loss(values_T, mask_T, cu_B1, "seq-mean-token-mean"), 3.25)
     # seq-mean-token-sum-norm with max_response_length 4: (6/4 + 9/4) / 2 = 1.875
     _close(agg_loss(values_T, mask_T, cu_B1, "seq-mean-token-sum-norm", max_response_length=4), 1.875)
+    # token-sum: 1 + 2 + 3 + 4 + 5 = 15, whatever the denominator
+    _close(agg_loss(values_T, mask_T, cu_B1, "token-sum"), 15.0)
+    _close(agg_loss(values_T, mask_T, cu_B1, "token-sum", denominator=7.0), 15.0)
     assert agg_denominator(mask_T, cu_B1, "token-mean") == 5.0
-    assert all(agg_denominator(mask_T, cu_B1, m) == 2.0 for m in AGG_MODES.names() if m != "token-mean")
+    assert agg_denominator(mask_T, cu_B1, "token-sum") == 0.0
+    assert all(agg_denominator(mask_T, cu_B1, m) == 2.0 for m in AGG_MODES.names() if not m.startswith("token-"))
 
 
 def test_agg_gradient_ignores_masked_tokens():
@@ -215,8 +233,8 @@ def test_agg_empty_micro_batch_is_zero_with_a_graph():
 
 def test_agg_errors():
     values_T, mask_T, cu_B1 = _agg_batch()
-    with pytest.raises(ValueError, match="token-mean, seq-mean-token-sum"):
-        agg_loss(values_T, mask_T, cu_B1, "token-sum")
+    with pytest.raises(ValueError, match="seq-mean-token-sum-norm, token-mean, token-sum"):
+        agg_loss(values_T, mask_T, cu_B1, "token-max")
     with pytest.raises(ValueError, match="max_response_length"):
         agg_loss(values_T, mask_T, cu_B1, "seq-mean-token-sum-norm")
     with pytest.raises(ValueError, match="denominator"):
@@ -262,3 +280,25 @@ def test_logprobs_and_entropy_gradients_in_chunks(monkeypatch):
     reference = torch.log_softmax(logits_NV, -1)
     torch.testing.assert_close(logprobs_from_logits(logits_NV, labels_N), reference.gather(-1, labels_N[:, None])[:, 0])
     torch.testing.assert_close(entropy_from_logits(logits_NV), -(reference.exp() * reference).sum(-1))
+
+
+def test_entropy_of_large_near_one_hot_logits_is_exact_and_never_negative():
+    # |z| ~ 30-60 with one dominant logit: the unshifted lse(z) - E_p[z] cancels two numbers of
+    # about max(z) in float32; the shifted form keeps the float64 value to ~1e-7.
+    gen = torch.Generator().manual_seed(0)
+    z_NV = torch.randn(64, 300, generator=gen) * 3
+    z_NV[:, 0] += torch.linspace(20.0, 60.0, 64)
+    z64 = z_NV.double()
+    exact_N = -(torch.softmax(z64, -1) * torch.log_softmax(z64, -1)).sum(-1)
+    ent_N = entropy_from_logits(z_NV)
+    assert bool((ent_N >= 0).all())
+    torch.testing.assert_close(ent_N.double(), exact_N, rtol=1e-5, atol=1e-5)
+    # hand-worked: z = [60, 0]: p = [1 - e^-60, e^-60], H = e^-60 (1 + 60) - ... ~ 61 e^-60 > 0
+    two = entropy_from_logits(torch.tensor([[60.0, 0.0]]))
+    assert 0.0 <= float(two) < 1e-20
+    # the gradient matches float64 autograd of the exact formula
+    z_req = z_NV.clone().requires_grad_()
+    entropy_from_logits(z_req).sum().backward()
+    z64 = z64.requires_grad_()
+    (-(torch.softmax(z64, -1) * torch.log_softmax(z64, -1)).sum(-1)).sum().backward()
+    torch.testing.assert_close(z_req.grad.double(), z64.grad, rtol=1e-5, atol=1e-6)

@@ -31,16 +31,19 @@ class _VocabParallelLogprobEntropy(torch.autograd.Function):
         else:  # this rank's slice is all padding
             max_T = z_TV.new_full((num_tokens,), float("-inf"))
         _all_reduce(max_T, group, op=dist.ReduceOp.MAX)
-        exp_TV = torch.exp(z_TV - max_T[:, None])
+        # Shifted by the row max: logp and entropy are differences of small numbers, so rows of
+        # large near-one-hot logits keep their precision and the entropy stays >= 0.
+        z_TV = z_TV.sub_(max_T[:, None])
+        exp_TV = torch.exp(z_TV)
         sum_exp_T = exp_TV.sum(dim=-1)
         _all_reduce(sum_exp_T, group)
-        lse_T = torch.log(sum_exp_T) + max_T
+        lse_T = torch.log(sum_exp_T)
         p_TV = exp_TV.div_(sum_exp_T[:, None])
 
         local_T = target_T - vocab_start
         in_slice_T = (local_T >= 0) & (local_T < num_valid)
         local_T = torch.where(in_slice_T, local_T, torch.zeros_like(local_T))
-        # Pack the target logit and the expected logit sum_v p_v z_v into one all-reduce.
+        # Pack the target logit and the expected logit sum_v p_v z_v (both shifted) into one all-reduce.
         both_2T = torch.stack([
             torch.where(in_slice_T, z_TV.gather(1, local_T[:, None]).squeeze(1) if num_valid
                         else torch.zeros_like(max_T), torch.zeros_like(max_T)),
