@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # flowrl_testing (test helpers)
 
-from _common import machine_info, table  # noqa: E402
+from _common import machine_info, table, write_json  # noqa: E402
 
 from flowrl.parallel.shard_spec import ModelShape  # noqa: E402
 
@@ -131,10 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model: {result['num_params'] / 1e6:.1f}M parameters, {result['dtype']}, bucket "
           f"{args.bucket_mb:g} MiB, 4 workers, median of {args.repeats}")
     print(format_table(result["summary"]))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
+    write_json(result, args.out)
     return 0
 
 

@@ -13,7 +13,7 @@ One page, top to bottom:
 The same Bokeh document serves three ways: live from a Bokeh server bound to 127.0.0.1
 (:func:`serve`, re-reading the files every ``interval_s``), as a static self-contained HTML file
 (:func:`export_html`, BokehJS inlined, opens from ``file://``), and inline in Jupyter
-(``bokeh.io.show(Dashboard(run_dir).layout)``). The step selector works in all three: it runs
+(``Dashboard(run_dir).show_in_notebook()``, BokehJS inlined too). The step selector works in all three: it runs
 in the browser (a ``CustomJS`` that copies the chosen step's rows into the shown sources).
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 import html
 import math
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -29,60 +30,49 @@ import numpy as np
 
 from flowrl.comm import free_port
 from flowrl.metrics import names
+from flowrl.metrics.dashboard_js import FILTER_JS, PICK_STEP_JS, SHOW_SAMPLE_JS, TICK_JS
 from flowrl.metrics.groups import RESHARD_GROUP, THROUGHPUT_GROUP, group_metrics, headline_keys, keys_of
 from flowrl.metrics.run_reader import SAMPLE_COLUMNS, Changes, RunReader
 
 FIG_W, FIG_H = 330, 210
-NCOLS = 4
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-           "#bcbd22", "#17becf")
+# The graph nodes of the built-in families, in the order they run: each keeps its colour in every
+# run and every step; another node gets one from its name's hash (the same in every run).
+NODE_ORDER = ("collect", "gen", "gen_baseline", "val_gen", "reward", "rm_score", "reward_baseline",
+              "val_reward", "overlong", "combine_rewards", "old_log_prob", "ref", "values", "kl_in_reward",
+              "adv", "rollout_corr", "critic_warmup", "update_critic", "update_actor", "rollout_sleep",
+              "val_report")
 NO_RESHARD = "no reshard metrics yet"
 NO_TIMELINE = "no timeline.jsonl yet (written by flowrl's trainer after each step)"
 
-# Copies the chosen step's rows of each "all" source into its "shown" source, orders the Gantt's
-# rows by start time and retitles it. Runs in the browser: on a step change, and when the server
-# pushes new rows.
-_PICK_STEP_JS = """
-const step = Number(select.value);
-function pick(all, shown) {
-  const s = all.get_column("step") || [];
-  const idx = [];
-  for (let i = 0; i < s.length; i++) { if (Number(s[i]) === step) idx.push(i); }
-  const out = {};
-  for (const k of all.columns()) { const c = all.get_column(k); out[k] = idx.map((i) => c[i]); }
-  shown.data = out;
-  return idx.length;
-}
-const n_nodes = pick(tl_all, tl_shown);
-const n_rows = pick(smp_all, smp_shown);
-const nodes = tl_shown.data.node || [];
-const order = [...new Set(nodes)];
-y_range.factors = order.length ? order.slice().reverse() : ["(none)"];
-gantt_title.text = n_nodes ? `step ${step}: graph nodes, seconds since the step was submitted`
-                           : `step ${step}: no timeline rows`;
-// a DataTable redraws when its view's indices change, which they do not when the new step has
-// as many rows as the old one: tell it
-table.view.change.emit();
-table_note.text = n_rows ? `step ${step}: ${n_rows} samples` : `step ${step}: no experience Parquet`;
-"""
 
-# Shows the clicked sample row's whole prompt and response.
-_SHOW_SAMPLE_JS = """
-const i = src.selected.indices[0];
-if (i === undefined) return;
-const esc = (s) => String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
-const d = src.data;
-div.text = `<b>${esc(d.uid[i])}</b> score ${d.score[i]} (truth ${esc(d.ground_truth[i])})` +
-  `<pre style="white-space:pre-wrap">PROMPT: ${esc(d.prompt[i])}\\nRESPONSE: ${esc(d.response[i])}</pre>`;
-"""
+def stable_color(name: str, order: tuple[str, ...] = ()) -> str:
+    """The colour of a node or metric: by its place in ``order``, else by a hash of its name, so
+    it is the same in every run, whatever else the run has."""
+    from bokeh.palettes import Category20, Category20b
+
+    palette = Category20[20] + Category20b[20]
+    index = order.index(name) if name in order else len(order) + zlib.crc32(name.encode())
+    return palette[index % len(palette)]
+
+
+def flat_span(values: Any) -> float | None:
+    """The y-range span for a series whose finite values are all equal (10% of the value, so an
+    axis around 5e-4 reads 4.75e-4..5.25e-4 rather than -1..1), None for a varying or empty one."""
+    arr = np.asarray(values, dtype=np.float64)
+    arr = arr[np.isfinite(arr)]
+    if arr.size == 0 or arr.min() != arr.max():
+        return None
+    return abs(float(arr[0])) * 0.1 or 1.0
 
 
 def _figure(title: str, *, x_range: Any = None, y_label: str = "", name: str = "") -> Any:
+    from bokeh.models import CustomJSTickFormatter, DataRange1d
     from bokeh.plotting import figure
 
     kwargs = {"x_range": x_range} if x_range is not None else {}
     fig = figure(title=title, width=FIG_W, height=FIG_H, tools="pan,wheel_zoom,box_zoom,reset,save",
-                 toolbar_location="above", name=name or None, **kwargs)
+                 toolbar_location="above", name=name or None, y_range=DataRange1d(), **kwargs)
+    fig.yaxis.formatter = CustomJSTickFormatter(code=TICK_JS)
     fig.title.text_font_size = "9pt"
     fig.xaxis.axis_label = "step"
     fig.yaxis.axis_label = y_label
@@ -120,7 +110,7 @@ class Dashboard:
 
         self.metrics_src = ColumnDataSource(self._metric_data(), name="metrics")
         self.x_range = DataRange1d(name="steps")
-        tl_cols = {"step": [], "node": [], "start": [], "end": [], "duration": [], "label": []}
+        tl_cols = {"step": [], "node": [], "start": [], "end": [], "duration": [], "label": [], "color": []}
         self.tl_all = ColumnDataSource(tl_cols, name="timeline_all")
         self.tl_shown = ColumnDataSource({k: [] for k in tl_cols}, name="timeline_shown")
         empty_samples = {k: [] for k in SAMPLE_COLUMNS}
@@ -130,7 +120,7 @@ class Dashboard:
     def _make_widgets(self) -> None:
         """Header, step selector, Gantt, samples table and the (empty) panels."""
         from bokeh.layouts import column, row
-        from bokeh.models import Checkbox, Div, Select
+        from bokeh.models import Checkbox, Div, Select, TextInput
 
         self.header = Div(text="", name="header", sizing_mode="stretch_width")
         self.step_select = Select(title="step", options=[], value="", width=120, name="step_select")
@@ -144,6 +134,8 @@ class Dashboard:
         self.throughput = column(name="throughput")
         self.reshard = column(name="reshard")
         self.all_metrics = column(name="all_metrics")
+        self.metric_filter = TextInput(title="show metrics whose name contains", placeholder="e.g. actor/ or kl",
+                                       width=320, name="metric_filter")
 
     def _link_step_selector(self) -> None:
         """The browser-side callbacks: the step selector (and new rows) pick the shown step's
@@ -153,13 +145,14 @@ class Dashboard:
         callback = CustomJS(args=dict(select=self.step_select, tl_all=self.tl_all, tl_shown=self.tl_shown,
                                       smp_all=self.smp_all, smp_shown=self.smp_shown, y_range=self.gantt.y_range,
                                       gantt_title=self.gantt.title, table_note=self.table_note, table=self.table),
-                            code=_PICK_STEP_JS)
+                            code=PICK_STEP_JS)
         self.step_select.js_on_change("value", callback)
         for src in (self.tl_all, self.smp_all):
             src.js_on_change("data", callback)
             src.js_on_change("streaming", callback)
         self.smp_shown.selected.js_on_change("indices", CustomJS(args=dict(src=self.smp_shown, div=self.selected_text),
-                                                                 code=_SHOW_SAMPLE_JS))
+                                                                 code=SHOW_SAMPLE_JS))
+        self.metric_filter.js_on_change("value_input", CustomJS(args=dict(panel=self.all_metrics), code=FILTER_JS))
 
     def _layout(self) -> Any:
         from bokeh.layouts import column, row
@@ -176,7 +169,7 @@ class Dashboard:
             self.table_note, self.table, self.selected_text,
             h("Throughput"), self.throughput,
             h("Reshard"), self.reshard,
-            h("All metrics"), self.all_metrics,
+            h("All metrics"), self.metric_filter, self.all_metrics,
             name="flowrl_dashboard", sizing_mode="stretch_width",
         )
 
@@ -193,6 +186,7 @@ class Dashboard:
             "end": [r["end"] for r in rows],
             "duration": [r["end"] - r["start"] for r in rows],
             "label": [f"{r['end'] - r['start']:.3g}s" for r in rows],
+            "color": [stable_color(r["node"], NODE_ORDER) for r in rows],
         }
         self.gantt_note.visible = not rows
 
@@ -239,16 +233,14 @@ class Dashboard:
     def _gantt(self) -> tuple[Any, Any]:
         from bokeh.models import Div, FactorRange, HoverTool, LabelSet
         from bokeh.plotting import figure
-        from bokeh.transform import factor_cmap
 
         fig = figure(title="node timeline", y_range=FactorRange(factors=["(none)"]), height=300,
                      sizing_mode="stretch_width", tools="xpan,xwheel_zoom,reset,save", toolbar_location="above",
                      name="timeline", x_axis_label="seconds since the step was submitted")
-        nodes = sorted({r["node"] for r in self.reader.timeline}) or ["gen"]
-        colors = [PALETTE[i % len(PALETTE)] for i in range(len(nodes))]
+        # the colour is a column (stable_color), so nodes that first appear after the page was
+        # built get theirs too
         bars = fig.hbar(y="node", left="start", right="end", height=0.6, source=self.tl_shown,
-                        fill_color=factor_cmap("node", palette=colors, factors=nodes, nan_color="#999999"),
-                        line_color=None, name="timeline_bars")
+                        fill_color="color", line_color=None, name="timeline_bars")
         fig.add_layout(LabelSet(x="end", y="node", text="label", source=self.tl_shown, x_offset=4, y_offset=-6,
                                 text_font_size="8pt"))
         fig.add_tools(HoverTool(renderers=[bars], tooltips=[("node", "@node"), ("start", "@start{0.000}s"),
@@ -278,19 +270,33 @@ class Dashboard:
         fig = _figure(key, x_range=self.x_range, name=f"{panel}:{key}")
         line = fig.line("step", key, source=self.metrics_src, line_width=2, color=color)
         fig.scatter("step", key, source=self.metrics_src, size=4, color=color)
-        fig.add_tools(HoverTool(renderers=[line], tooltips=[("step", "@step"), (key, f"@{{{key}}}{{0.0000}}")], mode="vline"))
+        field = f"@{{{key}}}"
+        fig.add_tools(HoverTool(renderers=[line], tooltips=[("step", "@step"), (key, field + "{%.4g}")],
+                                formatters={field: "printf"}, mode="vline"))
         self._figures[(panel, key)] = fig
+        self._set_span(key, fig)
         return fig
+
+    def _set_span(self, key: str, fig: Any) -> None:
+        """A flat series gets an axis around its value (:func:`flat_span`), a varying one Bokeh's."""
+        span = flat_span(self.metrics_src.data.get(key, ()))
+        fig.y_range.default_span = span if span is not None else 2.0
+
+    def _set_spans(self) -> None:
+        for (_, key), fig in self._figures.items():
+            self._set_span(key, fig)
 
     def _grid(self, keys: list[str], panel: str) -> Any:
         """Curves of ``keys``, each figure named ``<panel>:<key>`` (``metric`` for the all-metrics
         sections, ``overview``, ``throughput``, ``reshard``)."""
-        from bokeh.layouts import gridplot
+        from bokeh.layouts import row
 
         cache_key = (panel, tuple(keys))
         if cache_key not in self._grids:  # unchanged sections keep their models: the browser keeps their views
-            figs = [self._curve(k, PALETTE[i % len(PALETTE)], panel) for i, k in enumerate(keys)]
-            self._grids[cache_key] = gridplot(figs, ncols=NCOLS, toolbar_location=None)
+            figs = [self._curve(k, stable_color(k), panel) for k in keys]
+            # a wrapping row: as many figures a line as the window is wide, none clipped
+            self._grids[cache_key] = row(*figs, sizing_mode="stretch_width", name=f"grid:{panel}",
+                                         styles={"flex-wrap": "wrap", "gap": "4px"})
         return self._grids[cache_key]
 
     def _build_metric_panels(self) -> None:
@@ -336,6 +342,14 @@ class Dashboard:
             + f" &middot; {dask} &middot; updated {updated}{note}</div>"
         )
 
+    def show_in_notebook(self) -> None:
+        """Show the dashboard inline in Jupyter, BokehJS inlined (works offline, no CDN)."""
+        from bokeh.io import output_notebook, show
+        from bokeh.resources import INLINE
+
+        output_notebook(INLINE, hide_banner=True)
+        show(self.layout)
+
     # ----------------------------------------------------------------- live
     def update(self) -> Changes:
         """Re-read the run directory and push what changed."""
@@ -352,6 +366,8 @@ class Dashboard:
         elif changes.new_metric_rows:
             new = self.reader.rows_columns(changes.new_metric_rows)
             self.metrics_src.stream({k: np.asarray(v, dtype=np.float64) for k, v in new.items()})
+        if changes.metrics_reset or changes.new_metric_rows or keys != self._keys:
+            self._set_spans()
         if changes.any:
             self._set_steps()
         self._set_header()

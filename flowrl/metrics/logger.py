@@ -31,22 +31,47 @@ CONSOLE_KEYS = (
 
 
 class JsonlLogger:
-    """Appends one JSON object per step; flushed at once so a crash loses no finished step."""
+    """Appends one JSON object per step; flushed at once so a crash loses no finished step.
+
+    The first step logged replaces the file's rows of that step and later ones (a run resumed, a
+    notebook cell run again): a step is never in the file twice."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._fh: IO[str] | None = open(self.path, "a")
+        self.path.touch()  # the run's metrics file exists from the start (kept as it is until a step logs)
+        self._fh: IO[str] | None = None
+        self._closed = False
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        assert self._fh is not None, "logger closed"
+        assert not self._closed, "logger closed"
+        if self._fh is None:
+            drop_rows_from(self.path, step)
+            self._fh = open(self.path, "a")
         row = {"step": step, **{k: _finite(v) for k, v in sorted(metrics.items())}}
         self._fh.write(json.dumps(row) + "\n")
         self._fh.flush()
 
     def close(self) -> None:
+        self._closed = True
         if self._fh is not None:
             self._fh.close()
             self._fh = None
+
+
+def drop_rows_from(path: Path, step: int) -> None:
+    """Keep only the rows of a per-step JSONL file (``metrics.jsonl``, ``timeline.jsonl``) of
+    steps before ``step`` (the rest are run again)."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by a crash
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] < step:
+            kept.append(line)
+    path.write_text("".join(line + "\n" for line in kept))
 
 
 def _finite(v: float) -> float | None:

@@ -33,11 +33,11 @@ def reshard(actor: BoundCall, rollout: BoundCall, _after: Any, job: "ReshardJob"
 
 def reshard_metrics(per_process: list[dict], seconds: float) -> dict[str, float]:
     """``reshard/bytes`` (received over the network, all processes), ``reshard/bytes_min`` (the
-    plan's theoretical minimum), ``reshard/peak_extra_bytes`` (the largest staging peak of any
-    process) and ``compute_s/reshard`` (the slowest process)."""
+    plan's theoretical minimum, summed from each process's own), ``reshard/peak_extra_bytes``
+    (the largest staging peak of any process) and ``compute_s/reshard`` (the slowest process)."""
     return {
         names.RESHARD_BYTES: float(sum(s["bytes_received"] for s in per_process)),
-        names.RESHARD_BYTES_MIN: float(per_process[0]["bytes_min"]),
+        names.RESHARD_BYTES_MIN: float(sum(s["bytes_min"] for s in per_process)),
         names.RESHARD_PEAK_EXTRA_BYTES: float(max(s["peak_extra_bytes"] for s in per_process)),
         names.compute(names.RESHARD): seconds,
     }

@@ -152,7 +152,7 @@ class RolloutRole:
         from flowrl.backends.generate.staging import gather_replica_state, staging_tensors
         from flowrl.backends.interfaces import torch_dtype
 
-        spec = job.plan().dst
+        spec = job.specs()[1]  # the destination spec (no whole plan)
         staged = staging_tensors(spec, self.rank, torch_dtype(self.dtype))
         stats = run_rank(job, dst_rank=self.rank, dst=staged)
         state = gather_replica_state(spec, self.rank, self.tp, staged)

@@ -170,6 +170,8 @@ def test_live_dashboard_renders_curves_timeline_and_samples(run_dir):
 
 
 def test_exported_html_opens_without_a_server(run_dir, tmp_path):
+    """The export opens from file:// and passes the live page's checks; then, in a narrower
+    window, the formatting, filter, colour and width checks."""
     out = tmp_path / "dashboard.html"
     proc = subprocess.run([sys.executable, "-m", "flowrl.cli", "dashboard", str(run_dir), "--export", str(out)],
                           capture_output=True, text=True, timeout=300)
@@ -179,6 +181,7 @@ def test_exported_html_opens_without_a_server(run_dir, tmp_path):
     with Chromium() as browser:
         browser.open(out.as_uri())
         check_panels(browser, run_dir, "dashboard_export.png")
+        check_formats_filter_colours_and_width(browser)
 
 
 def test_live_dashboard_follows_a_running_run(run_dir, tmp_path):
@@ -215,3 +218,41 @@ def test_live_dashboard_follows_a_running_run(run_dir, tmp_path):
             browser.wait_for(f"new Set({DOC}.get_model_by_name('timeline_shown').data.step).has(2)", timeout_s=60)
     finally:
         server.close()
+
+
+def check_formats_filter_colours_and_width(browser: Chromium) -> None:
+    """Issue 20's dashboard items, as the browser shows them: tick labels and hover values with
+    the digits that matter, the metric filter, a colour per node kept across steps, and figures
+    that wrap in a 900 px window instead of being clipped."""
+    browser.call("Emulation.setDeviceMetricsOverride", {"width": 900, "height": 2600, "deviceScaleFactor": 1, "mobile": False})
+    fmt = f"{DOC}.get_model_by_name('metric:critic/score/mean').left[0].formatter.code"
+
+    def ticks(values: list[float]) -> list[str]:
+        return browser.evaluate(f"(() => {{ const f = new Function('tick', 'index', 'ticks', {fmt});"
+                                f" const t = {json.dumps(values)}; return t.map((v, i) => f(v, i, t)); }})()")
+
+    # reshard byte counts 50 apart: distinct labels with a suffix, not 1.0383370e+6
+    assert ticks([1038300, 1038350, 1038400]) == ["1.03830M", "1.03835M", "1.03840M"]
+    # a learning rate around 5e-4, and ordinary values
+    assert ticks([4.8e-4, 5.0e-4, 5.2e-4]) == ["4.80e-4", "5.00e-4", "5.20e-4"]
+    assert ticks([0, 0.5, 1.0]) == ["0", "0.5", "1.0"] and ticks([0, 20, 40]) == ["0", "20", "40"]
+    # the metric filter hides the other figures and their section titles, in the browser
+    browser.evaluate(f"{DOC}.get_model_by_name('metric_filter').value_input = 'actor/'")
+    visible = browser.wait_for(
+        f"(() => {{ const m = [...{DOC}.all_models].filter(m => m.name && m.name.startsWith('metric:'));"
+        " const v = m.filter(f => f.visible).map(f => f.name);"
+        " return v.length && v.length < m.length ? v : null; })()", timeout_s=30)
+    assert visible and all(name.startswith("metric:actor/") for name in visible), visible
+    # one colour per node, the same in every step
+    data = browser.evaluate(f"{DOC}.get_model_by_name('timeline_all').data")
+    by_node: dict[str, set[str]] = {}
+    for node, colour in zip(data["node"], data["color"]):
+        by_node.setdefault(node, set()).add(colour)
+    assert all(len(c) == 1 for c in by_node.values()), by_node
+    assert len({next(iter(c)) for c in by_node.values()}) == len(by_node)
+    # nothing wider than the window: the figures wrapped
+    width = browser.wait_for("(() => { const w = [document.documentElement.scrollWidth, window.innerWidth];"
+                             " return w[1] <= 900 && w[0] <= w[1] + 2 ? w : null; })()", timeout_s=30)
+    assert width, width
+    path = browser.screenshot(ARTIFACTS / "dashboard_narrow_filtered.png")
+    print(f"screenshot: {path}")

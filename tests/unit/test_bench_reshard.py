@@ -55,3 +55,27 @@ def test_benchmark_model_is_at_least_50m_parameters():
     import math
 
     assert sum(math.prod(s) for s in bench.MODEL.param_shapes().values()) >= 50e6
+
+
+def test_planning_benchmark_runs_on_a_tiny_model():
+    # benchmarks/reshard_planning.py's core on a toy shape and small worlds (the real run, a 7B
+    # shape up to 4,096 ranks, is run by hand): rows per (world, generation layout), the whole
+    # plan listed only up to --whole-up-to, each busiest rank's plan checked against its row
+    from flowrl.parallel.shard_spec import ModelShape
+
+    spec = importlib.util.spec_from_file_location("bench_reshard_planning",
+                                                  BENCH_DIR / "reshard_planning.py")
+    planning = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = planning
+    spec.loader.exec_module(planning)
+    toy = ModelShape(vocab_size=64, hidden_size=8, ffn_hidden_size=16, num_layers=4, num_heads=4,
+                     num_kv_heads=2, head_dim=2)
+    result = planning.run(model=toy, max_world=16, whole_up_to=8, repeats=1,
+                          train={"tp": 2, "pp": 2}, gens=({"tp": 1}, {"tp": 2}), min_world=4)
+    cases = result["cases"]
+    assert [(c["world"], c["gen"]) for c in cases] == [
+        (4, "dp=4,tp=1,pp=1"), (4, "dp=2,tp=2,pp=1"), (8, "dp=8,tp=1,pp=1"),
+        (8, "dp=4,tp=2,pp=1"), (16, "dp=16,tp=1,pp=1"), (16, "dp=8,tp=2,pp=1")]
+    assert all((c["whole_s"] is None) == (c["world"] > 8) for c in cases)
+    assert all(c["bytes_sent"] == c["bytes_min"] > 0 and c["rank_transfers"] > 0 for c in cases)
+    assert "summary s" in planning.format_table(cases) and "machine" in result

@@ -123,3 +123,28 @@ def test_export_is_one_self_contained_file(run_dir, tmp_path):
     html = out.read_text()
     assert "cdn.bokeh.org" not in html and "flowrl_dashboard" in html and "samples_shown" in html
     assert len(html) > 500_000  # BokehJS inlined
+
+
+def test_colours_are_stable_and_flat_series_get_an_axis_around_their_value(run_dir):
+    pytest.importorskip("bokeh")
+    from flowrl.metrics.dashboard import NODE_ORDER, Dashboard, flat_span, stable_color
+
+    # a node's colour is its place in the built-in order, whatever else the step has
+    assert stable_color("gen", NODE_ORDER) != stable_color("update_actor", NODE_ORDER)
+    assert stable_color("my_node", NODE_ORDER) == stable_color("my_node", NODE_ORDER)
+    assert flat_span([5e-4, 5e-4, float("nan")]) == pytest.approx(5e-5)
+    assert flat_span([0.0, 0.0]) == 1.0 and flat_span([1.0, 2.0]) is None and flat_span([]) is None
+
+    dash = Dashboard(run_dir, live=True)
+    assert dash.tl_all.data["color"][0] == stable_color("gen", NODE_ORDER)
+    figs = {m.name: m for m in dash.layout.references() if getattr(m, "name", None)}
+    # actor/pg_loss is -0.5 at every step: an axis of span 0.05 around it, not Bokeh's -1.5..0.5
+    assert figs["metric:actor/pg_loss"].y_range.default_span == pytest.approx(0.05)
+    assert figs["metric:critic/score/mean"].y_range.default_span == 2.0  # varies: Bokeh's own range
+    hover = [t for t in figs["metric:actor/pg_loss"].tools if type(t).__name__ == "HoverTool"][0]
+    assert hover.tooltips[1][1].endswith("{%.4g}") and set(hover.formatters.values()) == {"printf"}
+    # a step where the loss moves: the range follows the data again
+    write_step(run_dir, 2, extra={"actor/pg_loss": -0.25})
+    dash.update()
+    assert figs["metric:actor/pg_loss"].y_range.default_span == 2.0
+    assert "metric_filter" in figs

@@ -75,3 +75,20 @@ def test_missing_tensorboard_is_a_config_error(tmp_path, monkeypatch):
         open_loggers(["tensorboard"], tmp_path, total=1)
     assert err.value.key == "trainer.logger" and "pip install tensorboard" in err.value.fix
     assert (tmp_path / "metrics.jsonl").is_file()  # opened first, closed on the error
+
+
+def test_jsonl_a_step_logged_again_replaces_its_rows(tmp_path):
+    # a notebook cell run twice (or a resumed run) logs steps 0..2 again: each stays once
+    from flowrl.metrics.logger import JsonlLogger, read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    for _ in range(2):
+        logger = JsonlLogger(path)
+        for step in range(3):
+            logger.log(step, {"critic/score/mean": float(step)})
+        logger.close()
+    assert [r["step"] for r in read_metrics(path)] == [0, 1, 2]
+    logger = JsonlLogger(path)  # resumed at step 2: steps 0 and 1 kept, 2 replaced
+    logger.log(2, {"critic/score/mean": 9.0})
+    logger.close()
+    assert [(r["step"], r["critic/score/mean"]) for r in read_metrics(path)] == [(0, 0.0), (1, 1.0), (2, 9.0)]

@@ -110,7 +110,7 @@ def test_bucket_bounds_rounds_and_staging():
 def test_bucket_smaller_than_a_row_names_the_fix():
     plan = _plan(PAIRS[0])
     # a vocabulary row of the embedding: hidden 8 * 2 bytes = 16 bytes
-    with pytest.raises(ValueError, match=r"bucket_bytes=8 is smaller than one row of .* use bucket_bytes >= 32"):
+    with pytest.raises(ValueError, match=r"bucket_bytes=8 is smaller than two rows of .* use bucket_bytes >= 32"):
         schedule_plan(plan, bucket_bytes=8)
     with pytest.raises(ValueError, match="bucket_bytes=-1 must be a positive integer"):
         schedule_plan(plan, bucket_bytes=-1)

@@ -5,19 +5,22 @@ by the source spec's local names; ``dst``: the generation tensors to overwrite, 
 spec's) and a process group whose ranks are the plan's processes (colocated: the worker group's
 own group; split: the joint group of ``flowrl.comm.joint``).
 
-``planned`` (the plan, bucketed by ``flowrl.parallel.reshard_schedule``):
+``planned`` (this process's own part of the plan, ``job.rank_plan(process)``, bucketed by
+``flowrl.parallel.reshard_schedule.schedule_rank``; no process lists another's transfers):
   1. local copies: ``dst[slice].copy_(src[slice])``, no buffer;
-  2. per round, every message to or from this process is posted at once (``recv``/``send`` on the
-     group), then waited for; a message that is one contiguous slice of a tensor of the wire dtype
-     travels without staging (dim-0 slices: most of a model), others are packed into (or unpacked
-     from) a staging buffer. Staging never exceeds one bucket per process.
+  2. per round (in round order), every message to or from this process is posted at once
+     (``recv``/``send`` on the group, tag ``Round.tag``), then waited for; a message that is
+     one contiguous slice of a tensor of the wire dtype travels without staging (dim-0 slices:
+     most of a model), others are packed into (or unpacked from) a staging buffer. Staging
+     never exceeds one bucket per process.
 ``naive`` (verl's gather-then-broadcast, for comparison): source rank 0's process gathers the full
   model (every other source sends it what it lacks), sends it whole to every destination process,
   and each slices its shard out; the full model is materialised on every destination process.
 
 Both report ``bytes_sent`` / ``bytes_received`` (over the group), ``bytes_local`` (copied in
 place), ``peak_extra_bytes`` (the most staging alive at once, counted by the transport itself, as
-every buffer it allocates goes through :class:`Staging`) and the plan's ``bytes_min``.
+every buffer it allocates goes through :class:`Staging`) and this process's ``bytes_min`` (the
+processes' sum is the plan's).
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ import torch
 from flowrl.backends.interfaces import torch_dtype
 from flowrl.backends.reshard.job import ReshardJob
 from flowrl.parallel.mesh import ParallelDims
-from flowrl.parallel.reshard_plan import Placement, Transfer, plan_reshard
-from flowrl.parallel.reshard_schedule import Schedule, schedule_plan
+from flowrl.parallel.reshard_plan import Placement, Transfer, plan_for_rank
+from flowrl.parallel.reshard_schedule import Schedule, schedule_rank
 from flowrl.parallel.shard_spec import ShardSpec, piece_index, shard_spec
 
 __all__ = ["Staging", "check_tensors", "execute_schedule", "run_rank"]
@@ -98,7 +101,8 @@ def execute_schedule(schedule: Schedule, *, process: int, pg: Any, src: Tensors 
     for t in schedule.local_for(process):
         _dst_view(t, dst).copy_(_src_view(t, src))
         out["bytes_local"] += t.nbytes
-    for i, rnd in enumerate(schedule.rounds):
+    for rnd in schedule.rounds:
+        i = rnd.tag
         works, unpack, held = [], [], []
         for m in rnd.messages:
             if m.dst_process == process:
@@ -137,17 +141,22 @@ def execute_schedule(schedule: Schedule, *, process: int, pg: Any, src: Tensors 
     return out
 
 
+BROADCAST_TAG = 1 << 20
+"""Tag of the naive transport's full-model messages (the gather's tags are message indices)."""
+
+
 @torch.no_grad()
 def _run_naive(job: ReshardJob, *, process: int, pg: Any, src: Tensors | None,
                dst: Tensors | None, dst_rank: int | None, wire: torch.dtype,
                staging: Staging) -> dict[str, int]:
-    plan = job.plan()
-    full = shard_spec(plan.src.model, ParallelDims(dp=1, tp=1, pp=1), style="hf")
-    root = plan.placement.src[0]
-    gather = schedule_plan(
-        plan_reshard(plan.src, full, placement=Placement(plan.placement.src, (root,)),
-                     bytes_per_element=job.bytes_per_element), bucket_bytes=None)
-    receivers = sorted(set(plan.placement.dst) - {root})
+    src_spec, dst_spec = job.specs()
+    full = shard_spec(src_spec.model, ParallelDims(dp=1, tp=1, pp=1), style="hf")
+    placement = job.placement
+    root = placement.src[0]
+    gather = schedule_rank(
+        plan_for_rank(src_spec, full, placement=Placement(placement.src, (root,)), process=process,
+                      bytes_per_element=job.bytes_per_element), bucket_bytes=None)
+    receivers = sorted(set(placement.dst) - {root})
     flat = views = None
     if process == root or process in receivers:
         flat = staging.alloc(full.num_params, wire)  # the whole model, materialised here
@@ -159,16 +168,16 @@ def _run_naive(job: ReshardJob, *, process: int, pg: Any, src: Tensors | None,
     out = execute_schedule(gather, process=process, pg=pg, src=src,
                            dst=views if process == root else None, wire=wire, staging=staging)
     if process == root:
-        works = [pg.send([flat], p, len(gather.rounds)) for p in receivers]
+        works = [pg.send([flat], p, BROADCAST_TAG) for p in receivers]
         for work in works:
             work.wait()
         out["bytes_sent"] += flat.nbytes * len(receivers)
     elif process in receivers:
-        pg.recv([flat], root, len(gather.rounds)).wait()
+        pg.recv([flat], root, BROADCAST_TAG).wait()
         out["bytes_received"] += flat.nbytes
     if dst_rank is not None:  # cut this process's destination shard out of the full model
-        for piece in plan.dst.shard_of(dst_rank).pieces:
-            ndim = len(plan.dst.params[piece.param])
+        for piece in dst_spec.shard_of(dst_rank).pieces:
+            ndim = len(dst_spec.params[piece.param])
             dst[piece.local][piece_index(piece, local=True, ndim=ndim)].copy_(
                 views[piece.param][piece_index(piece, local=False, ndim=ndim)])
     if flat is not None:
@@ -197,20 +206,21 @@ def run_rank(job: ReshardJob, *, src_rank: int | None = None, dst_rank: int | No
              ) -> dict[str, float]:
     """This process's part of ``job``: it hosts source rank ``src_rank`` (holding ``src``) and/or
     destination rank ``dst_rank`` (whose ``dst`` tensors are overwritten in place). Returns the
-    byte counts, the staging peak, the plan's minimum and the seconds spent."""
+    byte counts, the staging peak, this process's minimum (what its destination shard lacks
+    locally; summed over the processes: the plan's) and the seconds spent."""
     start = time.perf_counter()
-    plan = job.plan()
-    placement = plan.placement
+    placement = job.placement
     procs = {placement.src[src_rank] if src_rank is not None else None,
              placement.dst[dst_rank] if dst_rank is not None else None} - {None}
     if len(procs) != 1:
         raise ValueError(f"reshard: source rank {src_rank} and destination rank {dst_rank} are not "
                          f"one process of the placement {placement}")
     (process,) = procs
+    src_spec, dst_spec = job.specs()
     if src_rank is not None:
-        check_tensors(plan.src, src_rank, src, "source")
+        check_tensors(src_spec, src_rank, src, "source")
     if dst_rank is not None:
-        check_tensors(plan.dst, dst_rank, dst, "destination")
+        check_tensors(dst_spec, dst_rank, dst, "destination")
     pg = pg if pg is not None else _process_group(job, process)
     wire = torch_dtype(job.wire_dtype)
     staging = Staging()
@@ -218,8 +228,8 @@ def run_rank(job: ReshardJob, *, src_rank: int | None = None, dst_rank: int | No
         out = _run_naive(job, process=process, pg=pg, src=src, dst=dst, dst_rank=dst_rank,
                          wire=wire, staging=staging)
     else:
-        out = execute_schedule(job.schedule(), process=process, pg=pg, src=src, dst=dst,
-                               wire=wire, staging=staging)
-    return {**out, "peak_extra_bytes": staging.peak, "bytes_min": plan.bytes_min,
-            "model_bytes": plan.model_bytes, "process": process,
+        out = execute_schedule(job.rank_schedule(process), process=process, pg=pg, src=src,
+                               dst=dst, wire=wire, staging=staging)
+    return {**out, "peak_extra_bytes": staging.peak, "bytes_min": job.min_bytes(process),
+            "model_bytes": dst_spec.num_params * job.bytes_per_element, "process": process,
             "seconds": time.perf_counter() - start}

@@ -2,8 +2,10 @@
 
 A :class:`ReshardJob` names the model, the source (training) and destination (generation)
 layouts with their storage styles (``flowrl.parallel.shard_spec``), the placement of ranks on
-processes, the transport, the staging bucket and the wire dtype. Every rank rebuilds the same
-plan and schedule from it (cached per process), so no transfer list crosses the network.
+processes, the transport, the staging bucket and the wire dtype. Every process computes only its
+own part of the plan and its rounds from it (``rank_plan(process)``, ``rank_schedule(process)``:
+``flowrl.parallel.reshard_rank``, cached per process), so no transfer list crosses the network
+and no process lists the others' transfers; ``plan()`` (the whole plan) is for checks and tools.
 
 ``job_for_run(cfg)`` derives the job of a GRPO/PPO run: the actor group's layout (``dp`` strategy:
 full HF replicas, tp = pp = 1; ``megatron``: its TP/PP shards) to the rollout group's (``hf``: a
@@ -19,9 +21,19 @@ from typing import Any
 
 from flowrl.comm.joint import JointSpec
 from flowrl.parallel.mesh import ParallelDims
-from flowrl.parallel.reshard_plan import Placement, ReshardPlan, plan_reshard
-from flowrl.parallel.reshard_schedule import Schedule, schedule_plan
-from flowrl.parallel.shard_spec import STYLES, ModelShape, shard_spec
+from flowrl.parallel.reshard_plan import (
+    Placement,
+    PlanStats,
+    RankPlan,
+    ReshardIndex,
+    ReshardPlan,
+    plan_for_rank,
+    plan_reshard,
+    plan_summary,
+    process_min_bytes,
+)
+from flowrl.parallel.reshard_schedule import Schedule, check_bucket, schedule_plan, schedule_rank
+from flowrl.parallel.shard_spec import STYLES, ModelShape, ShardSpec, shard_spec
 
 __all__ = ["DTYPE_BYTES", "TRANSPORTS", "ReshardJob", "job_for_run", "make_job"]
 
@@ -71,26 +83,75 @@ class ReshardJob:
         return (self.model, self.src_dims, self.src_style, self.dst_dims, self.dst_style,
                 self.placement, self.bytes_per_element, self.make_vocab_size_divisible_by)
 
+    def specs(self) -> tuple[ShardSpec, ShardSpec]:
+        """The source and destination shard specs (built once per process per job)."""
+        ix = _index(self._key())
+        return ix.src, ix.dst
+
     def plan(self) -> ReshardPlan:
-        """The plan (built once per process per job; the rendezvous address does not count)."""
+        """The whole plan (every process's transfers): for checks and tools, not the transport."""
         return _plan(self._key())
 
     def schedule(self) -> Schedule:
+        """The whole plan's rounds (``schedule_plan``)."""
         return _schedule(self._key(), self.bucket_bytes)
+
+    def summary(self) -> PlanStats:
+        """The whole plan's totals and per-process loads, without listing any transfer."""
+        return _summary(self._key())
+
+    def rank_plan(self, process: int) -> RankPlan:
+        """The transfers touching ``process`` (``plan_for_rank``): what the transport runs."""
+        return _rank_plan(self._key(), process)
+
+    def min_bytes(self, process: int) -> int:
+        """What ``process``'s destination shard lacks locally (``process_min_bytes``)."""
+        ix = _index(self._key())
+        return process_min_bytes(ix, self.placement, process, self.bytes_per_element)
+
+    def rank_schedule(self, process: int) -> Schedule:
+        """``process``'s rounds (``schedule_rank``); the bucket is checked against every
+        parameter, so all processes accept or refuse it alike."""
+        return _rank_schedule(self._key(), process, self.bucket_bytes)
+
+
+@lru_cache(maxsize=8)
+def _index(key: tuple) -> ReshardIndex:
+    model, src_dims, src_style, dst_dims, dst_style, placement, bpe, divisible_by = key
+    kw = {"make_vocab_size_divisible_by": divisible_by}
+    return ReshardIndex(shard_spec(model, src_dims, style=src_style, **kw),
+                        shard_spec(model, dst_dims, style=dst_style, **kw))
 
 
 @lru_cache(maxsize=8)
 def _plan(key: tuple) -> ReshardPlan:
-    model, src_dims, src_style, dst_dims, dst_style, placement, bpe, divisible_by = key
-    kw = {"make_vocab_size_divisible_by": divisible_by}
-    src = shard_spec(model, src_dims, style=src_style, **kw)
-    dst = shard_spec(model, dst_dims, style=dst_style, **kw)
-    return plan_reshard(src, dst, placement=placement, bytes_per_element=bpe)
+    ix = _index(key)
+    return plan_reshard(ix.src, ix.dst, placement=key[5], bytes_per_element=key[6], index=ix)
+
+
+@lru_cache(maxsize=8)
+def _summary(key: tuple) -> PlanStats:
+    ix = _index(key)
+    return plan_summary(ix.src, ix.dst, placement=key[5], bytes_per_element=key[6], index=ix)
 
 
 @lru_cache(maxsize=8)
 def _schedule(key: tuple, bucket_bytes: int | None) -> Schedule:
     return schedule_plan(_plan(key), bucket_bytes=bucket_bytes)
+
+
+@lru_cache(maxsize=16)
+def _rank_plan(key: tuple, process: int) -> RankPlan:
+    ix = _index(key)
+    return plan_for_rank(ix.src, ix.dst, placement=key[5], process=process,
+                         bytes_per_element=key[6], index=ix)
+
+
+@lru_cache(maxsize=16)
+def _rank_schedule(key: tuple, process: int, bucket_bytes: int | None) -> Schedule:
+    ix, bpe = _index(key), key[6]
+    check_bucket(bucket_bytes, {p: n * bpe for p, n in ix.row_numel.items()})
+    return schedule_rank(_rank_plan(key, process), bucket_bytes=bucket_bytes)
 
 
 def make_job(model: Any, *, src: ParallelDims, dst: ParallelDims, placement: str = "colocated",
