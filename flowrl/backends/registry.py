@@ -16,6 +16,9 @@ Traits of a train backend (``TRAIN_BACKENDS``, ``actor.strategy`` / ``ref.strate
 * ``model_kwargs`` (optional): import string of ``fn(model_cfg) -> dict``, the trained policy's
   engine arguments from ``model.*`` (gradient checkpointing); absent: the backend takes none and
   pre-flight refuses ``model.enable_gradient_checkpointing``.
+* ``lora`` (optional): import string of ``fn(cfg, *, model_path) -> None``, the pre-flight check of
+  ``model.lora_*`` for a backend whose engine takes ``lora=`` (peft adapters, the reference as the
+  base model with adapters disabled); absent: pre-flight refuses ``model.lora_rank`` > 0.
 
 Value backends (``VALUE_BACKENDS``, ``critic.strategy``): ``checkpoint`` (``"full"``, ``"sharded"``,
 or None: no critic checkpoints yet, refused in pre-flight), ``engine_kwargs`` and ``preflight`` as above
@@ -26,7 +29,8 @@ destination), ``reshard`` (``"in_place"``: the engine offers ``reshard_target()`
 staging tensors assembled on each replica's engine rank and loaded with ``load_hf_state``),
 ``role_kwargs`` (import string of ``fn(rollout_cfg, *, max_prompt_length, seed) -> dict``, extra
 ``RolloutRole`` keyword arguments; None: none) and ``preflight`` (import string of
-``fn(rollout_cfg) -> None`` raising ``ConfigError``, e.g. vLLM not installed; None: none).
+``fn(rollout_cfg, *, model_path) -> None`` raising ``ConfigError``, e.g. vLLM not installed or
+the model's head size unsupported; ``model_path`` may be None; None: none).
 
 Adding a backend: a class implementing the Protocol of ``flowrl.backends.interfaces``, one
 ``register`` line here with its traits; the config then accepts its name.
@@ -40,11 +44,13 @@ __all__ = ["GEN_BACKENDS", "TRAIN_BACKENDS", "VALUE_BACKENDS"]
 
 _MEGATRON = "flowrl.backends.train.megatron.options"
 _FSDP = "flowrl.backends.train.fsdp_options"
+_LORA = "flowrl.backends.train.lora"
 
 TRAIN_BACKENDS: Registry = Registry("train backend")
 TRAIN_BACKENDS.register(
     "dp", "flowrl.backends.train.dp_policy:TorchDPEngine",
     checkpoint="full", shard_style="hf", engine_kwargs=None, preflight=None, checkpointable=None,
+    lora=f"{_LORA}:check_lora",
 )
 TRAIN_BACKENDS.register(
     "megatron", "flowrl.backends.train.megatron.policy:MegatronTrainEngine",
@@ -54,7 +60,7 @@ TRAIN_BACKENDS.register(
 TRAIN_BACKENDS.register(
     "fsdp", "flowrl.backends.train.fsdp_policy:FSDPEngine",
     checkpoint="sharded", shard_style="hf", engine_kwargs=f"{_FSDP}:engine_kwargs", preflight=f"{_FSDP}:check_fsdp",
-    checkpointable=None, model_kwargs=f"{_FSDP}:model_kwargs",
+    checkpointable=None, model_kwargs=f"{_FSDP}:model_kwargs", lora=f"{_LORA}:check_lora",
 )
 
 VALUE_BACKENDS: Registry = Registry("value backend")

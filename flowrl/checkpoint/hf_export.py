@@ -3,6 +3,13 @@
 The model is built (on the meta device, no initialisation) from the ``config.json`` in
 ``config_dir``, filled with the checkpoint's full parameters and written with ``save_pretrained``
 (safetensors); tokenizer files and ``generation_config.json`` are copied from ``config_dir``.
+
+A LoRA checkpoint (``model.lora_rank`` > 0: the adapters only, their settings in
+``extra.lora``) needs ``lora="merge"`` (``flowrl export-hf --merge-lora``: the base model of
+``config_dir``, which LoRA never changes, with ``W + (alpha / r) B A`` merged in: a plain
+transformers directory) or ``lora="adapter"`` (``--adapter-only``: peft's adapter directory,
+``adapter_config.json`` + ``adapter_model.safetensors``, that ``PeftModel.from_pretrained(base,
+out_dir)`` loads onto the base model).
 """
 
 from __future__ import annotations
@@ -10,7 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 
-from flowrl.checkpoint.loading import check_params, load_full
+from flowrl.checkpoint.loading import check_params, load_full, load_meta
 
 __all__ = ["TOKENIZER_FILES", "export_hf"]
 
@@ -23,10 +30,11 @@ TOKENIZER_FILES = (
 
 
 def export_hf(path: str | os.PathLike, out_dir: str | os.PathLike,
-              config_dir: str | os.PathLike) -> str:
+              config_dir: str | os.PathLike, *, lora: str | None = None) -> str:
     """Write checkpoint ``path`` as a transformers directory ``out_dir`` that ``from_pretrained``
     loads. ``config_dir``: the HF directory the run started from (its ``config.json`` and
-    tokenizer). Returns ``out_dir``. ValueError if the checkpoint is of another model."""
+    tokenizer). ``lora``: for a LoRA checkpoint, ``"merge"`` or ``"adapter"`` (see the module).
+    Returns ``out_dir``. ValueError if the checkpoint is of another model."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -34,6 +42,17 @@ def export_hf(path: str | os.PathLike, out_dir: str | os.PathLike,
     if not os.path.isfile(os.path.join(config_dir, "config.json")):
         raise ValueError(f"{os.path.join(config_dir, 'config.json')} is missing; config_dir must be "
                          "the Hugging Face model directory the run started from")
+    saved_lora = (load_meta(path).get("extra") or {}).get("lora")
+    if lora not in (None, "merge", "adapter"):
+        raise ValueError(f"lora={lora!r}: use 'merge' (--merge-lora) or 'adapter' (--adapter-only)")
+    if saved_lora is None and lora is not None:
+        raise ValueError(f"{path} holds every weight, no LoRA adapters (its run had model.lora_rank=0); "
+                         "fix: export it without --merge-lora / --adapter-only")
+    if saved_lora is not None:
+        if lora is None:
+            raise ValueError(f"{path} holds LoRA adapters only ({saved_lora}); fix: pass --merge-lora (a full "
+                             "model, adapters merged into the base) or --adapter-only (peft's adapter directory)")
+        return _export_lora(path, out_dir, config_dir, saved_lora, merge=lora == "merge")
     config = AutoConfig.from_pretrained(config_dir)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
@@ -49,8 +68,38 @@ def export_hf(path: str | os.PathLike, out_dir: str | os.PathLike,
     # Non-persistent buffers (rotary inv_freq) are recomputed by from_pretrained; never saved.
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
+    _copy_tokenizer(config_dir, out_dir)
+    return out_dir
+
+
+def _copy_tokenizer(config_dir: str, out_dir: str) -> None:
     for name in TOKENIZER_FILES:
         src = os.path.join(config_dir, name)
         if os.path.isfile(src):
             shutil.copyfile(src, os.path.join(out_dir, name))
+
+
+def _export_lora(path: str | os.PathLike, out_dir: str, config_dir: str, lora: dict, *, merge: bool) -> str:
+    """The base model of ``config_dir`` with checkpoint ``path``'s adapters: merged into a plain
+    transformers directory, or peft's adapter directory."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from flowrl.models.lora import LoraSpec, add_adapters, is_adapter
+
+    adapters = load_full(path, as_torch=True)
+    dtype = next(iter(adapters.values())).dtype
+    model = AutoModelForCausalLM.from_pretrained(config_dir, dtype=dtype)
+    peft_model = add_adapters(model, LoraSpec.from_dict(lora))
+    named = {n: p for n, p in model.named_parameters() if is_adapter(n)}
+    check_params(path, {n: tuple(p.shape) for n, p in named.items()})
+    with torch.no_grad():
+        for n, p in named.items():
+            p.copy_(adapters[n])
+    os.makedirs(out_dir, exist_ok=True)
+    if merge:
+        peft_model.merge_and_unload().save_pretrained(out_dir, safe_serialization=True)
+    else:
+        peft_model.save_pretrained(out_dir, safe_serialization=True)
+    _copy_tokenizer(config_dir, out_dir)
     return out_dir

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from flowrl.config.errors import check_one_of
+from flowrl.config.errors import check, check_one_of
 from flowrl.config.sections import DTYPES
 
 
@@ -35,8 +35,17 @@ class FSDPConfig:
     """Keep the sharded parameters (and gradients, optimizer step) in host memory, FSDP2's
     ``CPUOffloadPolicy`` on GPU; on CPU they are there already (no effect)."""
     optimizer_offload: bool = False
-    """Keep the optimizer state in host memory; on CPU it is there already (no effect)."""
+    """Keep the optimizer state in host memory. Only together with ``param_offload``: FSDP2's
+    ``CPUOffloadPolicy`` then holds the sharded parameters, gradients and AdamW state on the host
+    and steps there; on its own (verl moves the state to the device and back around each step) it
+    is not built and refused. On CPU everything is in host memory already."""
     reshard_after_forward: bool = True
     """Free the gathered parameters after each block's forward (gather again in backward)."""
     mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
     """Parameter, gradient-reduction and buffer dtypes."""
+
+    def __post_init__(self) -> None:
+        check(self.param_offload or not self.optimizer_offload, "optimizer_offload", self.optimizer_offload,
+              "alone is not built (the optimizer state is offloaded with the parameters, by param_offload)",
+              "set fsdp_config.param_offload=true as well (parameters, gradients and AdamW state on the host), "
+              "or optimizer_offload=false")

@@ -11,10 +11,11 @@ from flowrl.metrics import names
 from flowrl.nodes.core import NodeOut
 
 
-def logprobs(group: BoundCall, table: pa.Table, column: str) -> NodeOut:
-    """A one-column table of ``column`` (log-probs of the sampled responses under the group's model)."""
+def logprobs(group: BoundCall, table: pa.Table, column: str, method: str = "compute_logprobs") -> NodeOut:
+    """A one-column table of ``column`` (log-probs of the sampled responses under the group's model,
+    by the group's ``method``: ``compute_ref_logprobs`` is the actor's base model under LoRA)."""
     result, compute_s = group.run(
-        "compute_logprobs", table, scatter_mode=Scatter.SPLIT, gather_mode=Gather.CONCAT, kwargs={"column": column}
+        method, table, scatter_mode=Scatter.SPLIT, gather_mode=Gather.CONCAT, kwargs={"column": column}
     )
     return NodeOut(result, {names.compute(column): compute_s})
 

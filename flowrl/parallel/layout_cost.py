@@ -197,6 +197,10 @@ class Setup:
     reference all sharded over d, plus one gathered block (its weights and gradients) at a time;
     the parameters are all-gathered in forward and in backward and the gradients reduce-scattered
     for every micro-batch."""
+    lora_rank: int = 0
+    """LoRA (``model.lora_rank``, all-linear) under FSDP: the base weights frozen and sharded as
+    above; gradients and Adam state of the adapters only (:func:`lora_params_per_layer`); no
+    reference copy (the base model with adapters disabled); only adapter gradients reduce-scattered."""
 
     @property
     def memory_limit_gb(self) -> float:
@@ -227,6 +231,24 @@ def _stage_params(spec: ModelSpec, stages: tuple[int, ...], vocab: int) -> list[
         params[-1] += vocab * spec.hidden_size  # output layer (tied models keep a copy there if pp > 1)
     params[-1] += spec.hidden_size  # final norm
     return params
+
+
+def lora_params_per_layer(spec: ModelSpec, rank: int) -> int:
+    """Adapter weights of one layer with LoRA of ``rank`` on every linear layer (``all-linear``):
+    ``rank * (in + out)`` for each of q, k, v, o and the MLP's projections."""
+    h, f, q, kv = spec.hidden_size, spec.ffn_hidden_size, spec.num_attention_heads * spec.dh, spec.num_key_value_heads * spec.dh
+    attention = (h + q) + 2 * (h + kv) + (q + h)
+    return rank * (attention + (3 if spec.gated_mlp else 2) * (h + f))
+
+
+def _lora_parts(parts: tuple[float, ...], setup: Setup, n_layers: int, t: int, opt_shard: int) -> tuple[float, ...]:
+    """LoRA's memory of one stage: the frozen weights plus the adapters; gradients and the
+    optimizer of the adapters; no reference."""
+    weights, _, _, _, activations = parts
+    adapters = n_layers * lora_params_per_layer(setup.spec, setup.lora_rank) / t
+    opt_bytes = OPTIMIZER_BYTES[setup.optimizer][0 if setup.weight_bytes == 2 else 1]
+    return (weights + adapters * setup.weight_bytes, adapters * _GRAD_BYTES, adapters * opt_bytes / opt_shard, 0.0,
+            activations)
 
 
 def _micro_batches(setup: Setup, dims: ParallelDims) -> int:
@@ -261,6 +283,8 @@ def train_memory(setup: Setup, dims: ParallelDims, stages: tuple[int, ...], k: i
             shard * REFERENCE_BYTES if setup.reference_model else 0.0,
             activations,
         )
+        if setup.lora_rank:
+            parts = _lora_parts(parts, setup, n_layers, t, opt_shard)
         if setup.fully_sharded:
             parts = _fully_sharded(parts, spec.params_per_layer, setup, dims.dp)
         if not worst or sum(parts) > worst[-1]:
@@ -271,7 +295,8 @@ def train_memory(setup: Setup, dims: ParallelDims, stages: tuple[int, ...], k: i
 def _fully_sharded(parts: tuple[float, ...], block: int, setup: Setup, d: int) -> tuple[float, ...]:
     """FSDP's memory: every state over d, one block's weights and gradients gathered."""
     weights, grads, optimizer, reference, activations = parts
-    return (weights / d + block * setup.weight_bytes, grads / d + block * _GRAD_BYTES,
+    block_grads = lora_params_per_layer(setup.spec, setup.lora_rank) if setup.lora_rank else block
+    return (weights / d + block * setup.weight_bytes, grads / d + block_grads * _GRAD_BYTES,
             optimizer * (1 if setup.distributed_optimizer else 1 / d), reference / d, activations)
 
 
@@ -305,8 +330,10 @@ def train_entry(setup: Setup, dims: ParallelDims, stages: tuple[int, ...], k: in
     dp_bytes = dp_s = 0.0
     if d > 1:
         params_gpu = max(_stage_params(spec, stages, vocab)) / t
+        trained = (spec.num_layers * lora_params_per_layer(spec, setup.lora_rank) / (t * p)
+                   if setup.lora_rank else params_gpu)  # LoRA: only the adapters' gradients travel
         if setup.fully_sharded:  # gather in forward and backward, reduce-scatter: every micro-batch
-            dp_bytes = m * (d - 1) / d * params_gpu * (_GRAD_BYTES + 2 * setup.weight_bytes)
+            dp_bytes = m * (d - 1) / d * (params_gpu * 2 * setup.weight_bytes + trained * _GRAD_BYTES)
         elif setup.distributed_optimizer:
             dp_bytes = (d - 1) / d * params_gpu * (_GRAD_BYTES + setup.weight_bytes)
         else:

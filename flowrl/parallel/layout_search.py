@@ -180,6 +180,22 @@ def _checked_setup(model: ModelSpec | Mapping[str, Any] | str | float, *, num_gp
     )
 
 
+def _sharded(setup: Setup, fully_sharded: bool, lora_rank: int, tp: int | None,
+             pp: int | None) -> tuple[Setup, int | None, int | None]:
+    """``setup`` (and the pinned tp, pp) for ``actor.strategy=fsdp``, with LoRA of ``lora_rank``."""
+    if fully_sharded:
+        if (tp or 1) > 1 or (pp or 1) > 1:
+            raise ValueError(f"fully_sharded (actor.strategy=fsdp) is data parallel only, but tp={tp}, pp={pp}; "
+                             "drop --tp/--pp, or plan without --fully-sharded (megatron)")
+        setup, tp, pp = replace(setup, fully_sharded=True), 1, 1
+    if lora_rank:  # LoRA (issue 17): adapters-only gradients and optimizer, layout_cost.Setup.lora_rank
+        if not fully_sharded or lora_rank < 0:
+            raise ValueError(f"lora_rank={lora_rank}: LoRA trains under actor.strategy=fsdp; add --fully-sharded "
+                             "and a rank >= 1, or drop --lora-rank")
+        setup = replace(setup, lora_rank=lora_rank)
+    return setup, tp, pp
+
+
 def plan_parallelism(
     model: ModelSpec | Mapping[str, Any] | str | float, *, num_gpus: int, gpu_memory_gb: float = 80.0,
     interconnect: Literal["nvlink_ib", "ib", "ethernet"] = "ib", gpus_per_node: int = 8, seq_len: int = 4096,
@@ -188,6 +204,7 @@ def plan_parallelism(
     for_: Literal["train", "generate"] = "train", top_k: int | None = 5,
     recompute: Literal["auto", "none", "full"] = "auto", tp: int | None = None, pp: int | None = None,
     generate_batch_size: int = 256, gpu_tflops: float = GPU_TFLOPS, fully_sharded: bool = False,
+    lora_rank: int = 0,
 ) -> list[PlanEntry]:
     """Rank the (dp, tp, pp) layouts of ``num_gpus`` GPUs for training or generating with ``model``.
 
@@ -211,6 +228,8 @@ def plan_parallelism(
         gpu_tflops: sustained bf16 TFLOP/s per GPU.
         fully_sharded: plan ``actor.strategy=fsdp`` (data parallel only, every state sharded over dp;
             ``layout_cost.Setup.fully_sharded``).
+        lora_rank: with ``fully_sharded``, LoRA adapters of this rank on every linear layer
+            (``model.lora_rank``; ``layout_cost.Setup.lora_rank``).
 
     Returns the layouts that fit, fastest first. Raises ValueError naming the bad argument and a fix,
     or, when nothing fits, the smallest memory any layout needs and how many GPUs would do.
@@ -222,11 +241,7 @@ def plan_parallelism(
         distributed_optimizer=distributed_optimizer, reference_model=reference_model, for_=for_, top_k=top_k,
         recompute=recompute, generate_batch_size=generate_batch_size, gpu_tflops=gpu_tflops,
     )
-    if fully_sharded:
-        if (tp or 1) > 1 or (pp or 1) > 1:
-            raise ValueError(f"fully_sharded (actor.strategy=fsdp) is data parallel only, but tp={tp}, pp={pp}; "
-                             "drop --tp/--pp, or plan without --fully-sharded (megatron)")
-        setup, tp, pp = replace(setup, fully_sharded=True), 1, 1
+    setup, tp, pp = _sharded(setup, fully_sharded, lora_rank, tp, pp)
     _check_pinned(setup, tp, pp)
     entries = _evaluate(setup, for_, recompute, tp, pp)
     if not entries:  # only when num_gpus cannot be split at all, e.g. a prime count above a node

@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pp", type=int, default=None, help="pin pipeline_model_parallel_size")
     parser.add_argument("--fully-sharded", action="store_true",
                         help="plan actor.strategy=fsdp: data parallel only, states sharded over dp")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="with --fully-sharded: LoRA of this rank on every linear layer (model.lora_rank): "
+                             "frozen base weights, gradients and Adam state of the adapters only, no reference copy")
     parser.add_argument("--top", type=int, default=5, help="layouts to show per plan (default 5)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -68,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
                 spec, num_gpus=args.gpus, gpu_memory_gb=args.gpu_memory_gb, interconnect=args.interconnect,
                 gpus_per_node=args.gpus_per_node, seq_len=args.seq_len, micro_batch_size=args.micro_batch_size,
                 global_batch_tokens=args.global_batch_tokens, for_=phase, top_k=args.top, tp=args.tp, pp=args.pp,
-                fully_sharded=getattr(args, "fully_sharded", False),
+                fully_sharded=getattr(args, "fully_sharded", False), lora_rank=getattr(args, "lora_rank", 0),
             )
             for phase in phases
         }

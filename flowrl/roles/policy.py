@@ -40,8 +40,10 @@ class PolicyRole:
         use_old_logprobs: bool = True,
         seed: int = 0,
         engine_kwargs: dict | None = None,
+        ref_micro_batch_size: int | None = None,
     ) -> None:
         self.rank, self.world_size = rank, world_size
+        self.ref_micro_batch_size = ref_micro_batch_size or actor.ppo_micro_batch_size_per_gpu
         self.cfg = actor
         self.temperature = temperature
         self.response_length = response_length
@@ -74,6 +76,14 @@ class PolicyRole:
         logp_T, _ = self.engine.forward_logprobs(
             batch, micro_batch_size=self.cfg.ppo_micro_batch_size_per_gpu, temperature=self.temperature
         )
+        return pa.table({column: experience.list_column(logp_T, batch.response_cu_B1, experience.TOKEN_FLOATS)})
+
+    def compute_ref_logprobs(self, table: pa.Table, column: str = "ref_logprobs") -> pa.Table:
+        """With LoRA (``model.lora_rank`` > 0): the reference policy's log-probs, those of the base
+        model with the adapters disabled, in this process (no reference group, no second copy)."""
+        batch = PackedBatch.from_table(table)
+        logp_T = self.engine.reference_logprobs(batch, micro_batch_size=self.ref_micro_batch_size,
+                                                temperature=self.temperature)
         return pa.table({column: experience.list_column(logp_T, batch.response_cu_B1, experience.TOKEN_FLOATS)})
 
     def update(self, table: pa.Table, mini_batch_rows: int) -> dict[str, float]:
@@ -120,12 +130,25 @@ class PolicyRole:
     def save_checkpoint(self, path: str, *, step: int, extra: dict) -> dict | None:
         """Every rank: checkpoint ``path`` of step ``step`` with ``extra`` in its meta (plus
         ``optim_step``); ``{"path", "optim_step"}`` on rank 0, None elsewhere. ``full`` backends:
-        rank 0 writes the full state; ``sharded``: each rank its own chunks, rank 0 commits."""
+        rank 0 writes the full state; ``sharded``: each rank its own chunks, rank 0 commits.
+        With LoRA the checkpoint holds the adapters only, ``extra["lora"]`` their settings."""
+        lora = getattr(self.engine, "lora", None)
+        extra = {**extra, "lora": lora.to_dict()} if lora is not None else extra
         return checkpoints.save(self.engine, self.checkpoint_kind, path, rank=self.rank, step=step, extra=extra)
 
     def load_checkpoint(self, path: str) -> int:
         """Every rank: restore parameters and optimizer state from checkpoint ``path`` (``full``:
-        every rank reads the full arrays; ``sharded``: only its chunks); the optimizer step."""
+        every rank reads the full arrays; ``sharded``: only its chunks); the optimizer step.
+        ValueError when the checkpoint's LoRA adapters (or their absence) differ from this run's."""
+        from flowrl.checkpoint import load_meta
+
+        lora = getattr(self.engine, "lora", None)
+        saved = (load_meta(path).get("extra") or {}).get("lora")
+        mine = lora.to_dict() if lora is not None else None
+        if saved != mine:
+            raise ValueError(f"checkpoint {path} holds LoRA adapters {saved} (None: every weight), this run "
+                             f"model.lora_rank/lora_alpha/target_modules={mine}; fix: resume with the "
+                             "checkpoint's model.lora_* settings, or start a fresh run (trainer.resume_mode=disable)")
         return checkpoints.load(self.engine, self.checkpoint_kind, path)
 
     def save_hf(self, directory: str) -> None:

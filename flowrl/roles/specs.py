@@ -16,7 +16,8 @@ from flowrl.backends.interfaces import SamplingParams
 from flowrl.backends.registry import GEN_BACKENDS, TRAIN_BACKENDS
 from flowrl.registry import import_string
 
-__all__ = ["actor_spec", "critic_spec", "ref_spec", "rm_spec", "rollout_role_kwargs", "rollout_sampling", "rollout_spec"]
+__all__ = ["actor_spec", "critic_spec", "lora_engine_kwargs", "needs_ref_group", "ref_spec", "reference_call", "rm_spec",
+           "rollout_role_kwargs", "rollout_sampling", "rollout_spec"]
 
 
 def _mesh(group_cfg: Any) -> GroupMesh:
@@ -34,6 +35,28 @@ def _model_engine_kwargs(model_cfg: Any, strategy: str) -> dict:
     """The policy's engine arguments from ``model.*`` (the backend's optional ``model_kwargs``)."""
     fn = TRAIN_BACKENDS.traits(strategy).get("model_kwargs")
     return import_string(fn)(model_cfg) if fn else {}
+
+
+def lora_engine_kwargs(model_cfg: Any) -> dict:
+    """``{"lora": LoraSpec.to_dict()}`` with ``model.lora_rank`` > 0 (the backends that build LoRA
+    take it, pre-flight refuses the others), else nothing."""
+    if not model_cfg.lora_rank:
+        return {}
+    from flowrl.models.lora import LoraSpec
+
+    return {"lora": LoraSpec.from_config(model_cfg).to_dict()}
+
+
+def needs_ref_group(cfg: Any) -> bool:
+    """Whether the run starts a reference worker group: it needs reference log-probs and the
+    reference is not the actor's base model (LoRA: adapters disabled, :func:`reference_call`)."""
+    return cfg.needs_reference and not cfg.model.lora_rank
+
+
+def reference_call(cfg: Any) -> tuple[str, str]:
+    """(group, method) computing the reference log-probs: the ``ref`` group's ``compute_logprobs``,
+    or with LoRA the actor's ``compute_ref_logprobs`` (its base model, adapters disabled)."""
+    return ("actor", "compute_ref_logprobs") if cfg.model.lora_rank else ("ref", "compute_logprobs")
 
 
 def rollout_sampling(cfg: Any) -> SamplingParams:
@@ -67,10 +90,11 @@ def actor_spec(cfg: Any) -> GroupSpec:
     r, a = cfg.rollout, cfg.actor
     return GroupSpec(
         "actor", "flowrl.roles.policy:PolicyRole",
-        {"model_dir": cfg.model.path, "actor": a, "dtype": cfg.model.dtype, "temperature": r.temperature,
+        {"model_dir": cfg.model.path, "actor": a, "dtype": cfg.model.dtype, "temperature": r.logprob_temperature,
          "response_length": r.response_length, "use_old_logprobs": cfg.needs_old_logprobs,
-         "seed": cfg.trainer.seed,
-         "engine_kwargs": {**_train_engine_kwargs(a, a.strategy), **_model_engine_kwargs(cfg.model, a.strategy)}},
+         "seed": cfg.trainer.seed, "ref_micro_batch_size": cfg.ref.log_prob_micro_batch_size_per_gpu,
+         "engine_kwargs": {**_train_engine_kwargs(a, a.strategy), **_model_engine_kwargs(cfg.model, a.strategy),
+                           **lora_engine_kwargs(cfg.model)}},
         _mesh(a),
     )
 
@@ -81,7 +105,7 @@ def ref_spec(cfg: Any) -> GroupSpec:
     return GroupSpec(
         "ref", "flowrl.roles.reference:ReferenceRole",
         {"model_dir": cfg.model.path, "strategy": strategy, "dtype": cfg.model.dtype,
-         "temperature": cfg.rollout.temperature, "micro_batch_size": cfg.ref.log_prob_micro_batch_size_per_gpu,
+         "temperature": cfg.rollout.logprob_temperature, "micro_batch_size": cfg.ref.log_prob_micro_batch_size_per_gpu,
          "engine_kwargs": _train_engine_kwargs(cfg.ref, strategy)},
         _mesh(cfg.ref),
     )

@@ -184,3 +184,56 @@ def memory_step(rank: int, world: int, model_dir: str, strategy: str, table: pa.
     per = table.num_rows // world
     role.update(table.slice(rank * per, per), mini_batch_rows=per)
     return state_bytes(role.engine)
+
+
+# --------------------------------------------------------------------------- LoRA (model.lora_rank)
+LORA = {"rank": 4, "alpha": 8, "target_modules": "all-linear"}
+"""The adapters of the LoRA cases (``LoraSpec.to_dict()``)."""
+
+
+def lora_role(rank: int, world: int, model_dir: str, strategy: str):
+    from flowrl.roles.policy import PolicyRole
+
+    return PolicyRole(rank=rank, world_size=world, model_dir=model_dir, actor=actor_cfg(strategy, world),
+                      use_old_logprobs=False, response_length=6, engine_kwargs={"lora": dict(LORA)})
+
+
+def lora_step(rank: int, world: int, model_dir: str, strategy: str, table: pa.Table, path: str | None = None) -> dict:
+    """One LoRA update on this rank's share under ``strategy``: log-probs (adapters on) and the
+    reference's (adapters off) after it, the merged full state (rank 0), the names the optimizer
+    holds, this rank's state bytes; with ``path`` a checkpoint saved after the step."""
+    from flowrl.data.packed import PackedBatch
+
+    role = lora_role(rank, world, model_dir, strategy)
+    per = table.num_rows // world
+    metrics = role.update(table.slice(rank * per, per), mini_batch_rows=per)
+    packed = PackedBatch.from_table(table)
+    logp, _ = role.engine.forward_logprobs(packed, micro_batch_size=2)
+    ref = role.compute_ref_logprobs(table).column("ref_logprobs").to_pylist()
+    held = {id(p) for g in role.engine.optimizer.param_groups for p in g["params"]}
+    out = {"logp": logp, "ref": ref, "metrics": metrics, "state": role.hf_state_dict(),
+           "optimized": sorted(n for n, p in role.engine.model.named_parameters() if id(p) in held),
+           "bytes": state_bytes(role.engine), "source": sorted(role.engine.reshard_source()),
+           "adapter_bytes": sum(p.numel() * p.element_size() for p in role.engine.model.parameters() if id(p) in held)}
+    if path is not None:
+        out["saved"] = role.save_checkpoint(path, step=1, extra={"next_step": 2})
+    return out
+
+
+def lora_load(rank: int, world: int, model_dir: str, strategy: str, path: str) -> dict:
+    """A fresh LoRA policy restored from checkpoint ``path``: its merged state and AdamW state."""
+    role = lora_role(rank, world, model_dir, strategy)
+    step = role.load_checkpoint(path)
+    return {"step": step, "state": role.hf_state_dict(), "optim": full_optim(role.engine)}
+
+
+def run_jobs(rank: int, world: int, jobs: list) -> list:
+    """``[fn(rank, world, *args) for fn, args in jobs]`` in one process group: one spawn (and one
+    set of imports) for many cases."""
+    return [fn(rank, world, *args) for fn, args in jobs]
+
+
+def run_cases(world: int, jobs: list, **kwargs: Any) -> list[list[Any]]:
+    """Every job of ``jobs`` on ``world`` ranks of one group: ``out[job][rank]``."""
+    per_rank = run_ranks(world, run_jobs, jobs, **kwargs)
+    return [[per_rank[r][j] for r in range(world)] for j in range(len(jobs))]

@@ -1,5 +1,5 @@
 """The fsdp strategy in the config and pre-flight: registered names, verl's ``fsdp_config`` keys,
-and clear refusals (LoRA not built yet, Ulysses, gradient checkpointing off fsdp, tp/pp)."""
+and clear refusals (LoRA off dp/fsdp, Ulysses, gradient checkpointing off fsdp, tp/pp)."""
 
 import pytest
 
@@ -29,7 +29,7 @@ def test_default_dp_run_gets_no_new_engine_arguments():
 
 
 @pytest.mark.parametrize("overrides, key", [
-    (["model.lora_rank=8"], "model.lora_rank"),
+    (["actor.strategy=megatron", "model.lora_rank=8"], "model.lora_rank"),
     (["model.enable_gradient_checkpointing=true"], "model.enable_gradient_checkpointing"),
 ])
 def test_preflight_refuses_what_is_not_built(overrides, key):
@@ -42,6 +42,10 @@ def test_ulysses_and_bad_dtypes_are_refused():
         load_config(None, ["actor.ulysses_sequence_parallel_size=2"])
     with pytest.raises(ConfigError, match="param_dtype"):
         load_config(None, ["actor.strategy=fsdp", "actor.fsdp_config.mixed_precision.param_dtype=float64"])
+    with pytest.raises(ConfigError, match=r"actor\.fsdp_config\.optimizer_offload.*param_offload=true"):
+        load_config(None, ["actor.strategy=fsdp", "actor.fsdp_config.optimizer_offload=true"])
+    load_config(None, ["actor.strategy=fsdp", "actor.fsdp_config.optimizer_offload=true",
+                       "actor.fsdp_config.param_offload=true"])  # offloaded with the parameters
 
 
 def test_fsdp_tensor_parallel_is_refused():
@@ -80,3 +84,23 @@ def test_parallel_plan_knows_fsdp():
     assert e.dp_comm_s > 0
     with pytest.raises(ValueError, match="data parallel only"):
         plan_parallelism("7B", num_gpus=8, fully_sharded=True, tp=2)
+
+
+def test_parallel_plan_knows_lora():
+    from flowrl.parallel.layout_cost import lora_params_per_layer
+    from flowrl.parallel.layout_search import plan_parallelism
+    from flowrl.parallel.model_spec import ModelSpec
+
+    tiny = ModelSpec(num_layers=2, hidden_size=4, num_attention_heads=2, num_key_value_heads=1, ffn_hidden_size=8,
+                     vocab_size=16)
+    # q 4->4, k and v 4->2, o 4->4: (4+4) + 2*(4+2) + (4+4) = 28; gate, up, down: 3*(4+8) = 36
+    assert lora_params_per_layer(tiny, 8) == 8 * (28 + 36)
+    full = plan_parallelism("7B", num_gpus=8, top_k=None, fully_sharded=True, distributed_optimizer=False)[0]
+    lora = plan_parallelism("7B", num_gpus=8, top_k=None, fully_sharded=True, distributed_optimizer=False,
+                            lora_rank=8)[0]
+    assert lora.reference_gb == 0.0 and full.reference_gb > 0  # the base model, adapters disabled
+    assert lora.optimizer_gb < full.optimizer_gb / 100 and lora.grads_gb < full.grads_gb / 10
+    assert full.weights_gb < lora.weights_gb < full.weights_gb * 1.05  # frozen base + small adapters
+    assert lora.memory_gb < full.memory_gb and lora.dp_comm_s < full.dp_comm_s
+    with pytest.raises(ValueError, match="fully-sharded"):
+        plan_parallelism("7B", num_gpus=8, lora_rank=8)

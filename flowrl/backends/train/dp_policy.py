@@ -5,12 +5,17 @@ flattened all-reduce (SUM) per optimizer step: losses are normalised by *global*
 (see ``flowrl.algos.aggregate``), so the summed gradient equals the single-process gradient of
 the whole mini-batch, and replicas stay bit-identical.
 
+With ``lora=`` (``model.lora_rank`` > 0) only peft's adapters train and sit in AdamW; the
+reference policy is the base model in this process (``reference_logprobs``: adapters disabled);
+weights leave merged under the plain model's names (``flowrl.models.lora``); checkpoints hold the
+adapters (the base weights stay ``model.path``'s).
+
 Shape letters: B rows, L padded length, T response tokens, H hidden, V vocabulary.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -20,10 +25,17 @@ from flowrl.backends.interfaces import LossFn, torch_dtype
 from flowrl.data.packed import PackedBatch
 from flowrl.metrics import names
 
+if TYPE_CHECKING:
+    from flowrl.models.lora import LoraSpec
+
 
 class TorchDPEngine:
     device = torch.device("cpu")
     """Where the model computes (the dp backend: the CPU; batches and results stay on the host)."""
+    lora: LoraSpec | None = None
+    """The LoRA adapters (``model.lora_rank`` > 0): only they train; None: every weight trains."""
+    peft_model: Any = None
+    """peft's wrapper of ``model`` with LoRA (``disable_adapter()``: the reference policy)."""
 
     def __init__(
         self,
@@ -37,16 +49,18 @@ class TorchDPEngine:
         eps: float = 1e-8,
         grad_clip: float = 1.0,
         seed: int = 0,
+        lora: dict | None = None,
     ) -> None:
         torch.manual_seed(seed)
         self.model = self._load_model(model_dir, torch_dtype(dtype))
+        self._add_adapters(lora)
         self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
         self.grad_clip = grad_clip
         self.optimizer = None
         if trainable:
             self.model.train()
             self.optimizer = torch.optim.AdamW(
-                self.model.parameters(), lr=lr, weight_decay=weight_decay, betas=betas, eps=eps
+                self._trainable_parameters(), lr=lr, weight_decay=weight_decay, betas=betas, eps=eps
             )
         else:
             self.model.eval()
@@ -58,6 +72,43 @@ class TorchDPEngine:
         from transformers import AutoModelForCausalLM
 
         return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+
+    # ----------------------------------------------------------------- LoRA
+    def _add_adapters(self, lora: dict | None) -> None:
+        """With ``lora`` (a ``LoraSpec.to_dict()``): peft's adapters in ``model``, the rest frozen."""
+        if lora:
+            from flowrl.models.lora import LoraSpec, add_adapters
+
+            self.lora = LoraSpec.from_dict(lora)
+            self.peft_model = add_adapters(self.model, self.lora)
+
+    def _trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """What the optimizer holds: the adapters with LoRA, else every parameter."""
+        return [p for p in self.model.parameters() if p.requires_grad or self.lora is None]
+
+    def _state_named(self) -> dict[str, torch.nn.Parameter]:
+        """The parameters a checkpoint holds by name: the adapters with LoRA (the base weights are
+        ``model.path``'s, frozen), else every parameter (tied weights once)."""
+        from flowrl.models.lora import is_adapter
+
+        return {n: p for n, p in self.model.named_parameters() if self.lora is None or is_adapter(n)}
+
+    def _plain(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Full tensors by the model's own names, LoRA adapters merged into their layers' weights."""
+        if self.lora is None:
+            return tensors
+        from flowrl.models.lora import merged_weights
+
+        return merged_weights(self.model, tensors)
+
+    def reference_logprobs(self, batch: PackedBatch, *, micro_batch_size: int, temperature: float = 1.0) -> torch.Tensor:
+        """Response-token log-probs of the base model (adapters disabled): with LoRA the reference
+        policy is the actor's own frozen weights, in this process. Every rank calls it."""
+        if self.peft_model is None:
+            raise RuntimeError("reference_logprobs: this engine has no LoRA adapters (model.lora_rank=0); "
+                               "the reference policy runs on its own worker group")
+        with self.peft_model.disable_adapter():
+            return self.forward_logprobs(batch, micro_batch_size=micro_batch_size, temperature=temperature)[0]
 
     # ----------------------------------------------------------------- collectives
     @property
@@ -167,35 +218,38 @@ class TorchDPEngine:
 
     # ----------------------------------------------------------------- weights
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """The full HF-named state (every rank holds it; rank 0's is used)."""
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        """The full HF-named state (every rank holds it; rank 0's is used), adapters merged."""
+        return self._plain({k: v.detach().clone() for k, v in self.model.state_dict().items()})
 
     def reshard_source(self) -> dict[str, torch.Tensor]:
         """The live parameters by HF name (tied weights once): this rank's source tensors for a
-        reshard (``hf`` style, tp = pp = 1)."""
-        return {n: p.detach() for n, p in self.model.named_parameters()}
+        reshard (``hf`` style, tp = pp = 1); with LoRA the merged weights (new tensors)."""
+        return self._plain({n: p.detach() for n, p in self.model.named_parameters()})
 
     def grad_state_dict(self) -> dict[str, torch.Tensor]:
         """The data-parallel-reduced gradients of the last step, by HF name (for checks)."""
         return {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
 
     def save_hf(self, directory: str) -> None:
-        self.model.save_pretrained(directory)
+        """A transformers directory (with LoRA: the merged model, as ``export-hf --merge-lora``)."""
+        self.model.save_pretrained(directory, state_dict=self.hf_state_dict() if self.lora else None)
 
     # ----------------------------------------------------------------- checkpoints
     OPTIM_STATES = ("exp_avg", "exp_avg_sq")
 
     def checkpoint_state(self) -> dict:
-        """Full parameters by HF name (tied weights once, as ``named_parameters`` names them),
-        AdamW's ``exp_avg`` / ``exp_avg_sq`` by the same names, and the optimizer step count.
+        """Full parameters by HF name (tied weights once, as ``named_parameters`` names them; with
+        LoRA the adapters only), AdamW's ``exp_avg`` / ``exp_avg_sq`` by the same names, and the
+        optimizer step count.
 
         ``optim`` is empty before the first optimizer step. Replicas are identical, so any
         rank's state is the model's."""
-        params = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        named = self._state_named()
+        params = {n: p.detach().clone() for n, p in named.items()}
         optim: dict[str, dict[str, torch.Tensor]] = {}
         step = 0
         if self.optimizer is not None:
-            for n, p in self.model.named_parameters():
+            for n, p in named.items():
                 state = self.optimizer.state.get(p)
                 if not state:
                     continue
@@ -208,7 +262,7 @@ class TorchDPEngine:
     def load_checkpoint(self, params: dict, optim: dict | None = None, optim_step: int = 0) -> None:
         """Restore parameters and (when given) AdamW state saved by ``checkpoint_state``,
         exactly; every rank loads the same full tensors, so replicas stay identical."""
-        named = dict(self.model.named_parameters())
+        named = self._state_named()
         missing = sorted(set(named) - set(params))
         unexpected = sorted(set(params) - set(named))
         if missing or unexpected:

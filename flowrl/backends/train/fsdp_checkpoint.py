@@ -27,7 +27,7 @@ OPTIM_STATES = ("exp_avg", "exp_avg_sq")
 def engine_spec(engine: Any) -> ShardSpec:
     from flowrl.parallel.fsdp_spec import fsdp_shard_spec
 
-    shapes = {n: tuple(p.shape) for n, p in engine.model.named_parameters()}
+    shapes = {n: tuple(p.shape) for n, p in engine._state_named().items()}
     return fsdp_shard_spec(shapes, dist.get_world_size(), config=engine.model.config.to_dict())
 
 
@@ -37,7 +37,7 @@ def _adam(engine: Any) -> tuple[dict[str, dict], int]:
 
     if engine.optimizer is None:
         return {}, 0
-    states = {n: engine.optimizer.state.get(p) for n, p in engine.model.named_parameters()}
+    states = {n: engine.optimizer.state.get(p) for n, p in engine._state_named().items()}
     stepped = [s for s in states.values() if s]
     if not stepped:
         return {}, 0
@@ -99,7 +99,7 @@ def load_sharded(engine: Any, path: str | os.PathLike) -> int:
     spec = engine_spec(engine)
     key = (dist.get_rank(), 0)
     values = load_shard(path, spec, key, as_torch=True)
-    named = dict(engine.model.named_parameters())
+    named = engine._state_named()  # with LoRA: the adapters (the base weights are model.path's)
     for name, p in named.items():
         _local(p).copy_(values[name].to(device=p.device, dtype=p.dtype))
     optim_step = int(meta.get("extra", {}).get("optim_step", 0))

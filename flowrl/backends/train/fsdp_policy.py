@@ -13,6 +13,12 @@ every rank a full replica for the planner, which sends each generation rank only
 ``hf_state_dict`` gathers on every rank and keeps it on rank 0. Checkpoints are sharded: each rank
 writes its own rows (``fsdp_checkpoint``). Computes on the CPU over gloo.
 
+LoRA (``lora=``, ``model.lora_rank`` > 0): peft's adapters are injected before sharding (sharded
+with their blocks; the frozen base weights too, FSDP2 handles the mix), AdamW holds only the
+adapters, ``reference_logprobs`` is the base model (adapters disabled), and the weights leave
+merged (``W + s B A``) under the plain model's names, for ``hf`` and vLLM alike (the same
+``reshard_source``: the generation engine never knows about LoRA); checkpoints hold the adapters.
+
 Shape letters: T response tokens.
 """
 
@@ -64,6 +70,7 @@ class FSDPEngine(TorchDPEngine):
         reduce_dtype: str | None = None,
         buffer_dtype: str | None = None,
         gradient_checkpointing: bool = False,
+        lora: dict | None = None,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("FSDPEngine needs torch.distributed.init_process_group first (a worker group)")
@@ -71,9 +78,11 @@ class FSDPEngine(TorchDPEngine):
         if dist.get_backend() == "nccl":  # NCCL on GPU, gloo on CPU: the same code
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.model = self._load_model(model_dir, torch_dtype(dtype)).to(self.device)
+        self._add_adapters(lora)  # LoRA: adapters injected before sharding, sharded with their blocks
         self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
         self.grad_clip = grad_clip
-        self.optimizer_offload = optimizer_offload  # host memory already: nothing to move on CPU
+        # with param_offload (config-enforced) CPUOffloadPolicy keeps AdamW's state on the host too
+        self.optimizer_offload = optimizer_offload and (param_offload or self.device.type == "cpu")
         if buffer_dtype is not None:
             for buf in self.model.buffers():
                 if buf.is_floating_point():
@@ -85,7 +94,7 @@ class FSDPEngine(TorchDPEngine):
         self.optimizer = None
         if trainable:
             self.model.train()
-            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay,
+            self.optimizer = torch.optim.AdamW(self._trainable_parameters(), lr=lr, weight_decay=weight_decay,
                                                betas=betas, eps=eps)
         else:
             self.model.eval()
@@ -140,13 +149,13 @@ class FSDPEngine(TorchDPEngine):
 
     # ----------------------------------------------------------------- weights
     def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """The full HF-named state on rank 0, None elsewhere; every rank must call it."""
-        state = {k: _full(v.detach()).cpu().clone() for k, v in self.model.state_dict().items()}
+        """The full HF-named state on rank 0 (LoRA adapters merged), None elsewhere; every rank must call it."""
+        state = self._plain({k: _full(v.detach()).cpu().clone() for k, v in self.model.state_dict().items()})
         return state if dist.get_rank() == 0 else None
 
     def reshard_source(self) -> dict[str, torch.Tensor]:
-        """Every parameter gathered whole (``hf`` style): every rank calls it."""
-        return {n: _full(p.detach()).cpu() for n, p in self.model.named_parameters()}
+        """Every parameter gathered whole (``hf`` style; LoRA adapters merged): every rank calls it."""
+        return self._plain({n: _full(p.detach()).cpu() for n, p in self.model.named_parameters()})
 
     def grad_state_dict(self) -> dict[str, torch.Tensor]:
         """The reduced gradients of the last step, gathered whole; every rank must call it."""
@@ -182,8 +191,9 @@ class FSDPEngine(TorchDPEngine):
         return load_sharded(self, path)
 
     def local_params(self) -> dict[str, torch.Tensor]:
-        """This rank's rows of every parameter (HF names, tied once): the DTensors' local tensors."""
-        return {n: _local(p) for n, p in self.model.named_parameters()}
+        """This rank's rows of every checkpointed parameter (HF names, tied once; with LoRA the
+        adapters only): the DTensors' local tensors."""
+        return {n: _local(p) for n, p in self._state_named().items()}
 
     def close(self) -> None:
         """Nothing to release beyond the process (the group belongs to the actor)."""
