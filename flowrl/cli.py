@@ -6,7 +6,7 @@
     flowrl config --from-verl [verl.yaml] [verl.key=value ...]  the flowrl form of a verl command line
     flowrl parallel-plan --model 7B --gpus 64 ...    rank (dp, tp, pp) layouts for a model
     flowrl reshard-plan --train tp=4,pp=2 --gen tp=2  the transfers from training to generation shards
-    flowrl export-hf CHECKPOINT OUT_DIR [--config-dir DIR]  a checkpoint as a transformers directory
+    flowrl export-hf CHECKPOINT OUT_DIR [--config-dir DIR] [--merge-lora | --adapter-only]  a checkpoint as a transformers directory
     flowrl dashboard RUN_DIR [--port P] [--export out.html]  the per-step dashboard of a run (127.0.0.1)
     flowrl --version
 
@@ -67,12 +67,16 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from flowrl.config import ConfigError
 
     cfg = _load(args.items)
-    from flowrl.run import train
-
     if cfg.cluster.kind == "local":
         raise ConfigError("cluster.kind", "local", "flowrl submit runs the workers on a cluster, not this machine",
                           "pass a SLURM spec (flowrl submit cluster/slurm.yaml ..., or cluster.spec=cluster/slurm.yaml), "
                           "set cluster.kind=slurm, or use flowrl train")
+    if cfg.cluster.kind == "slurm":  # SLURM down or no such partition: an error line in seconds, before torch loads
+        from flowrl.cluster.slurm import check_reachable
+
+        check_reachable(cfg.cluster.slurm.queue)
+    from flowrl.run import train
+
     if not cfg.cluster.dashboard:
         print("flowrl: the Dask dashboard is off (cluster.dashboard=true serves it)", file=sys.stderr)
     summary = train(cfg)
@@ -155,7 +159,7 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
                   "fix: pass --config-dir <the Hugging Face model directory the run started from>", file=sys.stderr)
             return EXIT_CONFIG
     try:
-        out = export_hf(args.checkpoint, args.out_dir, config_dir)
+        out = export_hf(args.checkpoint, args.out_dir, config_dir, lora=args.lora)  # lora: --merge-lora / --adapter-only
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -206,6 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config-dir", default=None, metavar="DIR",
                    help="the HF model directory the run started from (config.json, tokenizer); default: the "
                         "checkpoint's recorded model.path")
+    lora = p.add_mutually_exclusive_group()  # a LoRA checkpoint (model.lora_rank > 0) holds the adapters only
+    lora.add_argument("--merge-lora", dest="lora", action="store_const", const="merge",
+                      help="LoRA checkpoint: the base model with the adapters merged in (a plain transformers directory)")
+    lora.add_argument("--adapter-only", dest="lora", action="store_const", const="adapter",
+                      help="LoRA checkpoint: peft's adapter directory (PeftModel.from_pretrained(base, OUT_DIR))")
     p.set_defaults(func=cmd_export_hf)
 
     p = sub.add_parser("dashboard", help="serve a run's per-step dashboard on 127.0.0.1, or --export a static HTML file")

@@ -18,12 +18,16 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
-from flowrl.comm import close_all, free_port, rendezvous_store
+from flowrl.comm import close_all, rendezvous_store, reserve_port
 from flowrl.registry import import_string
 
 
 class OutOfOrderTimeout(TimeoutError):
     """A call waited longer than its timeout for an earlier call of the group."""
+
+
+class RankClosing(RuntimeError):
+    """A call still waiting for its turn when the group was shut down."""
 
 
 class RankActor:
@@ -34,6 +38,7 @@ class RankActor:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{group}-{rank}")
         self._next_seq = 0
         self._turn: asyncio.Condition | None = None
+        self._closing = False  # set by shutdown: calls still waiting for their turn give up
         self.role: Any = None
 
     # ----------------------------------------------------------------- ordered execution
@@ -48,6 +53,8 @@ class RankActor:
         deadline = time.monotonic() + timeout
         async with self._turn:
             while self._next_seq != seq:
+                if self._closing:
+                    raise RankClosing(f"{self.group}[{self.rank}]: call {seq} ({method}) dropped: the group is shutting down")
                 if seq < self._next_seq:
                     raise RuntimeError(f"{self.group}[{self.rank}]: call {seq} ({method}) arrived after {self._next_seq - 1}")
                 remaining = deadline - time.monotonic()
@@ -72,16 +79,37 @@ class RankActor:
             if method == "_teardown":
                 self._executor.shutdown(wait=False, cancel_futures=True)
 
+    async def shutdown(self, timeout: float) -> bool:
+        """Unordered: tear down now, without waiting for calls the graph reserved but never
+        made (a failed or interrupted step leaves such gaps in the sequence). Calls waiting for
+        their turn give up; the teardown runs on the work thread after the call running there,
+        if any. Returns False when that call (e.g. a collective with a dead peer) does not end
+        within ``timeout``: the process then goes with its worker, torn down or not."""
+        self._closing = True
+        if self._turn is not None:
+            async with self._turn:
+                self._turn.notify_all()
+        loop = asyncio.get_running_loop()
+        work = loop.run_in_executor(self._executor, self._teardown)
+        try:
+            await asyncio.wait_for(asyncio.shield(work), timeout)
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        return True
+
     def ping(self) -> tuple[str, int, int]:
         """Unordered: (group, rank, pid). For health checks."""
         return self.group, self.rank, os.getpid()
 
     def host_port(self) -> tuple[str, int]:
-        """Unordered: an address peers can reach this process at, and a free port there."""
+        """Unordered: an address peers can reach this process at, and a port there that stays
+        reserved for the rendezvous store this process will serve."""
         from distributed import get_worker
 
         host = get_worker().address.split("://")[-1].rsplit(":", 1)[0]
-        return host, free_port(host)
+        return host, reserve_port(host)
 
     # ----------------------------------------------------------------- built-in ordered calls
     def _setup(self, master: tuple[str, int], role_cls: str, role_kwargs: dict, backend: str, timeout_s: float) -> dict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,11 @@ from flowrl.cluster.launch import WORKER_ENV  # noqa: F401 - re-exported (it use
 from flowrl.cluster.pools import choose_workers
 
 log = logging.getLogger(__name__)
+
+CLOSE_TIMEOUT_S = 8.0
+"""How long :meth:`Session.close` may take in all (SIGTERM must end the run within 10 s)."""
+TEARDOWN_TIMEOUT_S = 2.5
+"""Of that, how long a rank's teardown (destroying its process groups) may take."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,8 @@ class Session:
         self.controller: str | None = None  # the worker that runs graph nodes (None: any worker)
         self.handle: Any = None  # flowrl.cluster.launch.ClusterHandle (cancels SLURM jobs on close)
         self.pool_of: dict[str, str] = {}  # group name -> resource pool its ranks must run on
+        self.controller_lost = False  # set when the scheduler removes the controller worker
+        self._graph_futures: Any = weakref.WeakSet()  # what submit() started, cancelled if the controller goes
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
@@ -63,6 +71,7 @@ class Session:
         cluster: Any = None,
         group_sizes: dict[str, int] | None = None,
         log_dir: str | None = None,
+        scratch_dir: str | None = None,
     ) -> "Session":
         """Start (or connect to) a cluster with ``num_workers`` worker processes for groups plus
         one controller worker that runs the graph's node tasks: nodes mostly wait on actors, and
@@ -84,14 +93,37 @@ class Session:
                 startup_timeout_s=startup_timeout_s, low_latency=low_latency,
             )
         pools = resolve_pools(cluster, group_sizes or {"workers": num_workers})
-        handle = start_cluster(cluster, pools, log_dir=log_dir)
+        handle = start_cluster(cluster, pools, log_dir=log_dir, scratch_dir=scratch_dir)
         session = cls(handle.client, handle if handle.kind != "address" else None,
                       timeout_s=cluster.timeout_s, startup_timeout_s=cluster.startup_timeout_s)
         session.handle = handle
         session.pool_of = pool_of(pools) if group_sizes and handle.enforce_pools else {}
         session.controller = handle.controller
         session._used.add(session.controller)
+        session._watch_controller()
         return session
+
+    def _watch_controller(self) -> None:
+        """When the scheduler removes the controller worker (killed, OOM), cancel every graph
+        future: their tasks are pinned to its address, so they would wait forever (the nanny's
+        replacement has another address). The step then fails at once, with
+        ``controller_lost`` set for the recovery (``flowrl.run.recovery.lost_ranks``)."""
+        if not self.controller or self.client is None:
+            return
+        client, address = self.client, self.controller
+
+        async def on_event(event: Any) -> None:
+            msg = event[1] if isinstance(event, tuple) and len(event) == 2 else event
+            if not (isinstance(msg, dict) and msg.get("action") == "remove-worker"):
+                return
+            self.controller_lost = True
+            futures = [f for f in list(self._graph_futures) if f.key in client.futures]
+            log.warning("the controller worker %s was lost; cancelling %d graph task(s)", address, len(futures))
+            if futures:
+                await client._cancel(futures, reason="controller-lost",
+                                     msg=f"the controller worker {address} (it runs the graph's nodes) was lost")
+
+        client.subscribe_topic(address, on_event)
 
     @property
     def dashboard_link(self) -> str:
@@ -146,7 +178,9 @@ class Session:
     def submit(self, outputs: list[Any]) -> list[Any]:
         """Start computing delayed outputs (node tasks on the controller); returns futures."""
         pin = {"workers": [self.controller], "allow_other_workers": False} if self.controller else {}
-        return self.client.compute(list(outputs), **pin)
+        futures = self.client.compute(list(outputs), **pin)
+        self._graph_futures.update(futures)
+        return futures
 
     def compute(self, graph: Any, timeout: float | None = None) -> Any:
         """Run a Dask graph (a delayed object) and return its result, with a timeout."""
@@ -156,30 +190,55 @@ class Session:
         finally:
             future.release()
 
-    def close(self) -> None:
-        """Tear down groups, client and cluster. Safe to call twice."""
-        for group in list(self.groups.values()):
-            try:
-                seq = group.reserve()
-                futures = [a.call(seq, "_teardown", (), {}, 30.0) for a in group.actors]
-                wait_all(futures, 30.0, f"{group.name}._teardown", group.addresses)
-            except Exception as exc:  # noqa: BLE001 - shutting down anyway
-                log.warning("group %s teardown: %s", group.name, exc)
-        self.groups.clear()
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
+        """Tear down groups, client and cluster within about ``timeout`` seconds, whatever
+        state the ranks are in. Safe to call twice.
+
+        Every rank of every group gets an unordered shutdown at once (no group waits for
+        another, nor for calls a failed graph reserved and never made); a rank stuck in a
+        collective with a dead peer is not waited for past the teardown's share of the time:
+        its process goes when the cluster closes (the nannies kill what does not exit)."""
+        deadline = time.monotonic() + timeout
+        self._shutdown_groups(min(TEARDOWN_TIMEOUT_S, timeout / 3))
         if self.client is not None and self.cluster is not None:
             try:  # close worker-side clients before their scheduler goes; make worker exit quick
-                self.client.run(_prepare_worker_exit, wait=True)
+                _bounded(self.client, _prepare_worker_exit, _left(deadline, 2.0))
             except Exception as exc:  # noqa: BLE001 - shutting down anyway
                 log.debug("closing worker clients: %s", exc)
         if self.client is not None:
-            self.client.close(timeout=30)
+            try:
+                self.client.close(timeout=_left(deadline, 2.0))
+            except Exception as exc:  # noqa: BLE001 - shutting down anyway
+                log.debug("closing the client: %s", exc)
             self.client = None
-        if self.cluster is not None:
-            self.cluster.close(timeout=30)
+        if self.cluster is not None:  # the ClusterHandle: closes the Dask cluster, cancels SLURM jobs
+            self.cluster.close(timeout=_left(deadline, 3.0))
             self.cluster = None
         if self.handle is not None:  # kind=address: restores signal handlers; else already closed
-            self.handle.close(timeout=30)
+            self.handle.close(timeout=_left(deadline, 3.0))
             self.handle = None
+
+    def _shutdown_groups(self, timeout: float) -> None:
+        """Every rank's unordered :meth:`RankActor.shutdown`, all at once, waited for together."""
+        groups, self.groups = list(self.groups.values()), {}
+        futures, addresses = [], []
+        for group in groups:
+            for actor, address in zip(group.actors, group.addresses, strict=True):
+                try:
+                    futures.append(actor.shutdown(timeout))
+                    addresses.append(address)
+                except Exception as exc:  # noqa: BLE001 - a lost worker: nothing to tear down
+                    log.debug("group %s shutdown at %s: %s", group.name, address, exc)
+        if not futures:
+            return
+        try:
+            done = wait_all(futures, timeout + 1.0, "shutdown", addresses)
+        except Exception as exc:  # noqa: BLE001 - shutting down anyway
+            log.info("worker group shutdown: %s; their processes go with the cluster", exc)
+            return
+        busy = [a for a, ok in zip(addresses, done, strict=True) if not ok]
+        if busy:
+            log.info("ranks on %s were busy (a collective with a lost peer?); their processes go with the cluster", busy)
 
     def discard(self) -> None:
         """Give up a session whose workers were lost: its groups cannot tear down in call order
@@ -197,6 +256,18 @@ class Session:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _left(deadline: float, cap: float) -> float:
+    """Seconds to give the next shutdown stage: at most ``cap``, at least a short grace."""
+    return max(0.5, min(cap, deadline - time.monotonic()))
+
+
+def _bounded(client: Any, fn: Any, timeout: float) -> None:
+    """``client.run(fn)`` on every worker, given up after ``timeout`` seconds."""
+    from distributed.utils import sync
+
+    sync(client.loop, client._run, fn, wait=True, callback_timeout=timeout)
 
 
 async def _prepare_worker_exit(dask_worker: Any) -> None:

@@ -28,21 +28,25 @@ def check_backends(cfg: RunConfig, *, model_path: str) -> None:
     checkpoints ``trainer.save_freq`` asks for, the generation backend's installation. Raises
     :class:`~flowrl.config.ConfigError` naming the key, the value and the fix."""
     _call(TRAIN_BACKENDS.traits(cfg.actor.strategy)["preflight"], cfg, model_path=model_path)
-    check_model_options(cfg)
+    check_model_options(cfg, model_path=model_path)
     if cfg.needs_critic:
         _check_critic(cfg, cfg.critic.model_path or model_path)
     if cfg.trainer.save_freq > 0:
         check_checkpointable(cfg, "trainer.save_freq", cfg.trainer.save_freq)
-    check_rollout_backend(cfg.rollout)
+    check_rollout_backend(cfg.rollout, model_path=model_path)
 
 
-def check_model_options(cfg: RunConfig) -> None:
-    """``model.*`` options the chosen backend does not build are refused: LoRA (not built yet),
+def check_model_options(cfg: RunConfig, *, model_path: str | None = None) -> None:
+    """``model.*`` options the chosen backend does not build are refused: LoRA (backends without a
+    ``lora`` trait; with one, its check of ``model.target_modules`` against ``model_path``),
     gradient checkpointing (backends without a ``model_kwargs`` trait)."""
     m = cfg.model
     if m.lora_rank > 0:
-        raise ConfigError("model.lora_rank", m.lora_rank, "LoRA is not built in flowrl yet",
-                          "set model.lora_rank=0 (train every weight; actor.strategy=fsdp shards them)")
+        lora_check = TRAIN_BACKENDS.traits(cfg.actor.strategy).get("lora")
+        if lora_check is None:
+            raise ConfigError("model.lora_rank", m.lora_rank, f"actor.strategy={cfg.actor.strategy} does not build LoRA",
+                              "set actor.strategy=fsdp (or dp), or model.lora_rank=0")
+        _call(lora_check, cfg, model_path=model_path)
     if m.enable_gradient_checkpointing and TRAIN_BACKENDS.traits(cfg.actor.strategy).get("model_kwargs") is None:
         raise ConfigError("model.enable_gradient_checkpointing", True,
                           f"actor.strategy={cfg.actor.strategy} does not take it",
@@ -58,9 +62,10 @@ def check_checkpointable(cfg: RunConfig, key: str, value: Any) -> None:
         raise ConfigError(key, value, reason, fix)
 
 
-def check_rollout_backend(rollout: Any) -> None:
-    """The generation backend ``rollout.name`` is installed and usable here (a ``RolloutConfig``)."""
-    _call(GEN_BACKENDS.traits(rollout.name)["preflight"], rollout)
+def check_rollout_backend(rollout: Any, *, model_path: str | None = None) -> None:
+    """The generation backend ``rollout.name`` is installed and usable here (a ``RolloutConfig``),
+    and, given ``model_path``, runs that model (e.g. its attention head size)."""
+    _call(GEN_BACKENDS.traits(rollout.name)["preflight"], rollout, model_path=model_path)
 
 
 def _check_critic(cfg: RunConfig, model_path: str) -> None:

@@ -14,9 +14,11 @@ callers' ``finally`` blocks run. A client killed with SIGKILL cannot clean up: i
 Network surface: the scheduler, the workers and the dashboard bind to 127.0.0.1 (LocalCluster
 ``host``, SLURM interface ``lo``) unless the spec names another host or interface; the HTTP
 server of each SLURM worker binds to its interface's address too (dask's CLI default is all
-interfaces), and so does each group's torch rendezvous store (``flowrl.actors.rank``). ``cluster.tls=true`` turns on TLS for every connection
-(``Security.temporary()`` or the given PEM files). Listening on a non-loopback address without
-TLS logs a warning and prints it on stderr.
+interfaces), and so does each group's torch rendezvous store (``flowrl.comm.store``). Dask
+traffic is mutual TLS by default (``cluster.tls``: per-run credentials or the given PEM files,
+``flowrl.cluster.security``). Listening on a non-loopback address without TLS logs a warning and
+prints it on stderr. A run passes ``scratch_dir`` and ``log_dir`` inside its run directory, so
+the workers' scratch space and the SLURM job logs land there, not in the system temp dir.
 """
 
 from __future__ import annotations
@@ -26,17 +28,19 @@ import ipaddress
 import logging
 import math
 import os
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+from flowrl.cluster.security import make_security, slurm_cluster_class, worker_tls_env
+from flowrl.cluster.slurm import cancel_jobs, check_reachable, check_submission, list_jobs, wait_for_workers
 from flowrl.config.pools import CONTROLLER, Pool
 
 log = logging.getLogger(__name__)
@@ -86,23 +90,6 @@ def warn_exposed(what: str, address: str, tls: bool, dashboard: bool) -> str | N
     log.warning(msg)
     print(f"WARNING: {msg}", file=sys.stderr, flush=True)
     return msg
-
-
-def make_security(cfg: Any) -> Any:
-    """A ``distributed.Security`` for ``cluster.tls``, or None."""
-    if not cfg.tls:
-        return None
-    from distributed.security import Security
-
-    if cfg.tls_cert:
-        return Security(
-            tls_ca_file=cfg.tls_ca_file,
-            tls_client_cert=cfg.tls_cert, tls_client_key=cfg.tls_key,
-            tls_scheduler_cert=cfg.tls_cert, tls_scheduler_key=cfg.tls_key,
-            tls_worker_cert=cfg.tls_cert, tls_worker_key=cfg.tls_key,
-            require_encryption=True,
-        )
-    return Security.temporary()
 
 
 # --------------------------------------------------------------------------- the handle
@@ -180,37 +167,13 @@ class ClusterHandle:
         self._previous_handlers.clear()
 
 
-# --------------------------------------------------------------------------- SLURM jobs
-def list_jobs(job_name: str) -> list[str]:
-    """Ids of jobs named ``job_name`` that ``squeue`` still lists (any state)."""
-    if not shutil.which("squeue"):
-        return []
-    out = subprocess.run(["squeue", "-h", "-n", job_name, "-o", "%i"], capture_output=True, text=True, timeout=30)
-    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
-
-
-def cancel_jobs(job_name: str, *, wait_s: float = 30.0) -> list[str]:
-    """``scancel`` every job named ``job_name``; wait up to ``wait_s`` until squeue drops them.
-    Returns the ids still listed at the end (empty when all are gone)."""
-    if not shutil.which("scancel"):
-        return []
-    import getpass
-
-    subprocess.run(["scancel", "-n", job_name, "-u", getpass.getuser()], capture_output=True, timeout=30)
-    deadline = time.monotonic() + wait_s
-    left = list_jobs(job_name)
-    while left and time.monotonic() < deadline:
-        time.sleep(0.25)
-        left = list_jobs(job_name)
-    if left and wait_s > 0:
-        log.warning("SLURM jobs %s (%s) still listed %.0fs after scancel", left, job_name, wait_s)
-    return left
-
-
 # --------------------------------------------------------------------------- starting
-def start_cluster(cfg: Any, pools: list[Pool], *, log_dir: str | Path | None = None, controller: bool = True) -> ClusterHandle:
+def start_cluster(cfg: Any, pools: list[Pool], *, log_dir: str | Path | None = None, controller: bool = True,
+                  scratch_dir: str | Path | None = None) -> ClusterHandle:
     """Start (or connect to) the cluster ``cfg`` (a ClusterConfig) describes with the workers
-    of ``pools`` plus a controller worker; wait for them; return the handle (closed on failure)."""
+    of ``pools`` plus a controller worker; wait for them; return the handle (closed on failure).
+    ``scratch_dir``: the workers' Dask scratch space (``local_directory``; a run passes a
+    directory of its run directory), else Dask's default in the system temp dir."""
     import dask
 
     # Dask's nanny sets MALLOC_TRIM_THRESHOLD_=65536 in new workers, which pins glibc's mmap
@@ -225,11 +188,11 @@ def start_cluster(cfg: Any, pools: list[Pool], *, log_dir: str | Path | None = N
     if cfg.kind == "address":
         handle = _connect(cfg, pools)
     elif cfg.kind == "slurm":
-        handle = _start_slurm(cfg, pools, log_dir=log_dir, controller=controller)
+        handle = _start_slurm(cfg, pools, log_dir=log_dir, controller=controller, scratch_dir=scratch_dir)
     else:
-        handle = _start_local(cfg, pools, controller=controller)
+        handle = _start_local(cfg, pools, controller=controller, scratch_dir=scratch_dir)
     try:
-        _wait_for_workers(handle, total, cfg.startup_timeout_s)
+        _wait_for_workers(handle, total, cfg.startup_timeout_s, log_dir)
         workers = handle.client.scheduler_info(n_workers=-1)["workers"]
         tagged = sorted(a for a, w in workers.items() if w.get("resources", {}).get(CONTROLLER))
         if controller:
@@ -251,9 +214,12 @@ def start_cluster(cfg: Any, pools: list[Pool], *, log_dir: str | Path | None = N
     return handle
 
 
-def _wait_for_workers(handle: ClusterHandle, n: int, timeout: float) -> None:
+def _wait_for_workers(handle: ClusterHandle, n: int, timeout: float, log_dir: Any) -> None:
     try:
-        handle.client.wait_for_workers(n, timeout=timeout)
+        if handle.job_name:
+            wait_for_workers(handle, n, timeout, log_dir)  # fails at once on a failed or rejected job
+        else:
+            handle.client.wait_for_workers(n, timeout=timeout)
     except TimeoutError as exc:
         have = len(handle.client.scheduler_info(n_workers=-1)["workers"])
         detail = ""
@@ -287,7 +253,7 @@ def _scale_pool(cluster: Any, base: dict, resources: dict[str, float], count: in
     cluster.scale(len(cluster.worker_spec) + count)
 
 
-def _start_local(cfg: Any, pools: list[Pool], *, controller: bool) -> ClusterHandle:
+def _start_local(cfg: Any, pools: list[Pool], *, controller: bool, scratch_dir: Any) -> ClusterHandle:
     from distributed import Client, LocalCluster
 
     security = make_security(cfg)
@@ -305,6 +271,7 @@ def _start_local(cfg: Any, pools: list[Pool], *, controller: bool) -> ClusterHan
         silence_logs=logging.WARNING,
         security=security,
         protocol="tls://" if security is not None else None,
+        **({"local_directory": str(scratch_dir)} if scratch_dir else {}),
     )
     handle = ClusterHandle("local", None, cluster, pools=pools)
     try:
@@ -328,11 +295,14 @@ def _connect(cfg: Any, pools: list[Pool]) -> ClusterHandle:
     host = cfg.scheduler_address.split("://", 1)[-1].rsplit(":", 1)[0]
     if not cfg.scheduler_address.startswith("tls://"):
         warn_exposed("scheduler you connect to", host, False, False)
+    if security is None and cfg.tls and not cfg.scheduler_address.startswith("tls://"):
+        log.warning("cluster.tls: %s is a plain tcp:// scheduler: this connection has no TLS", cfg.scheduler_address)
     client = Client(cfg.scheduler_address, timeout=cfg.startup_timeout_s, security=security)
     return ClusterHandle("address", client, None, pools=pools)
 
 
-def slurm_cluster_kwargs(cfg: Any, *, job_name: str, log_dir: str | Path | None) -> dict[str, Any]:
+def slurm_cluster_kwargs(cfg: Any, *, job_name: str, log_dir: str | Path | None,
+                         scratch_dir: str | Path | None = None) -> dict[str, Any]:
     """Keyword arguments of ``dask_jobqueue.SLURMCluster`` for ``cfg`` (a ClusterConfig). Pure
     but for the interface's address lookup; ``cluster.job_script()`` shows the result."""
     s = cfg.slurm
@@ -346,9 +316,9 @@ def slurm_cluster_kwargs(cfg: Any, *, job_name: str, log_dir: str | Path | None)
     if interface == "lo":
         worker_http = "127.0.0.1:0"
     else:
-        python = s.python or sys.executable
-        prologue.append(f"FLOWRL_WORKER_IP=$({python} -c 'from distributed.utils import get_ip_interface; "
-                        f"print(get_ip_interface(\"{interface}\"))')")
+        python = shlex.quote(s.python or sys.executable)
+        code = shlex.quote(f"from distributed.utils import get_ip_interface; print(get_ip_interface({interface!r}))")
+        prologue.append(f"FLOWRL_WORKER_IP=$({python} -c {code})")
         worker_http = "${FLOWRL_WORKER_IP}:0"
     if log_dir is None:
         log_dir = s.log_directory or os.path.join(tempfile.gettempdir(), "flowrl-slurm", job_name)
@@ -369,7 +339,7 @@ def slurm_cluster_kwargs(cfg: Any, *, job_name: str, log_dir: str | Path | None)
         death_timeout=s.death_timeout_s,
         worker_extra_args=["--no-dashboard", "--dashboard-address", worker_http],
         log_directory=str(log_dir),
-        shared_temp_directory=str(log_dir),  # temporary TLS certificates go here for the jobs
+        shared_temp_directory=str(log_dir),  # unused: the jobs get TLS credentials in their environment
         scheduler_options={
             "interface": interface,
             "dashboard": cfg.dashboard,
@@ -377,10 +347,10 @@ def slurm_cluster_kwargs(cfg: Any, *, job_name: str, log_dir: str | Path | None)
         },
         silence_logs="warning",
     )
-    if s.python:
-        kwargs["python"] = s.python
-    if s.local_directory:
-        kwargs["local_directory"] = s.local_directory
+    if s.python:  # dask-jobqueue pastes it into the worker's command line: quote it
+        kwargs["python"] = shlex.quote(s.python)
+    if s.local_directory or scratch_dir:
+        kwargs["local_directory"] = s.local_directory or str(scratch_dir)
     return kwargs
 
 
@@ -404,9 +374,10 @@ def import_jobqueue() -> Any:
     return dask_jobqueue
 
 
-def _start_slurm(cfg: Any, pools: list[Pool], *, log_dir: str | Path | None, controller: bool) -> ClusterHandle:
+def _start_slurm(cfg: Any, pools: list[Pool], *, log_dir: str | Path | None, controller: bool,
+                 scratch_dir: Any) -> ClusterHandle:
     try:
-        SLURMCluster = import_jobqueue().SLURMCluster  # noqa: N806 - a class
+        jobqueue = import_jobqueue()
     except ImportError as exc:  # checked at config time too; a different Python may run this
         from flowrl.config.cluster_spec import SLURM_EXTRA
         from flowrl.config.errors import ConfigError
@@ -414,13 +385,20 @@ def _start_slurm(cfg: Any, pools: list[Pool], *, log_dir: str | Path | None, con
         raise ConfigError("cluster.kind", "slurm", "needs dask-jobqueue, which is not installed", SLURM_EXTRA) from exc
     from distributed import Client
 
+    check_reachable(cfg.slurm.queue)  # SLURM down or no such partition: an error line, not a timeout
     security = make_security(cfg)
+    SLURMCluster = slurm_cluster_class(jobqueue, worker_tls_env(security) if security else {})  # noqa: N806
     job_name = f"{cfg.slurm.job_name}-{uuid.uuid4().hex[:8]}"
-    kwargs = slurm_cluster_kwargs(cfg, job_name=job_name, log_dir=log_dir)
+    kwargs = slurm_cluster_kwargs(cfg, job_name=job_name, log_dir=log_dir, scratch_dir=scratch_dir)
     warn_exposed("SLURM scheduler", "127.0.0.1" if kwargs["interface"] == "lo" else interface_address(kwargs["interface"]),
                  security is not None, cfg.dashboard)
     cluster = SLURMCluster(security=security, **kwargs)
     handle = ClusterHandle("slurm", None, cluster, job_name=job_name, pools=pools)
+    try:
+        check_submission(cluster.job_script(), kwargs["log_directory"])
+    except BaseException:
+        handle.close()
+        raise
     handle.install_signal_handlers()  # from the first sbatch on, a SIGTERM cancels the jobs
     try:
         handle.client = Client(cluster, timeout=cfg.startup_timeout_s)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from flowrl.config.cluster_spec import check_cluster, check_slurm
+from flowrl.config.cluster_spec import check_cluster, check_memory_limit, check_slurm
 from flowrl.config.errors import check
 from flowrl.config.pools import check_pool
 
@@ -85,9 +85,11 @@ class ClusterConfig:
     interface: str = ""
     """Network interface for the SLURM scheduler and workers (ib0, eth0); empty: loopback,
     which only works when the jobs run on this machine."""
-    tls: bool = False
-    """Encrypt and authenticate all Dask traffic (TLS). Without cert files: temporary
-    self-signed certificates made for this run."""
+    tls: bool = True
+    """Mutual TLS on all Dask traffic: only holders of the run's credentials may connect (a
+    plain client is refused). Without cert files: a temporary CA and certificate made for this
+    run, in memory (SLURM jobs get them in their environment). With ``kind=address`` it applies
+    to a ``tls://`` scheduler (give its cert files); a ``tcp://`` one is used without TLS."""
     tls_ca_file: str = ""
     """CA certificate (PEM) for TLS; with tls_cert and tls_key instead of temporary ones."""
     tls_cert: str = ""
@@ -105,7 +107,8 @@ class ClusterConfig:
     dashboard: bool = False
     """Serve the Dask dashboard (on ``host``, a free port)."""
     memory_limit: str = "4GiB"
-    """Memory limit per LocalCluster worker process."""
+    """Memory limit per LocalCluster worker process: a size (``4GiB``, ``8GB``), a fraction of
+    the machine's memory (``0.25``), ``auto`` (the machine's memory / workers) or ``0`` (none)."""
     timeout_s: float = 600.0
     """Timeout of every wait on a worker group call or graph result."""
     low_latency: bool = True
@@ -118,4 +121,5 @@ class ClusterConfig:
         check(self.timeout_s > 0, "timeout_s", self.timeout_s, "must be > 0", "use e.g. 600")
         check(self.startup_timeout_s > 0, "startup_timeout_s", self.startup_timeout_s, "must be > 0", "use e.g. 180")
         check(self.host != "", "host", self.host, "must not be empty", "use 127.0.0.1")
+        check_memory_limit(self.memory_limit)
         check_cluster(self)

@@ -56,6 +56,19 @@ def check_slurm(s: Any) -> None:
               "must be a list of single-line strings", f"write {name}=['...', '...']")
 
 
+def check_memory_limit(value: Any) -> None:
+    """``cluster.memory_limit``: a Dask memory size, a fraction in (0, 1], ``auto`` or 0/none."""
+    text = str(value).strip()
+    ok = bool(_MEMORY.match(text)) or text.lower() in ("auto", "0", "none") or text.isdigit()
+    if not ok:
+        try:
+            ok = 0 < float(text) <= 1
+        except ValueError:
+            ok = False
+    check(ok, "memory_limit", value, "is not a memory limit (a size, a fraction of the memory, or auto)",
+          "write e.g. memory_limit=4GiB, memory_limit=0.25 or memory_limit=auto")
+
+
 def check_cluster(c: Any) -> None:
     """Checks of the ``cluster`` section (a ClusterConfig) that need no workers."""
     if c.kind == "address":
@@ -82,12 +95,13 @@ def check_cluster(c: Any) -> None:
               "set all three, or none (temporary certificates)")
         for key, value in files.items():
             check(Path(value).is_file(), key, value, "no such file", "point it at a PEM file")
-    if c.tls and c.kind == "address":
-        check(bool(given), "tls", c.tls, "with kind=address needs the scheduler's certificates",
-              "set cluster.tls_ca_file, tls_cert and tls_key")
-    if c.tls and c.scheduler_address:
+    if c.kind == "address" and c.scheduler_address.startswith("tls://"):
+        check(c.tls and bool(given), "scheduler_address", c.scheduler_address,
+              "is a tls:// scheduler: connecting needs its certificates",
+              "set cluster.tls=true with cluster.tls_ca_file, tls_cert and tls_key")
+    if given and c.scheduler_address:
         check(c.scheduler_address.startswith("tls://"), "scheduler_address", c.scheduler_address,
-              "is not a tls:// address while tls=true", "write tls://host:port")
+              "is not a tls:// address while TLS cert files are set", "write tls://host:port")
 
 
 # --------------------------------------------------------------------------- spec files

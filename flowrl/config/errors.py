@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable
 
 
@@ -28,8 +29,9 @@ def check(ok: bool, key: str, value: Any, problem: str, fix: str) -> None:
 
 
 def check_positive(key: str, value: float, fix: str) -> None:
-    """Raise :class:`ConfigError` unless ``value > 0``."""
+    """Raise :class:`ConfigError` unless ``value > 0`` (and finite: ``inf`` is no size or rate)."""
     check(value > 0, key, value, "must be > 0", fix)
+    check(math.isfinite(value), key, value, "must be a finite number", fix)
 
 
 def check_one_of(key: str, value: str, allowed: Iterable[str]) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
@@ -217,14 +218,7 @@ def _coerce(tp: Any, value: Any, key: str, errors: list[ConfigError] | None = No
             return int(value)
         raise ConfigError(key, value, f"expected an integer, got {type(value).__name__}", f"write e.g. {key}=8")
     if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads 1e-3 as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(key, value, f"expected a number, got {type(value).__name__}", f"write e.g. {key}=1e-3")
+        return _coerce_float(value, key)
     if tp is str:
         if isinstance(value, str):
             return value
@@ -232,6 +226,24 @@ def _coerce(tp: Any, value: Any, key: str, errors: list[ConfigError] | None = No
             return str(value)
         raise ConfigError(key, value, f"expected a string, got {type(value).__name__}", f"write {key}=<text>")
     raise TypeError(f"config field {key} has an unsupported annotation {tp!r}")  # internal: schema bug
+
+
+def _coerce_float(value: Any, key: str) -> float:
+    """A finite number (YAML 1.1 reads 1e-3 as a string); inf and nan would only surface as NaN
+    losses steps later, so every float key refuses them."""
+    number = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            pass
+    if number is None:
+        raise ConfigError(key, value, f"expected a number, got {type(value).__name__}", f"write e.g. {key}=1e-3")
+    if not math.isfinite(number):
+        raise ConfigError(key, value, "must be a finite number", f"write a finite value, e.g. {key}=1e-3")
+    return number
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

@@ -74,7 +74,8 @@ class RolloutConfig(ParallelFields):
     n: int = 16
     """Samples per prompt (the GRPO group size)."""
     temperature: float = 1.0
-    """Sampling temperature; trainer log-probs use the same temperature, as in verl."""
+    """Sampling temperature; trainer log-probs use the same temperature, as in verl. 0: greedy
+    decoding (as vLLM and verl read it), with log-probs of the plain logits (temperature 1)."""
     top_p: float = 1.0
     """Nucleus sampling threshold (1.0 disables)."""
     top_k: int = -1
@@ -101,6 +102,14 @@ class RolloutConfig(ParallelFields):
     and generation (verl's name)."""
     enforce_eager: bool = False
     """vllm: no CUDA graphs / torch.compile (faster start, slower decoding)."""
+    max_num_batched_tokens: int = 8192
+    """vllm: tokens the engine's scheduler batches per step (verl's key and default). On CPU
+    builds it is raised to at least ``data.max_prompt_length + rollout.response_length`` (a whole
+    prompt per step, since chunked prefill is off there)."""
+    enable_chunked_prefill: bool = True
+    """vllm: split long prefills over scheduler steps (verl's key and default). CPU builds always
+    run without it: their seeded sampling fails on a chunked prompt (``CPU Generator does not use
+    offset``, e.g. 32 prompts x 8 samples of 50 tokens over a 4096-token budget)."""
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     """Multi-turn, tool-using rollouts (off by default; see ``flowrl.config.multi_turn``)."""
 
@@ -117,6 +126,10 @@ class RolloutConfig(ParallelFields):
         check(self.top_k == -1 or self.top_k >= 1, "top_k", self.top_k, "must be -1 or >= 1", "use -1 to disable")
         check_positive("response_length", self.response_length, "use e.g. 8 for the addition task, 512 for GSM8K")
         check_positive("micro_batch_size", self.micro_batch_size, "use e.g. 256")
+        check_positive("max_num_batched_tokens", self.max_num_batched_tokens, "use 8192 (verl's default)")
+        check(self.max_num_batched_tokens >= self.micro_batch_size or self.name != "vllm", "max_num_batched_tokens",
+              self.max_num_batched_tokens, f"must be >= rollout.micro_batch_size={self.micro_batch_size} (vLLM's "
+              "max_num_seqs)", f"use e.g. {max(8192, self.micro_batch_size)}")
         if self.name == "hf":
             check(
                 self.tensor_model_parallel_size == 1 and self.pipeline_model_parallel_size == 1,
@@ -126,6 +139,12 @@ class RolloutConfig(ParallelFields):
                 "set rollout.tensor_model_parallel_size=1 and rollout.pipeline_model_parallel_size=1, "
                 "or use rollout.name=vllm",
             )
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature of the trainer's log-probs: ``temperature``, or 1 for greedy decoding
+        (``temperature=0``: vLLM's log-probs of a greedy token are those of the plain logits)."""
+        return self.temperature or 1.0
 
     def _check_vllm_fields(self) -> None:
         check(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", self.gpu_memory_utilization,

@@ -119,7 +119,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
        nearest="actor.ppo_micro_batch_size_per_gpu"),
     _k(f"{AR}.rollout.prompt_length", "noop", does="the rollout's prompt budget (= data.max_prompt_length in verl)",
        nearest="data.max_prompt_length"),
-    _k(f"{AR}.rollout.max_num_batched_tokens", "noop", does="vLLM's scheduler budget", nearest="rollout.micro_batch_size"),
+    _k(f"{AR}.rollout.max_num_batched_tokens", "map", "rollout.max_num_batched_tokens"),
     _k(f"{AR}.rollout.mode", "refuse", does="sync or async (agent-loop) rollout", nearest="rollout.name",
        accept=("sync", "async")),
     _k(f"{AR}.rollout.data_parallel_size", "noop", does="the rollout's data-parallel size, which verl derives "

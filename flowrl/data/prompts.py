@@ -1,19 +1,31 @@
 """Prompt datasets in verl's Parquet format, tokenized once, served in deterministic batches.
 
 Columns read: ``prompt`` (chat messages, or a plain string), ``data_source``,
-``reward_model.ground_truth`` and optionally ``extra_info``. Rows that cannot be used (missing
-fields, a prompt longer than ``max_prompt_length`` tokens) are reported with their file, row and
-reason -- logged, kept in :attr:`PromptDataset.rejected` and written by the trainer to
-``rejected_prompts.jsonl`` -- never dropped silently. An overlong prompt is left out
+``reward_model.ground_truth`` and optionally ``extra_info``. Rows that cannot be used are reported
+with their file, row and reason -- logged, kept in :attr:`PromptDataset.rejected` and written by
+the trainer to ``rejected_prompts.jsonl`` -- never dropped silently: a missing or empty ground
+truth, one that is a list, a mapping or a non-finite number, a message without text content (null),
+a prompt with characters its tokens do not carry (outside the vocabulary: dropped, or mapped to
+the unknown token), no ``data_source``, and a prompt longer than ``max_prompt_length`` tokens, which is left out
 (``filter_overlong``) or cut as verl's ``data.truncation`` says (``left`` keeps the end, ``right``
-the start, ``middle`` both halves; ``error`` fails). A file of which no row is usable raises
-:class:`NoUsablePrompts`, naming the longest prompt.
+the start, ``middle`` both halves; ``error`` fails).
+
+Ground truths are text, as verl's reward functions compare them (``str(ground_truth)``): a number
+is written as text, an integral float without its ``.0`` (``10.0`` -> ``"10"``: a pandas column of
+integers with a gap becomes float), so it matches the answer ``10``.
+
+A file that cannot be read as Parquet, lacks the prompt column or has no rows raises
+:class:`PromptFileError`; files of which no row is usable raise :class:`NoUsablePrompts` (with
+the rejected rows, naming the longest prompt).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
+import unicodedata
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -34,13 +46,23 @@ class Rejected:
     reason: str
 
 
+class PromptFileError(ValueError):
+    """A prompt file that cannot be used at all (not Parquet, truncated, no rows, no prompt
+    column); ``key`` is the setting to fix besides the file (``data.prompt_key``, or empty)."""
+
+    def __init__(self, message: str, *, file: str, key: str = "") -> None:
+        super().__init__(message)
+        self.file, self.key = file, key
+
+
 class NoUsablePrompts(ValueError):
     """Every row was rejected; ``longest`` is the longest prompt's token count (0 if no row got
-    as far as tokenizing), ``too_long`` how many rows exceeded ``max_prompt_length``."""
+    as far as tokenizing), ``too_long`` how many rows exceeded ``max_prompt_length``,
+    ``rejected`` the rows with their reasons."""
 
-    def __init__(self, message: str, *, longest: int, too_long: int) -> None:
+    def __init__(self, message: str, *, longest: int, too_long: int, rejected: Sequence[Rejected] = ()) -> None:
         super().__init__(message)
-        self.longest, self.too_long = longest, too_long
+        self.longest, self.too_long, self.rejected = longest, too_long, list(rejected)
 
 
 class OverlongPrompt(ValueError):
@@ -71,9 +93,71 @@ def render_prompt(prompt: Any, tokenizer: Any) -> str:
         return prompt
     if not isinstance(prompt, (list, tuple)) or not all(isinstance(m, dict) and "content" in m for m in prompt):
         raise ValueError("prompt must be a string or a list of {role, content} messages")
+    for i, m in enumerate(prompt):
+        if not isinstance(m["content"], str):  # null would render as the text "None"
+            raise ValueError(f"message {i} ({m.get('role')!r}) has no text content ({m['content']!r}); "
+                             "each message's content must be a string")
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
     return "\n".join(str(m["content"]) for m in prompt)
+
+
+def ground_truth_text(truth: Any) -> str:
+    """A row's ``reward_model.ground_truth`` as the text reward functions compare against:
+    strings as they are, integers and integral floats as integers (``10.0`` -> ``"10"``), other
+    floats in their shortest form. Raises ValueError for what has no single text form: missing,
+    empty, a list or mapping, a boolean, NaN or infinity."""
+    if truth is None:
+        raise ValueError("no reward_model.ground_truth")
+    if isinstance(truth, bool) or not isinstance(truth, (str, int, float)):
+        kind = "a list" if isinstance(truth, (list, tuple)) else type(truth).__name__
+        raise ValueError(f"reward_model.ground_truth is {kind} ({truth!r}), not one answer; write it as a string")
+    if isinstance(truth, float):
+        if not math.isfinite(truth):
+            raise ValueError(f"reward_model.ground_truth is {truth!r}")
+        return str(int(truth)) if truth.is_integer() else repr(truth)
+    text = str(truth)
+    if not text.strip():
+        raise ValueError("empty reward_model.ground_truth")
+    return text
+
+
+def dropped_text(tokenizer: Any, text: str, ids: Sequence[int]) -> str:
+    """The characters of ``text`` that its token ids do not carry (mapped to the unknown token,
+    or dropped), found by decoding them again; empty when nothing is lost (byte-level BPE and
+    byte-fallback tokenizers lose nothing)."""
+    decoded = tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    text, decoded = _comparable(text), _comparable(decoded)  # what a tokenizer's normaliser may change
+    missing = Counter(c for c in text if not c.isspace())
+    missing.subtract(Counter(decoded))
+    lost = []
+    for c in text:
+        if missing.get(c, 0) > 0:
+            lost.append(c)
+            missing[c] -= 1
+    return "".join(lost)
+
+
+def _comparable(text: str) -> str:
+    return unicodedata.normalize("NFKC", text).casefold()
+
+
+# The last few loads, so the pre-flight check and the run share one tokenization of a file.
+_LOADED: dict[tuple, tuple] = {}
+_MAX_LOADED = 4
+
+
+def _load_key(files: Sequence[str], tokenizer: Any, *args: Any) -> tuple | None:
+    """What a load depends on, or None (not cached: a tokenizer built in code, a missing file)."""
+    name = getattr(tokenizer, "name_or_path", "")
+    if not name:
+        return None
+    try:
+        stats = tuple((f, Path(f).stat().st_size, Path(f).stat().st_mtime_ns) for f in files)
+    except OSError:
+        return None
+    template = getattr(tokenizer, "chat_template", None)
+    return (stats, type(tokenizer).__name__, name, len(tokenizer), str(template), *args)
 
 
 class PromptDataset:
@@ -81,18 +165,19 @@ class PromptDataset:
                  filter_overlong: bool = True, truncation: str = "error") -> None:
         if truncation not in TRUNCATIONS:
             raise ValueError(f"truncation={truncation!r}: use one of {', '.join(TRUNCATIONS)}")
+        files = [str(f) for f in files]
+        key = _load_key(files, tokenizer, prompt_key, max_prompt_length, filter_overlong, truncation)
+        if key is not None and key in _LOADED:
+            self.table, rejected, self.longest, origins = _LOADED[key]
+            self.rejected, self.origins = list(rejected), list(origins)
+            return
         self.rejected: list[Rejected] = []
+        self.origins: list[tuple[str, int]] = []  # (file, row) of each kept row, in table order
         self.longest = 0  # tokens of the longest prompt seen (kept or not)
         self._cut = (filter_overlong, truncation)
         rows: dict[str, list] = {"data_source": [], "ground_truth": [], "prompt_ids": [], "extra_info": []}
         for file in files:
-            file = str(file)
-            if not Path(file).is_file():
-                raise FileNotFoundError(f"data file {file!r} does not exist; check data.train_files")
-            table = pq.read_table(file)
-            if prompt_key not in table.column_names:
-                raise ValueError(f"{file}: no column {prompt_key!r} (columns: {table.column_names}); set data.prompt_key")
-            for i, row in enumerate(table.to_pylist()):
+            for i, row in enumerate(read_prompt_rows(file, prompt_key)):
                 try:
                     ids, truth, source = self._parse(row, tokenizer, prompt_key, max_prompt_length)
                 except OverlongPrompt as exc:
@@ -104,12 +189,15 @@ class PromptDataset:
                 rows["ground_truth"].append(truth)
                 rows["prompt_ids"].append(ids)
                 rows["extra_info"].append(json.dumps(row.get("extra_info") or {}, default=str))
+                self.origins.append((file, i))
         if self.rejected:
             log.warning("%d prompt rows rejected; first: %s", len(self.rejected), self.rejected[0])
         if not rows["prompt_ids"]:
             too_long = sum("max_prompt_length" in r.reason for r in self.rejected)
-            raise NoUsablePrompts(f"no usable prompt rows in {list(map(str, files))}; first problem: {self.rejected[:1]}",
-                                  longest=self.longest, too_long=too_long)
+            first = self.rejected[0]
+            raise NoUsablePrompts(f"no usable prompt rows in {', '.join(files)} ({len(self.rejected)} rejected; "
+                                  f"first: {first.file} row {first.row}: {first.reason})",
+                                  longest=self.longest, too_long=too_long, rejected=self.rejected)
         self.table = pa.table(
             {
                 "data_source": pa.array(rows["data_source"], pa.string()),
@@ -118,12 +206,14 @@ class PromptDataset:
                 "extra_info": pa.array(rows["extra_info"], pa.string()),
             }
         )
+        if key is not None:
+            while len(_LOADED) >= _MAX_LOADED:
+                _LOADED.pop(next(iter(_LOADED)))
+            _LOADED[key] = (self.table, tuple(self.rejected), self.longest, tuple(self.origins))
 
     def _parse(self, row: dict, tokenizer: Any, prompt_key: str, max_len: int) -> tuple[list[int], str, str]:
         reward = row.get("reward_model") or {}
-        truth = reward.get("ground_truth") if isinstance(reward, dict) else None
-        if truth is None:
-            raise ValueError("no reward_model.ground_truth")
+        truth = ground_truth_text(reward.get("ground_truth") if isinstance(reward, dict) else None)
         source = row.get("data_source")
         if not isinstance(source, str) or not source:
             raise ValueError("no data_source")
@@ -131,13 +221,17 @@ class PromptDataset:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if not ids:
             raise ValueError("empty prompt")
+        lost = dropped_text(tokenizer, text, ids)
+        if lost:
+            raise ValueError(f"prompt has characters outside the tokenizer's vocabulary ({lost!r}), which its "
+                             "tokens would drop or replace by the unknown token")
         self.longest = max(self.longest, len(ids))
         filter_overlong, truncation = self._cut
         if len(ids) > max_len:
             if filter_overlong:
                 raise ValueError(f"prompt has {len(ids)} tokens > data.max_prompt_length={max_len}")
             ids = truncate(ids, max_len, truncation)
-        return ids, str(truth), source
+        return ids, truth, source
 
     def __len__(self) -> int:
         return self.table.num_rows
@@ -155,6 +249,30 @@ class PromptDataset:
         return experience.with_columns(table, group=group)
 
     def write_rejected(self, path: str | Path) -> None:
-        with open(path, "w") as fh:
-            for r in self.rejected:
-                fh.write(json.dumps(r.__dict__) + "\n")
+        write_rejected(self.rejected, path)
+
+
+def write_rejected(rejected: Sequence[Rejected], path: str | Path) -> None:
+    """``rejected_prompts.jsonl``: one ``{"file", "row", "reason"}`` object per rejected row."""
+    with open(path, "w") as fh:
+        for r in rejected:
+            fh.write(json.dumps(r.__dict__) + "\n")
+
+
+def read_prompt_rows(file: str, prompt_key: str) -> list[dict]:
+    """The rows of one Parquet prompt file; :class:`PromptFileError` for a file that is not
+    readable Parquet, has no rows or lacks the ``prompt_key`` column."""
+    if not Path(file).is_file():
+        raise FileNotFoundError(f"data file {file!r} does not exist; check data.train_files")
+    try:
+        table = pq.read_table(file)
+    except (pa.ArrowException, OSError) as exc:
+        size = Path(file).stat().st_size
+        what = "is empty (0 bytes)" if size == 0 else f"is not a readable Parquet file ({type(exc).__name__}: {exc})"
+        raise PromptFileError(f"{file} {what}", file=file) from None
+    if prompt_key not in table.column_names:
+        raise PromptFileError(f"{file} has no column {prompt_key!r} (data.prompt_key; its columns: "
+                              f"{', '.join(table.column_names)})", file=file, key="data.prompt_key")
+    if table.num_rows == 0:
+        raise PromptFileError(f"{file} has no rows", file=file)
+    return table.to_pylist()

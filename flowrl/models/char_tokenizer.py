@@ -6,6 +6,12 @@ One token per character of printable ASCII plus newline, and three special token
 ``PreTrainedTokenizerFast`` with a (trivial) chat template, so the code path is the same as for
 real models and it round-trips through ``save_pretrained`` / ``AutoTokenizer.from_pretrained``
 without any hub access.
+
+A character outside the vocabulary becomes ``<unk>`` here; loaded back from a model directory by
+``AutoTokenizer`` (as the model's own tokenizer class) it is dropped instead (``五+五=`` ->
+``+=``). Either way the prompt no longer says what the row says, so
+:class:`flowrl.data.prompts.PromptDataset` rejects such rows (reported in
+``rejected_prompts.jsonl``) rather than training on the stripped text.
 """
 
 from __future__ import annotations

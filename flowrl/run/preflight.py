@@ -2,17 +2,20 @@
 
 :func:`resolve_inputs` fills ``model.path``, ``data.train_files`` and ``trainer.run_dir``
 (building the embedded default task when no model or data is given), checks that the files
-exist, runs the chosen backends' own checks (layouts against the model, installed packages),
-resolves the algorithm family and the resume checkpoint. A mistake raises
-:class:`~flowrl.config.ConfigError` naming the key, the value and the fix, in well under a second
-for the defaults.
+exist and the model directories hold a valid ``config.json`` and weights, runs the chosen
+backends' own checks (layouts against the model, installed packages, vLLM's head sizes), resolves
+the algorithm family, the reward function, the run directory (derived from the run's identity,
+writable: :mod:`flowrl.run.run_dir`) and the resume checkpoint, and reads every prompt row
+(:mod:`flowrl.run.data_check`). A mistake raises :class:`~flowrl.config.ConfigError` naming the
+key, the value and the fix, in well under a second for the defaults.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime, timezone
+import json
 from pathlib import Path
+from typing import Any
 
 from flowrl.config import ConfigError, RunConfig
 
@@ -25,33 +28,72 @@ def default_cache_dir() -> Path:
 def resolve_inputs(cfg: RunConfig) -> RunConfig:
     """``cfg`` with its inputs filled in and checked (see the module docstring)."""
     from flowrl.backends.preflight import check_backends
+    from flowrl.run.run_dir import resolve_run_dir
 
     model_path, train_files, val_files = _inputs(cfg)
-    if not (Path(model_path) / "config.json").is_file():
-        raise ConfigError("model.path", model_path, "is not a transformers model directory (no config.json)",
-                          "point model.path at a local directory saved with save_pretrained")
+    check_model_dir("model.path", model_path)
     _check_files("data.train_files", train_files)
     if cfg.trainer.test_freq > 0:
         if not val_files:
             raise ConfigError("data.val_files", "", f"is empty while trainer.test_freq={cfg.trainer.test_freq}",
                               "point data.val_files at held-out Parquet prompts, or set trainer.test_freq=0")
         _check_files("data.val_files", val_files)
-    if cfg.reward_model.enable and not (Path(cfg.reward_model.model_path) / "config.json").is_file():
-        raise ConfigError("reward_model.model_path", cfg.reward_model.model_path, "is not a transformers model "
-                          "directory (no config.json)", "point it at a reward model saved with save_pretrained")
+    if cfg.reward_model.enable:
+        check_model_dir("reward_model.model_path", cfg.reward_model.model_path)
+    if cfg.needs_critic and cfg.critic.model_path:
+        check_model_dir("critic.model_path", cfg.critic.model_path)
     check_family(cfg)
     check_backends(cfg, model_path=model_path)
     check_loggers(cfg)
-    run_dir = cfg.trainer.run_dir or str(Path("runs") / datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"))
+    check_reward_fn(cfg)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(model_path)),
+                              data=dataclasses.replace(cfg.data, train_files=train_files, val_files=val_files))
+    run_dir = resolve_run_dir(cfg)
     resume_mode = cfg.trainer.resume_mode
     if resume_mode not in ("auto", "disable"):
         resume_mode = str(check_resume_path(cfg, resume_mode))
-    return dataclasses.replace(
-        cfg,
-        model=dataclasses.replace(cfg.model, path=str(model_path)),
-        data=dataclasses.replace(cfg.data, train_files=train_files, val_files=val_files),
-        trainer=dataclasses.replace(cfg.trainer, run_dir=str(Path(run_dir).resolve()), resume_mode=resume_mode),
-    )
+    cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, run_dir=str(run_dir), resume_mode=resume_mode))
+    from flowrl.run.data_check import check_prompts
+
+    check_prompts(cfg)
+    return cfg
+
+
+def check_model_dir(key: str, path: str) -> None:
+    """``path`` is a transformers model directory: a ``config.json`` that parses, with a
+    ``model_type``, and weight files (``*.safetensors`` / ``*.bin``, or their index)."""
+    directory = Path(path)
+    config = directory / "config.json"
+    if not config.is_file():
+        raise ConfigError(key, path, "is not a transformers model directory (no config.json)",
+                          f"point {key} at a local directory saved with save_pretrained")
+    try:
+        loaded: Any = json.loads(config.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(key, path, f"has an invalid config.json ({exc})",
+                          "fix or re-create it (model.config.save_pretrained(DIR))") from None
+    if not isinstance(loaded, dict) or not loaded.get("model_type"):
+        raise ConfigError(key, path, "has a config.json without a model_type",
+                          "re-create it with the model's config.save_pretrained(DIR)")
+    weights = [p for pattern in ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
+               for p in directory.glob(pattern)]
+    if not weights:
+        raise ConfigError(key, path, "holds no weight files (*.safetensors or *.bin)",
+                          "save the model into it with model.save_pretrained(DIR)")
+
+
+def check_reward_fn(cfg: RunConfig) -> None:
+    """``algorithm.reward_fn`` resolves (a registered name, ``module:function`` or
+    ``file.py:function``) on the driver, as the reward node will resolve it."""
+    from flowrl.rewards import REWARD_FUNCTIONS, resolve_reward_fn
+
+    name = cfg.algorithm.reward_fn
+    try:
+        resolve_reward_fn(name)
+    except Exception as exc:  # noqa: BLE001 - a user's module may raise anything on import
+        raise ConfigError("algorithm.reward_fn", name, f"does not resolve to a reward function ({type(exc).__name__}: "
+                          f"{exc})", f"use one of {', '.join(REWARD_FUNCTIONS.names())}, package.module:function "
+                          "or path/to/file.py:function (verl's signature)") from None
 
 
 def _inputs(cfg: RunConfig) -> tuple[str, str, str]:

@@ -1,7 +1,9 @@
 """Worker-death recovery as a state machine the loop drives.
 
 A rank's worker process can die mid-step (OOM kill, segfault, ``kill -9``): its actor state is
-gone and its peers' collectives fail, so the groups cannot continue. The loop reports every
+gone and its peers' collectives fail, so the groups cannot continue. The controller worker (the
+one that runs the graph's nodes) can die too: the session cancels the step's graph when the
+scheduler removes it, and the health check reports ``controller``; the rebuild is the same. The loop reports every
 failed step to :meth:`Recovery.on_failure`; the machine moves
 
     RUNNING --failure--> CHECKING --no rank lost / restarts used up--> FAILED (the error is re-raised)
@@ -55,8 +57,9 @@ class Restart:
 
 
 def lost_ranks(session: Any, timeout_s: float = PING_TIMEOUT_S) -> list[str]:
-    """``group[rank]`` of every rank whose actor does not answer a ping (its worker died)."""
-    lost = []
+    """``group[rank]`` of every rank whose actor does not answer a ping (its worker died), and
+    ``controller`` when the worker that runs the graph's nodes is gone (``Session.controller``)."""
+    lost = ["controller"] if controller_lost(session) else []
     for group in list(session.groups.values()):
         futures = []
         for rank, actor in enumerate(group.actors):
@@ -70,6 +73,20 @@ def lost_ranks(session: Any, timeout_s: float = PING_TIMEOUT_S) -> list[str]:
             except Exception:  # noqa: BLE001 - lost worker, or no answer in time: both fatal
                 lost.append(f"{group.name}[{rank}]")
     return lost
+
+
+def controller_lost(session: Any) -> bool:
+    """Whether the session's controller worker died (its graph tasks were cancelled) or is no
+    longer among the scheduler's workers."""
+    if getattr(session, "controller_lost", False):
+        return True
+    controller = getattr(session, "controller", None)
+    if not controller:
+        return False
+    try:
+        return controller not in session.worker_addresses()
+    except Exception:  # noqa: BLE001 - the scheduler itself is gone: not a lost controller
+        return False
 
 
 class Recovery:
@@ -137,6 +154,16 @@ def rank_pids(client: Any) -> dict[tuple[str, int], int]:
     fault-injection tests: ``os.kill(pid, SIGKILL)``)."""
     found = client.run(_local_rank_pids)
     return {(g, r): pid for rows in found.values() for g, r, pid in rows}
+
+
+def controller_pid(client: Any) -> int:
+    """The pid of the controller worker (the one carrying the ``flowrl-controller`` resource),
+    for fault-injection tests."""
+    from flowrl.cluster import CONTROLLER
+
+    workers = client.scheduler_info(n_workers=-1)["workers"]
+    (address,) = [a for a, w in workers.items() if w.get("resources", {}).get(CONTROLLER)]
+    return client.run(os.getpid, workers=[address])[address]
 
 
 def _local_rank_pids(dask_worker: Any) -> list[tuple[str, int, int]]:

@@ -23,7 +23,8 @@ def start_groups(cfg: RunConfig, specs: list[GroupSpec], run_dir: Path) -> tuple
     """A session with one worker process per rank of ``specs`` (cluster kind, pools and network
     from ``cfg.cluster``) and the groups built on it, by name."""
     session = Session.start(sum(s.mesh.world_size for s in specs), cluster=cfg.cluster,
-                            group_sizes={s.name: s.mesh.world_size for s in specs}, log_dir=str(run_dir / "slurm"))
+                            group_sizes={s.name: s.mesh.world_size for s in specs}, log_dir=str(run_dir / "slurm"),
+                            scratch_dir=str(run_dir / "dask-scratch"))
     try:
         write_run_info(run_dir, session)
         return session, session.create_groups(specs)

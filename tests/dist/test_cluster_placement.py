@@ -52,9 +52,9 @@ def test_colocated_pool_hosts_every_group_on_distinct_workers(colocated):
 def test_default_configuration_listens_only_on_loopback(colocated):
     session, _ = colocated
     info = session.client.scheduler_info(n_workers=-1)
-    assert session.client.scheduler.address.startswith("tcp://127.0.0.1:")
-    assert all(a.startswith("tcp://127.0.0.1:") for a in info["workers"])
-    assert all(w["nanny"].startswith("tcp://127.0.0.1:") for w in info["workers"].values())
+    assert session.client.scheduler.address.startswith("tls://127.0.0.1:")
+    assert all(a.startswith("tls://127.0.0.1:") for a in info["workers"])
+    assert all(w["nanny"].startswith("tls://127.0.0.1:") for w in info["workers"].values())
     assert session.dashboard_link.startswith("http://127.0.0.1:")
     worker_pids = set(session.client.run(lambda: __import__("os").getpid()).values())
     nanny_pids = set(session.client.run(lambda: __import__("os").getpid(), nanny=True).values())
@@ -86,9 +86,25 @@ def test_declared_pool_too_small_at_placement_names_the_pool():
             session.create_groups([GroupSpec("actor", ECHO, {}, GroupMesh(dp=2))])
 
 
-def test_tls_is_one_setting_away():
-    pytest.importorskip("cryptography")
-    with Session.start(1, cluster=ClusterConfig(tls=True, startup_timeout_s=120, timeout_s=60)) as session:
-        assert session.client.scheduler.address.startswith("tls://127.0.0.1:")
+def test_tls_is_the_default_and_a_client_without_the_runs_credentials_is_refused(tmp_path):
+    """The default cluster: mutual TLS with this run's credentials. A plain tcp:// client, a
+    tls:// client without a certificate and one with another CA's certificate all fail at the
+    handshake; only the run's own client computes. Scratch space lands where the run says."""
+    import asyncio
+
+    from distributed import Client
+    from distributed.security import Security
+
+    with Session.start(1, cluster=ClusterConfig(startup_timeout_s=120, timeout_s=60),
+                       scratch_dir=str(tmp_path / "dask-scratch")) as session:
+        address = session.client.scheduler.address
+        assert address.startswith("tls://127.0.0.1:")
         assert all(a.startswith("tls://") for a in session.worker_addresses())
         assert session.client.submit(sum, [1, 2], pure=False).result(timeout=60) == 3
+        plain = "tcp://" + address.split("://", 1)[1]
+        strangers = [(plain, None), (address, None), (address, Security.temporary())]
+        for target, security in strangers:
+            with pytest.raises((OSError, TimeoutError, asyncio.TimeoutError, ValueError, TypeError)):
+                Client(target, security=security, timeout=5)
+        dirs = session.client.run(lambda dask_worker: dask_worker.local_directory)
+        assert dirs and all(d.startswith(str(tmp_path / "dask-scratch")) for d in dirs.values()), dirs

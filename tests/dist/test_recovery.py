@@ -121,6 +121,39 @@ def test_killed_worker_is_replaced_and_the_run_matches_an_uninterrupted_one(
 
 
 @pytest.mark.timeout(600)
+def test_killed_controller_is_replaced_and_the_run_matches_an_uninterrupted_one(
+        tmp_path, tiny_model_dir, addition_data, uninterrupted, caplog, monkeypatch):
+    """kill -9 of the worker that runs the graph's nodes (step 2's reward node is running on it):
+    the step's graph is cancelled at once (not left pinned to the dead address), the recovery
+    reports ``controller`` and rebuilds, and every step runs exactly once."""
+    from distributed import default_client
+
+    from flowrl.run.recovery import controller_pid
+
+    run_dir = tmp_path / "killed_controller"
+    gate = _gate(tmp_path, monkeypatch, run_dir)
+    killed: list[int] = []
+
+    def watcher() -> None:  # the gate holds step 2's reward node, on the controller: kill that process
+        if _wait_for(gate / "blocked", 300):
+            pid = controller_pid(default_client())
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    thread = threading.Thread(target=watcher, daemon=True)
+    thread.start()
+    with caplog.at_level("WARNING", logger="flowrl.run.recovery"):
+        summary = train(load_config(None, _args(run_dir, tiny_model_dir, addition_data, GATED,
+                                                "cluster.timeout_s=120")))
+    thread.join(timeout=10)
+    assert killed, "the watcher never killed the controller"
+    assert summary.restarts == 1
+    assert any("restart 1/3" in r.getMessage() and "controller" in r.getMessage() for r in caplog.records)
+    assert summary.steps == STEPS
+    _assert_same_run(run_dir, uninterrupted)
+
+
+@pytest.mark.timeout(600)
 def test_killed_driver_restarted_with_resume_auto_matches_an_uninterrupted_one(
         tmp_path, tiny_model_dir, addition_data, uninterrupted, monkeypatch):
     run_dir = tmp_path / "killed_driver"

@@ -53,7 +53,7 @@ def test_calls_run_in_reserved_order_whatever_order_they_arrive(echo):
 
 def test_an_error_names_the_rank_and_the_group_stays_usable(echo):
     # both ranks fail; the first error to arrive is raised, naming its rank
-    with pytest.raises(GroupCallError, match=r"echo.fail: rank (\d) on tcp://\S+ raised ValueError: rank \1 failed on purpose"):
+    with pytest.raises(GroupCallError, match=r"echo.fail: rank (\d) on tls://\S+ raised ValueError: rank \1 failed on purpose"):
         echo.run(echo.reserve(), "fail")
     values, _ = echo.run(echo.reserve(), "all_reduce", 0.0)
     assert values == [1.0, 1.0]

@@ -145,10 +145,13 @@ def test_slurm_cluster_listens_only_on_loopback(tmp_path):
     handle = start_cluster(cfg, resolve_pools(cfg, {"actor": 1}), log_dir=tmp_path)
     try:
         client = handle.client
-        assert client.scheduler.address.startswith("tcp://127.0.0.1:")
+        assert client.scheduler.address.startswith("tls://127.0.0.1:")  # mutual TLS by default
         assert handle.dashboard_link.startswith("http://127.0.0.1:")
         info = client.scheduler_info(n_workers=-1)["workers"]
-        assert len(info) == 2 and all(a.startswith("tcp://127.0.0.1:") for a in info)
+        assert len(info) == 2 and all(a.startswith("tls://127.0.0.1:") for a in info)
+        # the jobs got their credentials in the environment: no --tls-* files on their command line
+        assert "--tls-" not in handle.cluster.job_script() and "--protocol tls://" in handle.cluster.job_script()
+        assert not [p for p in tmp_path.rglob("*") if "dask-jobqueue" in p.name], "credential files written"
         assert sorted(r for w in info.values() for r in w["resources"]) == ["actor_rollout_ref", "flowrl-controller"]
         pids = set(client.run(os.getpid).values()) | set(client.run(os.getpid, nanny=True).values())
         processes = [psutil.Process()] + [psutil.Process(p) for p in pids]

@@ -65,3 +65,20 @@ def test_round_trip_through_save_pretrained(tokenizer, tmp_path):
     assert loaded.apply_chat_template(
         [{"role": "user", "content": "37+48="}], add_generation_prompt=True, tokenize=False
     ) == "37+48="
+
+
+def test_characters_outside_the_vocabulary_do_not_survive_a_round_trip(tmp_path):
+    """What ``PromptDataset`` checks (``dropped_text``): built in code they become ``<unk>``,
+    reloaded from a model directory they are dropped; in both cases the prompt's rows are rejected."""
+    from transformers import AutoTokenizer
+
+    from flowrl.data.prompts import dropped_text
+
+    tok = build_char_tokenizer()
+    ids = tok("五+五=", add_special_tokens=False)["input_ids"]
+    assert ids.count(tok.unk_token_id) == 2 and dropped_text(tok, "五+五=", ids) == "五五"
+    assert dropped_text(tok, "37+48=", tok("37+48=", add_special_tokens=False)["input_ids"]) == ""
+    tok.save_pretrained(tmp_path)
+    again = AutoTokenizer.from_pretrained(tmp_path)
+    ids = again("五+五=", add_special_tokens=False)["input_ids"]
+    assert dropped_text(again, "五+五=", ids) == "五五"

@@ -14,9 +14,9 @@ REPO = Path(__file__).parents[2]
 SIZES = {"rollout": 1, "actor": 2, "ref": 1}
 
 
-def test_default_cluster_is_a_loopback_local_cluster_with_one_colocated_pool():
+def test_default_cluster_is_a_loopback_local_cluster_with_one_colocated_pool_and_tls():
     cfg = load_config(None, [])
-    assert cfg.cluster.kind == "local" and cfg.cluster.host == "127.0.0.1" and not cfg.cluster.tls
+    assert cfg.cluster.kind == "local" and cfg.cluster.host == "127.0.0.1" and cfg.cluster.tls
     pools = resolve_pools(cfg.cluster, cfg.worker_group_sizes)
     assert pools == [Pool(COLOCATED_POOL, 6, ("rollout", "actor", "ref"))]
 
@@ -82,8 +82,19 @@ def test_tls_cert_files_need_all_three_and_must_exist(tmp_path):
     cfg = load_config(None, ["cluster.tls=true", f"cluster.tls_ca_file={tmp_path / 'ca.pem'}",
                              f"cluster.tls_cert={tmp_path / 'cert.pem'}", f"cluster.tls_key={tmp_path / 'key.pem'}"])
     assert cfg.cluster.tls
-    with pytest.raises(ConfigError, match="kind=address needs the scheduler's certificates"):
+    with pytest.raises(ConfigError, match="tls:// scheduler: connecting needs its certificates"):
         load_config(None, ["cluster.tls=true", "cluster.kind=address", "cluster.scheduler_address=tls://10.0.0.1:8786"])
+    # a plain tcp:// scheduler (its owner's choice) is accepted with the default cluster.tls=true
+    assert load_config(None, ["cluster.kind=address", "cluster.scheduler_address=tcp://10.0.0.1:8786"]).cluster.tls
+
+
+@pytest.mark.parametrize("value", ["lots", "2.5", "-1GB", "4 parsecs"])
+def test_memory_limit_must_be_a_dask_memory_limit(value):
+    with pytest.raises(ConfigError, match="cluster.memory_limit") as info:
+        load_config(None, [f"cluster.memory_limit={value}"])
+    assert "4GiB" in info.value.fix
+    for ok in ("4GiB", "8GB", "0.25", "auto", "0"):
+        assert load_config(None, [f"cluster.memory_limit={ok}"]).cluster.memory_limit == ok
 
 
 def test_scheduler_address_goes_with_kind_address():
@@ -212,7 +223,7 @@ def test_starting_on_a_public_address_without_tls_warns_first(monkeypatch, capsy
     monkeypatch.setattr(distributed, "LocalCluster", refuse)
     monkeypatch.setattr(distributed, "Client", refuse)
     with pytest.raises(Stop):
-        start_cluster(ClusterConfig(host="10.1.2.3", low_latency=False), [Pool("p", 1, ("a",))])
+        start_cluster(ClusterConfig(host="10.1.2.3", tls=False, low_latency=False), [Pool("p", 1, ("a",))])
     assert "WARNING: flowrl: the LocalCluster scheduler listens on 10.1.2.3" in capsys.readouterr().err
     with pytest.raises(Stop):
         start_cluster(ClusterConfig(kind="address", scheduler_address="tcp://10.1.2.3:8786", low_latency=False), [])
@@ -220,3 +231,22 @@ def test_starting_on_a_public_address_without_tls_warns_first(monkeypatch, capsy
     with pytest.raises(Stop):
         start_cluster(ClusterConfig(low_latency=False), [Pool("p", 1, ("a",))])
     assert "WARNING" not in capsys.readouterr().err  # the default: loopback, no warning
+
+
+def test_slurm_python_is_shell_quoted_where_it_is_pasted(monkeypatch, tmp_path):
+    import shlex
+
+    import flowrl.cluster.launch as launch
+    import flowrl.config.cluster_spec as cluster_spec
+    from flowrl.config import ClusterConfig
+    from flowrl.config.cluster import SlurmConfig
+
+    monkeypatch.setattr(cluster_spec, "interfaces", lambda: ["ib0", "lo"])
+    monkeypatch.setattr(launch, "interface_address", lambda name: "10.0.0.5")
+    python = "/opt/my env/bin/python; touch /tmp/pwned"
+    cfg = ClusterConfig(kind="slurm", interface="ib0", slurm=SlurmConfig(python=python))
+    kwargs = slurm_cluster_kwargs(cfg, job_name="j", log_dir=tmp_path)
+    (line,) = [x for x in kwargs["job_script_prologue"] if x.startswith("FLOWRL_WORKER_IP=")]
+    words = shlex.split(line[len("FLOWRL_WORKER_IP=$("):-1])
+    assert words[0] == python and words[1] == "-c" and "get_ip_interface('ib0')" in words[2]
+    assert shlex.split(kwargs["python"]) == [python]  # the worker command of the job script

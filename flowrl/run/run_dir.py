@@ -1,0 +1,148 @@
+"""The run directory: derived from the run's identity, so the same command finds its own again.
+
+``trainer.run_dir`` empty: ``runs/<project_name>/<experiment_name>`` under the current directory
+(verl's ``checkpoints/{project_name}/{experiment_name}``); without an ``experiment_name``,
+``runs/<project_name>/<adv_estimator>-<hash>``, the hash of the run's *identity*: every resolved
+setting that shapes the numbers (model, data, algorithm, every group's settings, ``trainer.seed``),
+none of those that only say how long, where or how observably it runs (``run_identity``). So an
+identical command -- or one that only raises ``trainer.total_training_steps``, changes the
+loggers, the cluster or a micro-batch size -- lands in the same directory and, with
+``trainer.resume_mode=auto``, resumes from its newest complete checkpoint.
+
+A directory that already holds a run (its ``config.yaml``) of a *different* identity -- only
+possible with an explicit ``trainer.run_dir`` or ``trainer.experiment_name`` -- is resumed all the
+same, as verl does with ``resume_mode=auto`` (a fixed reward module, a changed learning rate after
+a crash: the user's call), but not silently: a warning names the differing keys before any
+worker starts. For a separate run: another ``trainer.run_dir`` / ``trainer.experiment_name``;
+to start afresh in it: ``trainer.resume_mode=disable``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from flowrl.config import ConfigError, RunConfig, to_dict
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.yaml"
+
+#: Keys that do not change a run's numbers: how long it runs, where, what it records.
+_RUN_CONTROL = (
+    "trainer.run_dir", "trainer.resume_mode", "trainer.total_training_steps", "trainer.total_epochs",
+    "trainer.save_freq", "trainer.max_ckpt_to_keep", "trainer.max_restarts", "trainer.test_freq",
+    "trainer.val_before_train", "trainer.logger", "trainer.progress", "trainer.save_experience",
+    "trainer.cache_dir", "trainer.project_name", "trainer.experiment_name", "trainer.save_on_signal",
+    "data.val_files", "data.val_max_samples",
+    "rollout.gpu_memory_utilization", "rollout.free_cache_engine", "rollout.enforce_eager",
+    "rollout.max_num_batched_tokens", "rollout.enable_chunked_prefill", "rollout.reshard_transport",
+    "rollout.reshard_bucket_mb", "model.enable_gradient_checkpointing",
+)
+_RUN_CONTROL_PREFIXES = ("cluster.", "rollout.val_kwargs.", "actor.fsdp_config.", "ref.fsdp_config.",
+                         "critic.fsdp_config.")
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def run_identity(config: dict[str, Any]) -> dict[str, Any]:
+    """The settings of a (resolved, nested-dict) config that shape a run's numbers."""
+    flat = flatten(config)
+    return {k: v for k, v in flat.items()
+            if k not in _RUN_CONTROL and not k.startswith(_RUN_CONTROL_PREFIXES) and "micro_batch_size" not in k}
+
+
+def default_run_dir(cfg: RunConfig) -> Path:
+    """``runs/<project>/<experiment>``, or ``runs/<project>/<estimator>-<identity hash>``."""
+    t = cfg.trainer
+    name = t.experiment_name
+    if not name:
+        blob = json.dumps(run_identity(to_dict(cfg)), sort_keys=True, default=str)
+        name = f"{cfg.algorithm.adv_estimator}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
+    return Path("runs") / _safe(t.project_name or "flowrl") / _safe(name)
+
+
+def _safe(part: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.+-]", "_", part).strip(".") or "_"
+
+
+def check_writable(run_dir: Path) -> None:
+    """``run_dir`` is (or can be made) a writable directory; what this check creates goes again."""
+    created: list[Path] = []
+    try:
+        missing = [p for p in [run_dir, *run_dir.parents] if not p.exists()]
+        for p in reversed(missing):
+            p.mkdir()
+            created.append(p)
+        if not run_dir.is_dir():
+            raise NotADirectoryError(f"{run_dir} is not a directory")
+        with tempfile.NamedTemporaryFile(dir=run_dir, prefix=".flowrl-write-test-"):
+            pass
+    except OSError as exc:
+        raise ConfigError("trainer.run_dir", str(run_dir), f"is not a writable directory ({exc.strerror or exc})",
+                          "point trainer.run_dir at a directory you can write") from None
+    finally:
+        for p in reversed(created):
+            try:
+                p.rmdir()
+            except OSError:
+                pass
+
+
+def config_differences(cfg: RunConfig, run_dir: Path) -> list[str]:
+    """``"key: old -> new"`` for each identity setting in which ``cfg`` differs from the run
+    ``run_dir`` holds (its ``config.yaml``); empty when there is none or it is the same run."""
+    import yaml
+
+    try:
+        old = yaml.safe_load((run_dir / CONFIG_FILE).read_text())
+    except (OSError, yaml.YAMLError):
+        return []
+    if not isinstance(old, dict):
+        return []
+    mine, theirs = run_identity(to_dict(cfg)), run_identity(old)
+    differ = sorted(k for k in mine.keys() & theirs.keys() if _norm(mine[k]) != _norm(theirs[k]))
+    return [f"{k}: {theirs[k]!r} -> {mine[k]!r}" for k in differ]
+
+
+def warn_if_another_run(cfg: RunConfig, run_dir: Path) -> list[str]:
+    """With ``resume_mode=auto``, warn (naming the keys) when ``run_dir`` holds a run of another
+    configuration, which this run will resume; returns the differences."""
+    if cfg.trainer.resume_mode != "auto":
+        return []
+    differ = config_differences(cfg, run_dir)
+    if differ:
+        more = f" and {len(differ) - 6} more" if len(differ) > 6 else ""
+        log.warning("trainer.run_dir=%s holds a run of another configuration (%s%s); resuming it as "
+                    "trainer.resume_mode=auto says (as verl does). For a separate run use another trainer.run_dir "
+                    "or trainer.experiment_name; to start afresh there, trainer.resume_mode=disable",
+                    run_dir, ", ".join(differ[:6]), more)
+    return differ
+
+
+def _norm(value: Any) -> Any:
+    return [_norm(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+
+def resolve_run_dir(cfg: RunConfig) -> Path:
+    """The absolute run directory of ``cfg`` (given or derived), checked writable; a warning when it
+    holds a run of another configuration."""
+    run_dir = Path(os.path.expanduser(cfg.trainer.run_dir)) if cfg.trainer.run_dir else default_run_dir(cfg)
+    run_dir = run_dir.resolve()
+    check_writable(run_dir)
+    warn_if_another_run(cfg, run_dir)
+    return run_dir
