@@ -130,6 +130,19 @@ class Family:
         """The (uncomputed) graph of iteration ``step`` on ``prompts``; computes nothing."""
         raise NotImplementedError
 
+    def rollout(self, ctx: BuildContext, prompts: "pa.Table", *, step: int, weight_version: int) -> Any:
+        """Asynchronous RL (``trainer.staleness`` > 0): the generation part of iteration ``step``
+        alone (uncomputed; it reserves rollout calls only), its rows tagged ``weight_version``.
+        The run computes it ahead and passes its result to ``build(..., collected=...)``, so it
+        must compute to what ``build`` takes as ``collected`` (scored samples, as
+        ``flowrl.graphs.pieces.rollout``). A family without it cannot run asynchronously."""
+        raise NotImplementedError(f"the {self.name or type(self).__name__} family does not generate ahead")
+
+    @classmethod
+    def generates_ahead(cls) -> bool:
+        """Whether the family implements :meth:`rollout` (``trainer.staleness`` > 0 needs it)."""
+        return cls.rollout is not Family.rollout
+
 
 def register_family(name: str) -> Callable[[type[Family]], type[Family]]:
     """Class decorator: register a :class:`Family` subclass as ``name`` (``algorithm.family=name``)."""

@@ -36,9 +36,10 @@ ROUND_SEED_STRIDE = 1_000_003
 def policy_specs(cfg: RunConfig) -> list[Any]:
     """The groups every family starts: rollout, actor, and the reference when the config needs
     reference log-probs."""
-    from flowrl.roles.specs import actor_spec, ref_spec, rollout_spec
+    from flowrl.roles.specs import actor_spec, needs_ref_group, ref_spec, rollout_spec
 
-    return [rollout_spec(cfg), actor_spec(cfg)] + ([ref_spec(cfg)] if cfg.needs_reference else [])
+    # LoRA (issue 17): no reference group, the actor's base model is the reference (roles.specs)
+    return [rollout_spec(cfg), actor_spec(cfg)] + ([ref_spec(cfg)] if needs_ref_group(cfg) else [])
 
 
 def reward_model_specs(cfg: RunConfig) -> list[Any]:
@@ -55,11 +56,20 @@ def gen_seed(cfg: RunConfig, step: int, round: int = 0) -> int:
     return cfg.trainer.seed * 100003 + step + round * ROUND_SEED_STRIDE
 
 
-def generate(ctx: BuildContext, prompts: pa.Table, *, step: int, round: int = 0) -> Any:
-    """``gen``: ``rollout.n`` responses per prompt on the rollout group."""
+def generate(ctx: BuildContext, prompts: pa.Table, *, step: int, round: int = 0, weight_version: int | None = None) -> Any:
+    """``gen``: ``rollout.n`` responses per prompt on the rollout group (with ``weight_version``:
+    each row tagged with the weight version that generates it, see :func:`rollout`)."""
     sfx = f"_r{round}" if round else ""
+    extra = {} if weight_version is None else {"weight_version": weight_version}
     return node("gen" + sfx, nodes.generate, ctx.groups["rollout"].bind(), prompts,
-                seed=gen_seed(ctx.cfg, step, round), step=step)
+                seed=gen_seed(ctx.cfg, step, round), step=step, **extra)
+
+
+def rollout(ctx: BuildContext, prompts: pa.Table, *, step: int, weight_version: int) -> Any:
+    """``gen`` then the scoring of :func:`score`: the generation part of an iteration on its own,
+    which the run computes ahead with ``trainer.staleness`` > 0 (a family's ``rollout``); its
+    rows carry ``weight_version``. Reserves only rollout (and reward model) calls."""
+    return score(ctx, generate(ctx, prompts, step=step, weight_version=weight_version), step=step)
 
 
 def release_rollout(ctx: BuildContext, table: Any, *, step: int) -> Any:
@@ -90,8 +100,12 @@ def logprob_columns(ctx: BuildContext, scored: Any, *, step: int) -> list[Any]:
     """``ref`` (reference log-probs, when needed) and ``old_log_prob`` (pre-update log-probs,
     with several optimizer steps per batch), in parallel on their groups."""
     cfg, columns = ctx.cfg, []
-    if cfg.needs_reference:
-        columns.append(node("ref", nodes.logprobs, ctx.groups["ref"].bind(), scored, "ref_logprobs", step=step))
+    if cfg.needs_reference:  # LoRA (issue 17): on the actor, adapters disabled (roles.specs.reference_call)
+        from flowrl.roles.specs import reference_call
+
+        group, method = reference_call(cfg)
+        columns.append(node("ref", nodes.logprobs, ctx.groups[group].bind(), scored, "ref_logprobs", method=method,
+                            step=step))
     if cfg.needs_old_logprobs:
         columns.append(node("old_log_prob", nodes.logprobs, ctx.groups["actor"].bind(), scored, "old_logprobs", step=step))
     return columns
@@ -172,13 +186,27 @@ def advantages(ctx: BuildContext, scored: Any, columns: list[Any], *, step: int)
                 lam=algo.lam, norm_adv_by_std=algo.norm_adv_by_std_in_grpo, step=step)
 
 
+def rollout_correction(ctx: BuildContext, batch: Any, *, step: int) -> Any:
+    """``rollout_corr``: importance weights between the pre-update and the rollout log-probs
+    (``algorithm.rollout_is*``, ``flowrl.algos.rollout_correction``), applied to the batch the
+    actor trains on when ``algorithm.rollout_is``; ``batch`` itself when the correction is off."""
+    algo = ctx.cfg.algorithm
+    if algo.rollout_is_threshold is None:
+        return batch
+    return node("rollout_corr", nodes.rollout_correction, batch, threshold=algo.rollout_is_threshold,
+                threshold_lower=algo.rollout_is_threshold_lower, level=algo.rollout_is_level, mode=algo.rollout_is_mode,
+                veto_threshold=algo.rollout_is_veto_threshold, apply=algo.rollout_is, step=step)
+
+
 def mini_batch_rows(cfg: RunConfig, group_cfg: Any) -> int:
     """Rows per dp rank in one mini-batch of ``group_cfg`` (the actor's or the critic's section)."""
     return group_cfg.ppo_mini_batch_size * cfg.rollout.n // group_cfg.data_parallel_size
 
 
 def update_actor(ctx: BuildContext, batch: Any, *, step: int) -> Any:
-    """``update_actor``: the PPO-clip update on the actor group."""
+    """``update_actor``: the PPO-clip update on the actor group (on the rollout-corrected batch
+    when ``algorithm.rollout_is_threshold`` is set, see :func:`rollout_correction`)."""
+    batch = rollout_correction(ctx, batch, step=step)
     return node("update_actor", nodes.update, ctx.groups["actor"].bind(), batch, mini_batch_rows(ctx.cfg, ctx.cfg.actor),
                 step=step)
 

@@ -14,7 +14,8 @@
     synced   = reshard: trainer shards -> rollout layout
     return batch, metrics (+ the critic's: values, returns, explained variance)
 
-The reward model, overlong shaping, the KL reward penalty and dynamic sampling are the shared
+With ``trainer.critic_warmup`` = N the first N steps stop after ``critic`` (no ``stats``, no
+``synced``: the actor and the rollout keep their weights). The reward model, overlong shaping, the KL reward penalty and dynamic sampling are the shared
 options of ``flowrl.graphs.pieces``, as in GRPO. The critic is trained and checkpointed with the
 actor (``critic_checkpoints/``).
 """
@@ -59,6 +60,9 @@ class PPO(Family):
                 dataset: Any) -> NodeOut | None:
         return pieces.dynamic_sampling(ctx, prompts, step=step, compute=compute, dataset=dataset)
 
+    def rollout(self, ctx: BuildContext, prompts: pa.Table, *, step: int, weight_version: int) -> Any:
+        return pieces.rollout(ctx, prompts, step=step, weight_version=weight_version)  # trainer.staleness > 0
+
     def build(self, ctx: BuildContext, prompts: pa.Table, *, step: int, collected: NodeOut | None = None) -> IterationGraph:
         cfg, critic = ctx.cfg, ctx.groups["critic"]
         # dynamic sampling's kept samples (generated and scored by collect()), or one batch's
@@ -72,6 +76,9 @@ class PPO(Family):
         batch = pieces.advantages(ctx, scored, columns, step=step)
         critic_rows = pieces.mini_batch_rows(cfg, cfg.critic)
         critic_stats = node("update_critic", nodes.update_critic, critic.bind(), batch, critic_rows, step=step)
+        if step < cfg.trainer.critic_warmup:  # the critic alone: no actor update, no weight sync
+            warmup = node("critic_warmup", nodes.critic_warmup, critic_stats, step=step)
+            return IterationGraph(result=node("collect", nodes.collect_with_values, batch, warmup, step=step), sync=warmup)
         stats = pieces.update_actor(ctx, batch, step=step)
         synced = pieces.weight_sync(ctx, stats, step=step)
         result = node("collect", nodes.collect_with_values, batch, stats, critic_stats, step=step)

@@ -82,9 +82,38 @@ class AlgorithmConfig:
     """Fixed or adaptive coefficient of the KL reward penalty."""
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     """DAPO's dynamic sampling: keep only groups with a learning signal, sample more."""
+    rollout_is_threshold: float | None = None
+    """Rollout correction (verl's key): the upper threshold of the importance weights
+    ``pi_old / pi_rollout`` between the trainer's pre-update log-probs and the rollout's own.
+    None: off (nothing computed, no ``rollout_corr/*`` metrics). See ``flowrl.algos.rollout_correction``."""
+    rollout_is: bool = False
+    """Apply the weights in the policy loss (verl's key); False: the ``rollout_corr/*`` metrics only."""
+    rollout_is_threshold_lower: float | None = None
+    """Lower threshold of the ``mask`` mode; None: ``1 / rollout_is_threshold`` (verl's)."""
+    rollout_is_level: str = "token"
+    """``token`` (each token's ratio), ``sequence`` (the product over the response) or
+    ``geometric`` (the geometric mean over the response)."""
+    rollout_is_mode: str = "truncate"
+    """``truncate`` (TIS: weights capped at the threshold) or ``mask`` (MIS: tokens, or whole
+    responses at the sequence levels, outside [lower, upper] leave the loss's response mask)."""
+    rollout_is_veto_threshold: float | None = None
+    """A response with any token ratio below this leaves the loss (verl's veto); None: off."""
 
     def __post_init__(self) -> None:
         if self.kl_penalty == "kl":  # verl's name for k1
             self.kl_penalty = "k1"
+        self._check_rollout_is()
         check(0 <= self.gamma <= 1, "gamma", self.gamma, "must be in [0, 1]", "use 1.0")
         check(0 <= self.lam <= 1, "lam", self.lam, "must be in [0, 1]", "use 1.0")
+
+    def _check_rollout_is(self) -> None:
+        """The rollout correction's fields (verl's names and values)."""
+        check_one_of("rollout_is_level", self.rollout_is_level, ("token", "sequence", "geometric"))
+        check_one_of("rollout_is_mode", self.rollout_is_mode, ("truncate", "mask"))
+        t = self.rollout_is_threshold
+        check(t is None or t > 0, "rollout_is_threshold", t, "must be > 0 (or null: off)", "use e.g. 2.0")
+        check(not (self.rollout_is and t is None), "rollout_is", self.rollout_is,
+              "applies the importance weights, which need algorithm.rollout_is_threshold", "set e.g. rollout_is_threshold=2.0")
+        low = self.rollout_is_threshold_lower
+        check(low is None or (t is not None and 0 < low <= t), "rollout_is_threshold_lower", low,
+              "must be in (0, rollout_is_threshold]", "use null (1 / rollout_is_threshold)")

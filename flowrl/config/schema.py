@@ -103,12 +103,29 @@ class RunConfig:
                 "use actor.strategy=megatron",
             )
         check_pools_cover(self.cluster, self.worker_group_sizes)
+        self._check_async()
+
+    def _check_async(self) -> None:
+        """``trainer.staleness`` and ``trainer.critic_warmup`` against the rest (issue 15, 19)."""
+        t = self.trainer
+        if t.staleness > 0:
+            check(not self.rollout.free_cache_engine, "trainer.staleness", t.staleness,
+                  "overlaps generation with the update, but rollout.free_cache_engine=true shares the trainer's devices "
+                  "(the engine sleeps while the trainer runs)",
+                  "set rollout.free_cache_engine=false and cluster.placement=split (rollout on devices of its own), "
+                  "or trainer.staleness=0")
+            check(not self.algorithm.filter_groups.enable, "trainer.staleness", t.staleness,
+                  "is not implemented with dynamic sampling (algorithm.filter_groups.enable=true)",
+                  "set trainer.staleness=0, or algorithm.filter_groups.enable=false")
+        check(t.critic_warmup == 0 or self.needs_critic, "trainer.critic_warmup", t.critic_warmup,
+              f"trains only a critic, and algorithm.adv_estimator={self.algorithm.adv_estimator!r} starts none",
+              "use algorithm.adv_estimator=gae, or trainer.critic_warmup=0")
 
     @property
     def worker_group_sizes(self) -> dict[str, int]:
         """The worker groups this run starts and their world sizes (what pools must host)."""
         sizes = {"rollout": self.rollout.world_size, "actor": self.actor.world_size}
-        if self.needs_reference:
+        if self.needs_reference and not self.model.lora_rank:  # LoRA: the actor's base model is the reference
             sizes["ref"] = self.ref.world_size
         if self.needs_critic:
             sizes["critic"] = self.critic.world_size
@@ -184,7 +201,8 @@ class RunConfig:
         steps; with one step the pre-update policy is the current one and the update uses its own
         detached log-probs (ratio exactly 1), which saves a forward pass. The KL reward penalty
         reads them too (as verl)."""
-        return self.num_optimizer_steps_per_batch > 1 or self.algorithm.use_kl_in_reward
+        return (self.num_optimizer_steps_per_batch > 1 or self.algorithm.use_kl_in_reward
+                or self.algorithm.rollout_is_threshold is not None)  # the rollout correction's pi_old
 
     @property
     def needs_reference(self) -> bool:

@@ -58,16 +58,28 @@ class ModelConfig:
     enable_gradient_checkpointing: bool = False
     """Recompute each block's activations in backward (the policy; ``actor.strategy=fsdp``)."""
     lora_rank: int = 0
-    """LoRA adapters of this rank on ``target_modules`` (0: train every weight)."""
+    """LoRA adapters of this rank on ``target_modules`` through peft (0: train every weight). Only
+    the adapters train and sit in the optimizer; the reference policy is the same model with the
+    adapters disabled (no reference group); the weight sync sends the merged weights; checkpoints
+    hold the adapters (``flowrl export-hf --merge-lora`` or ``--adapter-only``). ``actor.strategy``
+    ``fsdp`` or ``dp``. LoRA wants a larger ``actor.optim.lr`` (e.g. 10x)."""
     lora_alpha: int = 16
-    """LoRA scaling numerator (``alpha / rank``)."""
+    """LoRA scaling numerator: the adapters' output is scaled by ``lora_alpha / lora_rank``."""
     target_modules: str | list[str] = "all-linear"
-    """Modules that get adapters: ``all-linear`` or a list of module names (peft's)."""
+    """Modules that get adapters: ``all-linear`` (every linear layer but the output head, peft's)
+    or module names (a list, or comma-separated: ``q_proj,v_proj``)."""
 
     def __post_init__(self) -> None:
         check_one_of("dtype", self.dtype, DTYPES)
         check(isinstance(self.lora_rank, int) and self.lora_rank >= 0, "lora_rank", self.lora_rank,
               "must be an integer >= 0", "use 0 (no LoRA) or e.g. 8")
+        check(isinstance(self.lora_alpha, int) and self.lora_alpha > 0, "lora_alpha", self.lora_alpha,
+              "must be an integer > 0", "use e.g. 16 (or 2 * lora_rank)")
+        names_ok = (isinstance(self.target_modules, str) and bool(self.target_modules.strip(" ,"))) or (
+            isinstance(self.target_modules, (list, tuple)) and bool(self.target_modules)
+            and all(isinstance(t, str) and t for t in self.target_modules))
+        check(names_ok, "target_modules", self.target_modules, "must be all-linear or non-empty module names",
+              "use all-linear, or e.g. [q_proj,v_proj]")
 
 
 @dataclass(kw_only=True)
@@ -106,25 +118,38 @@ class TrainerConfig:
     """Validate once before the first step (logged at step 0 with the first step's metrics,
     needs ``test_freq`` > 0 or ``data.val_files``); verl's default is true."""
     critic_warmup: int = 0
-    """Steps that train only the critic before the actor starts (verl's key). Only 0 is
-    implemented yet."""
+    """Steps that train only the critic before the actor starts (verl's key): for the first
+    this many steps the PPO family updates the critic alone (no actor update, no weight sync).
+    Needs a critic (``algorithm.adv_estimator=gae``)."""
+    staleness: int = 0
+    """Asynchronous RL: how many weight versions the rollout may lag behind the trainer. 0: on
+    policy (each step generates with the weights of the step before). 1: verl's one-step
+    off-policy, step k+1 generates with the weights of step k-1 while step k trains; N: the
+    generations of the next N steps run ahead, N versions behind. Needs rollout and actor on their
+    own devices (``rollout.free_cache_engine=false``); each sample carries ``weight_version``.
+    A checkpoint drops the generations in flight: after a resume they are generated again, for
+    the same prompts and seeds, with the checkpoint's weights."""
     project_name: str = "flowrl"
     """Project of the ``wandb`` logger (verl's ``trainer.project_name``)."""
     experiment_name: str = ""
-    """Run name of the ``wandb`` logger; empty: the run directory's name."""
+    """Run name (verl's): of the ``wandb`` logger and of the default run directory
+    ``runs/<project_name>/<experiment_name>``; empty: the run directory's name."""
     test_freq: int = 0
     """Validate on ``data.val_files`` every this many steps and after the last (0: never);
     metrics ``val-core/...``, samples in ``<run_dir>/validation/``."""
     seed: int = 0
     """Seed for data order, sampling and initialisation."""
     run_dir: str = ""
-    """Run directory. Empty: ``runs/<UTC timestamp>`` under the current directory."""
+    """Run directory (verl's ``trainer.default_local_dir``). Empty: ``runs/<project_name>/
+    <experiment_name>`` under the current directory, or without an experiment name
+    ``runs/<project_name>/<adv_estimator>-<hash of the settings that shape the run>``, so the same
+    command (even with more steps or other loggers) resumes there (``flowrl.run.run_dir``)."""
     cache_dir: str = ""
     """Where the embedded default task is built. Empty: ``~/.cache/flowrl``."""
     save_experience: bool = True
     """Write each step's experience table as ``experience/step_XXXXXX.parquet``."""
     progress: bool = True
-    """Show a progress bar (the per-step line is the ``console`` logger's)."""
+    """Show a progress bar when stderr is a terminal (the per-step line is the ``console`` logger's)."""
     logger: list[str] = field(default_factory=lambda: ["console"])
     """Metric sinks, verl's ``trainer.logger``: any of ``console`` (one line per step),
     ``jsonl``, ``tensorboard`` (event files under ``<run_dir>/tensorboard``, needs the
@@ -141,17 +166,24 @@ class TrainerConfig:
     max_restarts: int = 3
     """When a worker holding a rank dies mid-run, rebuild the worker groups and continue from the
     last checkpoint (steps since it run again), at most this many times per run (0: fail)."""
+    save_on_signal: str = "USR1"
+    """On this signal (``USR1`` or ``USR2``; empty: off) the run finishes the step in flight,
+    saves a checkpoint and exits with status 0; running it again resumes there (SLURM
+    preemption: ``#SBATCH --signal=B:USR1@90``, see the README)."""
 
     def __post_init__(self) -> None:
         check(self.total_training_steps > 0 or (self.total_training_steps == 0 and self.total_epochs > 0),
               "total_training_steps", self.total_training_steps, "must be > 0 (0 only with total_epochs > 0)",
               "use e.g. 40, or set trainer.total_epochs")
         check(self.total_epochs >= 0, "total_epochs", self.total_epochs, "must be >= 0", "use 0 or e.g. 15")
-        check(self.critic_warmup == 0, "critic_warmup", self.critic_warmup,
-              "in verl: trains only the critic for the first steps; not implemented yet in flowrl",
-              "use 0; nearest flowrl setting: critic.ppo_epochs (more critic passes per step)")
+        check(self.critic_warmup >= 0, "critic_warmup", self.critic_warmup, "must be >= 0",
+              "use 0 (the actor trains from the first step) or e.g. 5")
+        check(self.staleness >= 0, "staleness", self.staleness, "must be >= 0",
+              "use 0 (on policy) or 1 (one-step off-policy)")
         check(self.max_restarts >= 0, "max_restarts", self.max_restarts, "must be >= 0",
               "use 0 (fail on a lost worker) or e.g. 3")
+        check(self.save_on_signal in ("", "USR1", "USR2"), "save_on_signal", self.save_on_signal,
+              "is not a signal flowrl saves on", "use USR1, USR2 or an empty string (off)")
         check(self.save_freq >= 0, "save_freq", self.save_freq, "must be >= 0",
               "use 0 (never save) or e.g. 10 (every 10 steps)")
         check(self.max_ckpt_to_keep >= 0, "max_ckpt_to_keep", self.max_ckpt_to_keep, "must be >= 0",

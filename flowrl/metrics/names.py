@@ -92,6 +92,23 @@ RESHARD_BYTES = "reshard/bytes"
 RESHARD_BYTES_MIN = "reshard/bytes_min"
 RESHARD_PEAK_EXTRA_BYTES = "reshard/peak_extra_bytes"
 
+# --------------------------------------------------------------------------- asynchronous RL (issue 15)
+STALENESS_MEAN = "async/staleness_mean"  # trained version - generating version, over the step's samples
+STALENESS_MAX = "async/staleness_max"
+TRAINER_IDLE = "async/trainer_idle_s"  # the step's wall time the actor spent waiting (not in a call)
+ROLLOUT_IDLE = "async/rollout_idle_s"  # time between the end of the previous generation and this one's start
+ROLLOUT_CORR_PREFIX = "rollout_corr/"  # the rollout correction's (algorithm.rollout_is*), verl's names
+ROLLOUT_CORR_KL = "rollout_corr/kl"
+ROLLOUT_CORR_K3_KL = "rollout_corr/k3_kl"
+ROLLOUT_CORR_IS_MEAN = "rollout_corr/rollout_is_mean"
+ROLLOUT_CORR_IS_MAX = "rollout_corr/rollout_is_max"
+ROLLOUT_CORR_IS_MIN = "rollout_corr/rollout_is_min"
+ROLLOUT_CORR_FRACTION_HIGH = "rollout_corr/rollout_is_ratio_fraction_high"
+ROLLOUT_CORR_FRACTION_LOW = "rollout_corr/rollout_is_ratio_fraction_low"
+ROLLOUT_CORR_MASKED_FRACTION = "rollout_corr/rollout_is_masked_fraction"
+ROLLOUT_CORR_VETO_FRACTION = "rollout_corr/rollout_is_veto_fraction"
+CRITIC_WARMUP = "critic/warmup"  # 1.0 on a critic-only step (trainer.critic_warmup)
+
 # --------------------------------------------------------------------------- validation
 VALIDATION_PREFIX = "val-"
 VAL_RESPONSE_LENGTH_MEAN = "val-aux/response_length/mean"

@@ -16,7 +16,7 @@ Every body is also importable from here (``from flowrl import nodes; nodes.gener
 face a custom graph uses (``notebooks/customise_graph.ipynb``).
 """
 
-from flowrl.nodes.advantages import advantages, filter_groups, filter_metric, kl_in_reward
+from flowrl.nodes.advantages import advantages, filter_groups, filter_metric, kl_in_reward, rollout_correction
 from flowrl.nodes.core import NodeOut, join_columns, node
 from flowrl.nodes.generation import generate, generate_greedy, generate_val
 from flowrl.nodes.results import collect, collect_with_values, data_metrics, value_metrics
@@ -30,12 +30,12 @@ from flowrl.nodes.rewards import (
     rm_scores,
 )
 from flowrl.nodes.scoring import logprobs, values
-from flowrl.nodes.updates import update, update_critic
+from flowrl.nodes.updates import critic_warmup, update, update_critic
 from flowrl.nodes.weights import build_reshard, release_rollout, reshard, reshard_metrics
 
 __all__ = [
-    "NodeOut", "advantages", "build_reshard", "collect", "collect_with_values", "combine_rewards", "data_metrics",
+    "NodeOut", "advantages", "critic_warmup", "build_reshard", "collect", "collect_with_values", "combine_rewards", "data_metrics",
     "filter_groups", "filter_metric", "generate", "generate_greedy", "generate_val", "join_columns", "kl_in_reward",
     "load_tokenizer", "logprobs", "node", "outcome_token_rewards", "overlong", "release_rollout", "reshard",
-    "reshard_metrics", "reward", "reward_baseline", "rm_scores", "update", "update_critic", "value_metrics", "values",
+    "reshard_metrics", "reward", "rollout_correction", "reward_baseline", "rm_scores", "update", "update_critic", "value_metrics", "values",
 ]

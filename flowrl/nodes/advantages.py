@@ -87,3 +87,32 @@ def filter_groups(table: pa.Table, metric: str) -> NodeOut:
     num_groups = len(set(table.column("group").to_pylist()))
     kept_groups = len(set(kept.column("group").to_pylist()))
     return NodeOut(kept, {names.KEPT_GROUPS: float(kept_groups), names.GROUPS: float(num_groups)})
+
+
+def rollout_correction(table: pa.Table, *, threshold: float, threshold_lower: float | None, level: str, mode: str,
+                       veto_threshold: float | None, apply: bool) -> NodeOut:
+    """The rollout correction (``flowrl.algos.rollout_correction``) from ``old_logprobs`` and
+    ``rollout_logprobs``: the ``rollout_corr/*`` metrics, and with ``apply`` the batch the actor
+    trains on, its advantages times the importance weights (column ``rollout_is_weights`` too)
+    and, in the mask mode or with a veto, the rejected tokens out of its ``response_mask``."""
+    from flowrl.algos.rollout_correction import RolloutCorrection, apply_to_advantages, rollout_importance_weights
+
+    for name in ("old_logprobs", "rollout_logprobs"):
+        if name not in table.column_names:
+            raise ValueError(f"algorithm.rollout_is_threshold needs the column {name!r}; the batch has {table.column_names}")
+    old_T, cu = experience.token_column(table, "old_logprobs")
+    rollout_T, _ = experience.token_column(table, "rollout_logprobs")
+    mask_T, _ = experience.token_column(table, "response_mask")
+    spec = RolloutCorrection(threshold=threshold, threshold_lower=threshold_lower, level=level, mode=mode,
+                             veto_threshold=veto_threshold)
+    weights_T, new_mask_T, metrics = rollout_importance_weights(old_T, rollout_T, mask_T, cu, spec)
+    if not apply:
+        return NodeOut(table, metrics)
+    adv_T, _ = experience.token_column(table, "advantages")
+    table = experience.with_columns(
+        table,
+        advantages=experience.list_column(apply_to_advantages(adv_T, weights_T), cu, experience.TOKEN_FLOATS),
+        rollout_is_weights=experience.list_column(weights_T, cu, experience.TOKEN_FLOATS),
+        response_mask=experience.list_column(new_mask_T, cu, table.schema.field("response_mask").type),
+    )
+    return NodeOut(table, metrics)

@@ -18,11 +18,14 @@ def _generate(rollout: BoundCall, prompts: pa.Table, kwargs: dict, what: str) ->
     return NodeOut(table, {names.compute(what): compute_s})
 
 
-def generate(rollout: BoundCall, prompts: pa.Table, seed: int) -> NodeOut:
+def generate(rollout: BoundCall, prompts: pa.Table, seed: int, weight_version: int | None = None) -> NodeOut:
     """``rollout.n`` responses per prompt with the group's sampling parameters, seeded; with
-    multi-turn rollouts also the ``agent/*`` metrics (:func:`agent_metrics`)."""
+    multi-turn rollouts also the ``agent/*`` metrics (:func:`agent_metrics`). With
+    ``weight_version`` (asynchronous RL) every row is tagged with it (column ``weight_version``)."""
     out = _generate(rollout, prompts, {"seed": seed}, "gen")
     out.metrics.update(agent_metrics(out.value))
+    if weight_version is not None:
+        out.value = out.value.append_column("weight_version", pa.array([weight_version] * out.value.num_rows, pa.int64()))
     return out
 
 

@@ -27,3 +27,9 @@ def update(actor: BoundCall, table: pa.Table, mini_batch_rows: int) -> NodeOut:
 def update_critic(critic: BoundCall, table: pa.Table, mini_batch_rows: int) -> NodeOut:
     """The critic's clipped value-loss update (``critic/*`` stats)."""
     return _update(critic, table, mini_batch_rows, "update_critic")
+
+
+def critic_warmup(*_after: object) -> NodeOut:
+    """A critic-only step's stand-in for the weight sync (``trainer.critic_warmup``): nothing to
+    sync; ``critic/warmup`` = 1."""
+    return NodeOut(None, {names.CRITIC_WARMUP: 1.0})

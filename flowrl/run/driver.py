@@ -21,7 +21,7 @@ from typing import Any
 from flowrl.config import RunConfig, dump_config
 from flowrl.metrics import names
 from flowrl.run import checkpointing
-from flowrl.run.weight_sync import PendingSync
+from flowrl.run.weight_sync import PendingSync, RolloutsAhead, lag_metrics
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,12 @@ class Run:
         self.session: Any = None
         self.groups: dict[str, Any] = {}
         self.sync = PendingSync(self.run_dir, cfg.cluster.timeout_s)
+        self.ahead = RolloutsAhead(cfg.trainer.staleness)  # trainer.staleness > 0: generations run ahead
+        self._last_spans: dict[str, tuple[float, float]] | None = None  # the previous step's (async/*)
+        if self.ahead.enabled and not self.family.generates_ahead():
+            raise ConfigError("trainer.staleness", cfg.trainer.staleness,
+                              f"needs the family to generate ahead ({type(self.family).__name__} has no rollout())",
+                              "implement Family.rollout (see flowrl.graphs.pieces.rollout), or trainer.staleness=0")
         self.next_step = 0
         self.resume_from: str | None = checkpointing.find_resume(cfg, self.run_dir)
         if self.resume_from is not None:
@@ -93,6 +99,8 @@ class Run:
         ``checkpoint`` (None: the initial model), the family's driver state rewound with it."""
         session, self.session, self.groups = self.session, None, {}
         self.sync.drop()  # futures of the dead session
+        self.ahead.drop()  # generations in flight: generated again from the checkpoint's weights
+        self._last_spans = None
         session.discard()
         self.resume_from, self.next_step = checkpoint, next_step
         if checkpoint is None:
@@ -133,13 +141,24 @@ class Run:
         The iteration's weight sync keeps running after this returns; the next ``step`` (or a
         checkpoint, or ``close``) collects it, and its timing lands in that step's metrics.
         ``timing_s/step`` spans the driver hook, submission and result, so it includes whatever
-        of the previous sync had not finished."""
+        of the previous sync had not finished.
+
+        With ``trainer.staleness`` = N > 0 the step's generation was submitted ahead (its future
+        is the graph's ``collected``) and those of the next N steps are submitted before this
+        graph, so they run while this step trains (``RolloutsAhead``); the samples carry their
+        ``weight_version`` and the step reports ``async/*``."""
         from flowrl.data import experience
 
         step = self.next_step
         start = time.perf_counter()
         prompts = self.prompts(step)  # drawn once for the driver hook and the graph
-        graph = self.graph(step, collected=self.collect(step, prompts), prompts=prompts)
+        ahead = None
+        if self.ahead.enabled or step in self.ahead.in_flight():  # this step's generation runs ahead
+            self.ahead.fill(step, self._last_ahead(step), self._submit_rollout)
+            collected = ahead = self.ahead.take(step)[0]
+        else:
+            collected = self.collect(step, prompts)
+        graph = self.graph(step, collected=collected, prompts=prompts)
         submitted = time.time()  # the origin of this step's timeline.jsonl rows
         result, sync = self.session.submit(graph.outputs)
         self.next_step += 1
@@ -151,13 +170,34 @@ class Run:
             raise
         finally:
             result.release()
+            if ahead is not None:
+                ahead.release()
         self.sync.record_step(step, submitted, out.spans, sync)
         metrics.update(out.metrics)
+        if ahead is not None:
+            metrics.update(lag_metrics(step, out.value.column("weight_version").to_numpy(), out.spans, self._last_spans))
+            self._last_spans = out.spans
         metrics.update(_step_metrics(step, time.perf_counter() - start, metrics[names.NUM_TOKENS]))
         self.family.state.observe(metrics)
         if self.cfg.trainer.save_experience:
             experience.write_parquet(out.value, experience.step_path(self.run_dir, step))
         return out.value, metrics
+
+    def _last_ahead(self, step: int) -> int:
+        """The last step whose generation may be in flight while ``step`` trains: ``step +
+        trainer.staleness``, not past the run's last step nor past the next step a checkpoint is
+        due after (a drain step, see ``RolloutsAhead``)."""
+        t = self.cfg.trainer
+        last = min(step + self.ahead.staleness, t.total_training_steps - 1)
+        if t.save_freq > 0:
+            last = min(last, (step // t.save_freq + 1) * t.save_freq - 1)  # the next k with (k + 1) % save_freq == 0
+        return last
+
+    def _submit_rollout(self, step: int, version: int) -> Any:
+        """Submit step ``step``'s generation (the family's ``rollout``) with weight version ``version``."""
+        graph = self.family.rollout(self.context(), self.prompts(step), step=step, weight_version=version)
+        (future,) = self.session.submit([graph])
+        return future
 
     def _compute(self, output: Any) -> Any:
         return self.session.compute(output, timeout=self.cfg.cluster.timeout_s)
@@ -197,6 +237,7 @@ class Run:
     def close(self) -> None:
         """Collect the last weight sync, tear down the groups, close the cluster."""
         if self.session is not None:
+            self.ahead.drain(self.cfg.cluster.timeout_s)  # generations of steps the run will not train
             try:
                 self.sync.collect()
             except Exception as exc:  # noqa: BLE001 - reported, then shut down anyway

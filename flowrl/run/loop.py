@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,10 +19,12 @@ from typing import Any, Callable
 
 from flowrl.config import RunConfig
 from flowrl.metrics import names
+from flowrl.metrics.logger import drop_rows_from
 from flowrl.metrics.timeline import TIMELINE_FILE
 from flowrl.run.driver import Run
 from flowrl.run.preflight import resolve_inputs
 from flowrl.run.recovery import Recovery
+from flowrl.run import signals
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -30,19 +33,23 @@ METRICS_FILE = "metrics.jsonl"
 class RunSummary:
     run_dir: Path
     steps: int
-    first_score: float  # mean critic/score/mean over the first (up to) 5 steps
-    last_score: float  # ... and over the last (up to) 5 steps
+    first_score: float  # mean critic/score/mean over the first ``window`` steps
+    last_score: float  # ... and over the last ``window`` steps
     tokens_per_s: float
     wall_s: float
     history: list[dict[str, float]] = field(default_factory=list, repr=False)
     restarts: int = 0  # worker groups rebuilt after a lost worker (trainer.max_restarts)
+    window: int = 5  # steps averaged at each end: up to 5, and never overlapping (half a short run)
 
     def text(self) -> str:
-        return (
-            f"done: {self.steps} steps in {self.wall_s:.1f}s | mean score first 5 steps {self.first_score:.3f} "
-            f"-> last 5 steps {self.last_score:.3f} ({self.last_score - self.first_score:+.3f}) | "
-            f"{self.tokens_per_s:.0f} tokens/s | run dir {self.run_dir}"
-        )
+        if self.steps >= 2:
+            k = self.window
+            score = (f"mean score first {k} step{'s' * (k > 1)} {self.first_score:.3f} -> last {k} "
+                     f"step{'s' * (k > 1)} {self.last_score:.3f} ({self.last_score - self.first_score:+.3f})")
+        else:  # one step (or none: resumed at the end) has nothing to compare
+            score = f"mean score {self.last_score:.3f}"
+        return (f"done: {self.steps} steps in {self.wall_s:.1f}s | {score} | "
+                f"{self.tokens_per_s:.0f} tokens/s | run dir {self.run_dir}")
 
 
 class _Sinks:
@@ -54,8 +61,9 @@ class _Sinks:
         self.logger = self._open()
 
     def start_bar(self, first: int) -> None:
-        """``trainer.progress``: a bar from step ``first`` (once the workers are up)."""
-        if self.cfg.trainer.progress:
+        """``trainer.progress``: a bar from step ``first`` (once the workers are up), on a
+        terminal only (redraws would fill a log with ``\\r`` lines)."""
+        if self.cfg.trainer.progress and sys.stderr.isatty():  # a log file gets the step lines only
             from tqdm import tqdm
 
             total = self.cfg.trainer.total_training_steps
@@ -110,12 +118,14 @@ def train(cfg: RunConfig, *, on_step: Callable[[int, dict[str, float]], None] | 
     history: list[dict[str, float]] = []
     sinks = _Sinks(run.cfg, run)
     recovery = Recovery(cfg.trainer.max_restarts, run.resume_from)
+    restore_signal = signals.install(cfg.trainer.save_on_signal)  # issue 18: trainer.save_on_signal
     try:
         run.start_workers()
         sinks.start_bar(first)
         before = run.validate() if first == 0 and cfg.trainer.val_before_train and run.val_prompts is not None else {}
         _loop(run, sinks, recovery, history, first, on_step, before)
     finally:
+        restore_signal()
         sinks.close()
         run.close()
     return _summary(run, history, time.perf_counter() - start, recovery.restarts)
@@ -181,29 +191,15 @@ def _loop(run: Run, sinks: _Sinks, recovery: Recovery, history: list[dict[str, f
             continue
         sinks.advance(metrics)
         step += 1
+        if signals.stop_after_step(run, recovery):  # issue 18: trainer.save_on_signal (flowrl.run.signals)
+            break
 
 
 def _summary(run: Run, history: list[dict[str, float]], wall_s: float, restarts: int) -> RunSummary:
     scores = [m[names.SCORE_MEAN] for m in history] or [float("nan")]  # nan: resumed at the end
-    k = min(5, len(scores))
+    k = max(1, min(5, len(scores) // 2))  # the two ends never share a step
     gen_tokens = sum(m[names.NUM_RESPONSE_TOKENS] for m in history)
     gen_time = sum(m[names.STEP_TIME] for m in history)
     return RunSummary(run_dir=run.run_dir, steps=len(history), first_score=sum(scores[:k]) / k,
                       last_score=sum(scores[-k:]) / k, tokens_per_s=gen_tokens / gen_time if gen_time else 0.0,
-                      wall_s=wall_s, history=history, restarts=restarts)
-
-
-def drop_rows_from(path: Path, step: int) -> None:
-    """Keep only the rows of a per-step JSONL file (``metrics.jsonl``, ``timeline.jsonl``) of
-    steps before ``step`` (the rest are run again)."""
-    if not path.is_file():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by a crash
-        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] < step:
-            kept.append(line)
-    path.write_text("".join(line + "\n" for line in kept))
+                      wall_s=wall_s, history=history, restarts=restarts, window=k)

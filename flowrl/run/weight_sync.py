@@ -66,3 +66,84 @@ class PendingSync:
 def _is_sync_metric(key: str) -> bool:
     """``reshard/*``, ``timing_s/reshard``, ``compute_s/reshard``: what the sync reports."""
     return key.startswith(names.RESHARD_PREFIX) or key in (names.timing(names.RESHARD), names.compute(names.RESHARD))
+
+
+class RolloutsAhead:
+    """``trainer.staleness`` = N: the generations submitted ahead of their steps, and the weight
+    version each runs with.
+
+    Before step k's graph is built, the generations of steps k .. k+N (not past the last step,
+    nor past a *drain* step, see :meth:`fill`) are submitted as graphs of their own (the family's
+    ``rollout``: rollout calls only). Step k's graph then binds its actor calls and its reshard,
+    whose rollout call comes after gen(k+N): the rollout runs gen(k+1) .. gen(k+N) while the actor
+    trains step k, and step k's weights reach it only after gen(k+N). Every generation submitted
+    before step k's graph is built runs with the weights of step k (the k steps whose reshards are
+    reserved ahead of it), so its version is the step being built at submission: ``max(start,
+    j - N)`` for step j of a pipeline started at ``start``.
+
+    Drain steps (the checkpoint steps of ``trainer.save_freq``) generate nothing ahead: the next
+    step's generation waits for their weights, exactly as after a resume from their checkpoint,
+    so a resumed run repeats the uninterrupted one. A checkpoint taken elsewhere (or a rebuild)
+    drops what is in flight; those prompts are generated again, same seeds, with the restored
+    weights (no prompt lost or trained twice)."""
+
+    def __init__(self, staleness: int) -> None:
+        self.staleness = staleness
+        self._ahead: dict[int, tuple[Any, int]] = {}  # step -> (future of its rollout output, weight version)
+
+    @property
+    def enabled(self) -> bool:
+        return self.staleness > 0
+
+    def fill(self, step: int, last: int, submit: Any) -> None:
+        """Before building step ``step``: submit ``submit(j, version)`` for steps ``step .. last``
+        not yet submitted (``last``: ``step + staleness`` clipped by the caller), in order."""
+        for j in range(step, last + 1):
+            if j not in self._ahead:
+                self._ahead[j] = (submit(j, step), step)
+
+    def take(self, step: int) -> tuple[Any, int]:
+        """The future of step ``step``'s generation and its weight version (submitted by :meth:`fill`)."""
+        return self._ahead.pop(step)
+
+    def in_flight(self) -> list[int]:
+        """Steps generated ahead and not yet taken."""
+        return sorted(self._ahead)
+
+    def drain(self, timeout_s: float) -> None:
+        """Wait for what is in flight (each has its reserved place in the rollout's call order,
+        which later calls such as the teardown wait for), then forget it."""
+        for future, _ in self._ahead.values():
+            try:
+                future.result(timeout=timeout_s)
+            except Exception:  # noqa: BLE001 - a generation the run will not train; its error is moot
+                pass
+        self.drop()
+
+    def drop(self) -> None:
+        """Forget what is in flight (a rebuild: the session is gone); the futures are released."""
+        for future, _ in self._ahead.values():
+            try:
+                future.release()
+            except Exception:  # noqa: BLE001 - a dead session's future
+                pass
+        self._ahead.clear()
+
+
+def lag_metrics(step: int, versions: Any, spans: dict[str, tuple[float, float]],
+                previous: dict[str, tuple[float, float]] | None) -> dict[str, float]:
+    """``async/*`` of step ``step``: the staleness of its samples (``step`` minus each row's
+    ``weight_version``) and, against the previous step's spans, the rollout's idle time (from the
+    end of the previous ``gen`` to the start of this one) and the trainer's (from the end of the
+    previous ``update_actor`` to the start of this one, less this step's ``old_log_prob``)."""
+    import numpy as np
+
+    lag = step - np.asarray(versions, dtype=np.int64)
+    out = {names.STALENESS_MEAN: float(lag.mean()), names.STALENESS_MAX: float(lag.max())}
+    if previous:
+        if "gen" in spans and "gen" in previous:
+            out[names.ROLLOUT_IDLE] = max(0.0, spans["gen"][0] - previous["gen"][1])
+        if "update_actor" in spans and "update_actor" in previous:
+            busy = spans["old_log_prob"][1] - spans["old_log_prob"][0] if "old_log_prob" in spans else 0.0
+            out[names.TRAINER_IDLE] = max(0.0, spans["update_actor"][0] - previous["update_actor"][1] - busy)
+    return out

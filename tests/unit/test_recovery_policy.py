@@ -69,6 +69,7 @@ def _run(alive: list[bool], resume_from: str | None = None) -> Run:
     run = Run.__new__(Run)
     run.session, run.groups, run.resume_from, run.next_step = _Session(alive), {"actor": object()}, resume_from, 7
     run.sync, run.family, run.started = _Sync(), SimpleNamespace(state=_State()), 0
+    run.ahead = _Sync()  # the generations in flight (trainer.staleness): dropped with the session
 
     def start_workers() -> None:
         run.started += 1
@@ -108,7 +109,7 @@ def test_lost_worker_rebuilds_from_the_last_saved_checkpoint(tmp_path, caplog):
     recovery = Recovery(2)
     assert _fail_and_rebuild(recovery, run, GroupLostError("lost"), 7) == 0  # no checkpoint yet: from the start
     assert old.discarded and old.groups == {} and run.started == 1 and run.next_step == 0
-    assert run.sync.dropped and run.resume_from is None and run.family.state.resets == 1
+    assert run.sync.dropped and run.ahead.dropped and run.resume_from is None and run.family.state.resets == 1
     assert recovery.phase is Phase.RUNNING
 
     path = save_checkpoint(checkpoint_dir(tmp_path, 4), step=4, params={"w": np.zeros(3, np.float32)},
