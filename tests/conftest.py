@@ -43,3 +43,18 @@ def addition_data(tmp_path_factory) -> tuple[Path, Path]:
     from flowrl.data.arithmetic import write_addition_parquet
 
     return write_addition_parquet(tmp_path_factory.mktemp("addition"), 256, 32, 0)
+
+
+def pytest_configure(config):
+    """One fork server for the whole session, preloaded with what both the Dask workers
+    (``flowrl.cluster.worker_start``) and the multi-process megatron tests
+    (``flowrl_testing.megatron.spawn``) import, whichever starts it first: each of their
+    processes is then a fork with those imports done, not a fresh interpreter."""
+    import multiprocessing
+
+    from flowrl.cluster.worker_start import PRELOAD
+
+    megatron = ("flowrl.backends.train.megatron.engine", "transformers.models.llama.modeling_llama",
+                "transformers.models.qwen2.modeling_qwen2", "transformers.modeling_utils",
+                "transformers.generation.utils")
+    multiprocessing.get_context("forkserver").set_forkserver_preload(["distributed", *PRELOAD, *megatron])

@@ -201,6 +201,10 @@ class Session:
         deadline = time.monotonic() + timeout
         self._shutdown_groups(min(TEARDOWN_TIMEOUT_S, timeout / 3))
         if self.client is not None and self.cluster is not None:
+            try:  # nannies: a worker that exits now is not restarted (it would dial a closing scheduler)
+                _bounded(self.client, _prepare_nanny_exit, _left(deadline, 1.0), nanny=True)
+            except Exception as exc:  # noqa: BLE001 - shutting down anyway
+                log.debug("closing nannies gracefully: %s", exc)
             try:  # close worker-side clients before their scheduler goes; make worker exit quick
                 _bounded(self.client, _prepare_worker_exit, _left(deadline, 2.0))
             except Exception as exc:  # noqa: BLE001 - shutting down anyway
@@ -263,19 +267,32 @@ def _left(deadline: float, cap: float) -> float:
     return max(0.5, min(cap, deadline - time.monotonic()))
 
 
-def _bounded(client: Any, fn: Any, timeout: float) -> None:
-    """``client.run(fn)`` on every worker, given up after ``timeout`` seconds."""
+def _bounded(client: Any, fn: Any, timeout: float, *, nanny: bool = False) -> None:
+    """``client.run(fn)`` on every worker (``nanny``: every nanny), given up after ``timeout`` seconds."""
     from distributed.utils import sync
 
-    sync(client.loop, client._run, fn, wait=True, callback_timeout=timeout)
+    sync(client.loop, client._run, fn, wait=True, nanny=nanny, callback_timeout=timeout)
+
+
+def _prepare_nanny_exit(dask_worker: Any) -> None:
+    """The nanny's part of a cluster shutdown (distributed's own ``close_gracefully``): its worker
+    exiting is not restarted. Without it, a worker that exits before the cluster closes it comes
+    back, dials a scheduler that is closing and logs TLS and heartbeat errors after a run that
+    succeeded."""
+    dask_worker.close_gracefully(reason="flowrl-session-close")
 
 
 async def _prepare_worker_exit(dask_worker: Any) -> None:
-    """Close the client that graph nodes opened inside this worker, then collect garbage and
+    """Stop the worker's heartbeat, close the client that graph nodes opened inside this worker, then collect garbage and
     freeze the rest: interpreter shutdown with torch loaded otherwise spends seconds in its final
     collection and the nanny kills the process after 4 s (seen on the controller worker)."""
     import gc
 
+    # no more heartbeats: the scheduler is about to close, and a heartbeat racing its close logs
+    # "Failed to communicate with scheduler during heartbeat" with a CommClosedError traceback
+    heartbeat = getattr(dask_worker, "periodic_callbacks", {}).get("heartbeat")
+    if heartbeat is not None:
+        heartbeat.stop()
     client = getattr(dask_worker, "_client", None)
     if client is not None:
         result = client.close()

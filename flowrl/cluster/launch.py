@@ -23,6 +23,7 @@ the workers' scratch space and the SLURM job logs land there, not in the system 
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import ipaddress
 import logging
@@ -39,6 +40,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from flowrl.cluster import worker_start
 from flowrl.cluster.security import make_security, slurm_cluster_class, worker_tls_env
 from flowrl.cluster.slurm import cancel_jobs, check_reachable, check_submission, list_jobs, wait_for_workers
 from flowrl.config.pools import CONTROLLER, Pool
@@ -120,8 +122,11 @@ class ClusterHandle:
         try:
             if self.cluster is not None:
                 self.cluster.close(timeout=timeout)
+        except (TimeoutError, asyncio.TimeoutError) as exc:  # a bounded teardown ran out: the nannies kill the rest
+            log.info("closing the %s cluster: %s (%s); its processes exit with this one", self.kind,
+                     type(exc).__name__, exc or f"over {timeout:.1f} s")
         except Exception as exc:  # noqa: BLE001 - the jobs are cancelled below anyway
-            log.warning("closing the %s cluster: %s", self.kind, exc)
+            log.warning("closing the %s cluster: %s: %s", self.kind, type(exc).__name__, exc)
         finally:
             self.cluster = None
             if self.job_name:
@@ -258,6 +263,8 @@ def _start_local(cfg: Any, pools: list[Pool], *, controller: bool, scratch_dir: 
 
     security = make_security(cfg)
     warn_exposed("LocalCluster scheduler", cfg.host, security is not None, cfg.dashboard)
+    worker_start.use(cfg.start_method)
+    forked = cfg.start_method == "forkserver"
     cluster = LocalCluster(
         n_workers=0,
         threads_per_worker=1,
@@ -266,8 +273,8 @@ def _start_local(cfg: Any, pools: list[Pool], *, controller: bool, scratch_dir: 
         dashboard_address=f"{cfg.host}:0",
         scheduler_kwargs={"dashboard": cfg.dashboard},
         memory_limit=cfg.memory_limit,
-        env=WORKER_ENV,
-        preload=["flowrl.cluster.latency"] if cfg.low_latency else [],
+        env=worker_start.worker_env(WORKER_ENV) if forked else WORKER_ENV,
+        preload=(["flowrl.cluster.latency"] if cfg.low_latency else []),
         silence_logs=logging.WARNING,
         security=security,
         protocol="tls://" if security is not None else None,

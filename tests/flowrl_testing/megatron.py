@@ -44,10 +44,12 @@ def spawn(fn: Callable, *, world_size: int, args: tuple = (), timeout_s: float =
     if start_method is None:
         start_method = "spawn" if torch.cuda.is_available() else "forkserver"
     if start_method == "forkserver":  # no effect once this session's server runs
+        import multiprocessing.forkserver as forkserver
+
+        # tests/conftest.py set the session's list (megatron's modules with the Dask workers'): add fn's.
+        current = list(getattr(forkserver._forkserver, "_preload_modules", None) or [])
         multiprocessing.get_context("forkserver").set_forkserver_preload(
-            ["flowrl.backends.train.megatron.engine", "transformers",
-             "transformers.models.llama.modeling_llama", "transformers.models.qwen2.modeling_qwen2",
-             "transformers.modeling_utils", "transformers.generation.utils", fn.__module__])
+            (current or ["flowrl.backends.train.megatron.engine", "transformers"]) + [fn.__module__])
     ctx = mp.start_processes(fn, args=args, nprocs=world_size, join=False,
                              start_method=start_method)
     deadline = time.monotonic() + timeout_s
