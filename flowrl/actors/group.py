@@ -31,10 +31,28 @@ class WorkerGroup:
     mesh: GroupMesh
     timeout_s: float = 600.0
     _counter: Any = field(default_factory=lambda: itertools.count(1), repr=False)  # 0 is setup
+    part: str = ""
+    """A view's part of the ranks' role (``cluster.placement=hybrid``: ``"rollout"`` calls
+    ``role.rollout.<method>``); empty: the role itself."""
 
     @property
     def world_size(self) -> int:
         return len(self.actors)
+
+    def view(self, name: str, part: str, mesh: GroupMesh | None = None) -> "WorkerGroup":
+        """The same ranks under another name, calling ``role.<part>.<method>`` (one process holds
+        several roles: the hybrid engine). Views share this group's call order (one sequence
+        counter), so every call of every view runs in the order the graph reserved it.
+        ``mesh`` (same world size) splits payloads its own way, e.g. generation dp = world."""
+        mesh = mesh or self.mesh
+        if mesh.world_size != self.world_size:
+            raise ValueError(f"view {name!r} of group {self.name!r}: mesh {mesh} has {mesh.world_size} ranks, "
+                             f"the group {self.world_size}")
+        return WorkerGroup(name, self.actors, self.addresses, mesh, self.timeout_s, self._counter, part)
+
+    def method(self, name: str) -> str:
+        """The rank-side name of role method ``name`` (``part.name`` in a view)."""
+        return f"{self.part}.{name}" if self.part and not name.startswith("_") else name
 
     def reserve(self) -> int:
         """Reserve the next sequence number (client side, while building a graph)."""
@@ -72,7 +90,7 @@ class WorkerGroup:
     ) -> list[tuple[Any, float]]:
         timeout = self.timeout_s if timeout is None else timeout
         futures = [
-            actor.call(seq, method, a, kwargs or {}, timeout) for actor, a in zip(self.actors, args, strict=True)
+            actor.call(seq, self.method(method), a, kwargs or {}, timeout) for actor, a in zip(self.actors, args, strict=True)
         ]
         return wait_all(futures, timeout, f"{self.name}.{method}", self.addresses)
 

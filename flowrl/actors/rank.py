@@ -22,6 +22,15 @@ from flowrl.comm import close_all, rendezvous_store, reserve_port
 from flowrl.registry import import_string
 
 
+def _resolve(role: Any, method: str) -> Any:
+    """``role.<method>``; a dotted name (``rollout.generate``) walks the role's parts (a hybrid
+    rank's role holds several: ``flowrl.roles.hybrid``)."""
+    target = role
+    for name in method.split("."):
+        target = getattr(target, name)
+    return target
+
+
 class OutOfOrderTimeout(TimeoutError):
     """A call waited longer than its timeout for an earlier call of the group."""
 
@@ -66,7 +75,7 @@ class RankActor:
                     await asyncio.wait_for(self._turn.wait(), remaining)
                 except asyncio.TimeoutError:
                     continue
-        target = getattr(self, method) if method.startswith("_") else getattr(self.role, method)
+        target = getattr(self, method) if method.startswith("_") else _resolve(self.role, method)
         loop = asyncio.get_running_loop()
         try:
             start = time.perf_counter()

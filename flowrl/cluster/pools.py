@@ -24,3 +24,19 @@ def choose_workers(free: list[str], resources: dict[str, dict[str, float]], pool
         raise RuntimeError(f"{where} has {len(candidates)} free workers, {size} needed; "
                            "raise the pool's workers (cluster.pools[].workers) or shrink the group")
     return candidates[:size]
+
+
+def rank_threads(cluster: object, num_rank_workers: int) -> int:
+    """The compute threads each rank-holding worker process may use: its job's cores over its
+    processes on SLURM (``cluster.slurm.cores // processes``); on a LocalCluster the machine's
+    usable cores over the rank workers it starts (at least 1); 1 on an existing scheduler."""
+    import os
+
+    kind = getattr(cluster, "kind", "local")
+    if kind == "slurm":
+        s = cluster.slurm  # type: ignore[attr-defined]
+        return max(1, s.cores // s.processes)
+    if kind == "local":
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return max(1, cores // max(1, num_rank_workers))
+    return 1

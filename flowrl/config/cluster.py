@@ -96,9 +96,12 @@ class ClusterConfig:
     """Certificate (PEM) of this client, the scheduler and the workers."""
     tls_key: str = ""
     """Private key (PEM) matching tls_cert."""
-    placement: Literal["colocated", "split"] = "colocated"
+    placement: Literal["colocated", "hybrid", "split"] = "colocated"
     """Without ``pools``: ``colocated`` puts rollout, actor and ref in one pool
-    (actor_rollout_ref); ``split`` gives each group its own pool."""
+    (actor_rollout_ref), each rank in a worker process of its own; ``hybrid`` (verl's hybrid
+    engine, ActorRolloutRefWorker) gives each rank ONE process holding the trainer, the
+    generation engine and the reference (generation reads the training parameters where the
+    layouts agree); ``split`` gives each group its own pool."""
     pools: list[PoolConfig] = field(default_factory=list)
     """Resource pools, e.g. [{name: actor_rollout_ref, groups: [actor, rollout, ref]}]; every
     group must be in exactly one pool."""
@@ -114,6 +117,10 @@ class ClusterConfig:
     low_latency: bool = True
     """Cap Dask's message-batching intervals at 0.5 ms in this process (the LocalCluster's
     scheduler lives here): about 5x less scheduling latency per graph node."""
+    start_method: Literal["forkserver", "spawn"] = "forkserver"
+    """How a LocalCluster starts worker processes: ``forkserver`` forks each from one server
+    that imported torch and transformers once (seconds faster per worker, restarts included);
+    ``spawn``: a fresh interpreter per worker (Dask's default)."""
     startup_timeout_s: float = 180.0
     """Timeout for starting the cluster and the worker groups."""
 

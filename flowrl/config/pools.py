@@ -11,6 +11,10 @@ so two ranks in one process would deadlock at the rendezvous).
   rollout, actor and reference groups. Its workers are started together, from the same job
   template (same nodes, same GPUs per job when ``processes`` shares a job), and each group takes
   its own distinct workers of that pool.
+- **hybrid** (verl's hybrid engine, ``ActorRolloutRefWorker``): one pool, ``actor_rollout_ref``,
+  whose every worker process holds one rank of the rollout, actor and reference groups at once
+  (one fused worker group, :data:`HYBRID_GROUP`, ``flowrl.roles.hybrid``); the three groups must
+  have the same world size. Other groups (critic, reward model) get workers of their own there.
 - **split**: one pool per group (``rollout``, ``actor``, ``ref``), or any user-declared grouping,
   e.g. ``[{name: train, groups: [actor, ref]}, {name: gen, groups: [rollout]}]``.
 
@@ -31,6 +35,9 @@ from flowrl.config.errors import ConfigError, check
 CONTROLLER = "flowrl-controller"
 #: The pool name of ``placement=colocated`` (as verl's role mapping calls it).
 COLOCATED_POOL = "actor_rollout_ref"
+#: ``placement=hybrid``: the groups whose ranks share one process, and the fused group's name.
+HYBRID_GROUPS = ("rollout", "actor", "ref")
+HYBRID_GROUP = "actor_rollout_ref"
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
@@ -62,8 +69,13 @@ def resolve_pools(cluster: Any, group_sizes: dict[str, int]) -> list[Pool]:
     sits in two, or a pool is too small for its groups."""
     declared = list(getattr(cluster, "pools", []) or [])
     if not declared:
-        if getattr(cluster, "placement", "colocated") == "split":
+        placement = getattr(cluster, "placement", "colocated")
+        if placement == "split":
             return [Pool(name, size, (name,)) for name, size in group_sizes.items()]
+        if placement == "hybrid":  # the hybrid groups share processes: the largest counts once
+            fused = [size for name, size in group_sizes.items() if name in HYBRID_GROUPS]
+            others = sum(size for name, size in group_sizes.items() if name not in HYBRID_GROUPS)
+            return [Pool(COLOCATED_POOL, max(fused, default=0) + others, tuple(group_sizes))]
         return [Pool(COLOCATED_POOL, sum(group_sizes.values()), tuple(group_sizes))]
     pools = []
     seen: dict[str, str] = {}
@@ -96,3 +108,44 @@ def resolve_pools(cluster: Any, group_sizes: dict[str, int]) -> list[Pool]:
 def check_pools_cover(cluster: Any, group_sizes: dict[str, int]) -> None:
     """Validate the pools against the run's groups (called by ``RunConfig``; raises ConfigError)."""
     resolve_pools(cluster, group_sizes)
+
+
+def check_placement(cfg: Any) -> None:
+    """The pools against a ``RunConfig``'s groups (:func:`check_pools_cover`), then
+    ``cluster.placement=hybrid`` against the rest (called by it; raises ConfigError naming the
+    key and the fix): one process per rank holds the rollout, actor and reference, so their
+    world sizes agree, nothing overlaps generation with training, the generation engine lives in
+    the process (not vLLM's own), and pools are not declared."""
+    cluster = cfg.cluster
+    check_pools_cover(cluster, cfg.worker_group_sizes)
+    if cluster.placement != "hybrid":
+        return
+    check(not cluster.pools, "cluster.pools", [p.name for p in cluster.pools],
+          "declares pools while cluster.placement=hybrid fuses rollout, actor and ref into one pool itself",
+          "leave cluster.pools empty, or use cluster.placement=colocated")
+    sizes = cfg.worker_group_sizes
+    actor = sizes["actor"]
+    for group, key in (("rollout", "rollout.data_parallel_size"), ("ref", "ref.data_parallel_size")):
+        if group in sizes:
+            check(sizes[group] == actor, key, getattr(cfg, group).data_parallel_size,
+                  f"gives the {group} group {sizes[group]} ranks, the actor has {actor}; cluster.placement=hybrid "
+                  "puts one rank of each in every process",
+                  f"set {group} ranks to {actor} (data_parallel_size * tensor * pipeline sizes), "
+                  "or cluster.placement=colocated")
+    check(cfg.trainer.staleness == 0, "trainer.staleness", cfg.trainer.staleness,
+          "generates ahead while the trainer trains, which cannot overlap in one process per rank "
+          "(cluster.placement=hybrid)",
+          "set cluster.placement=split (rollout on workers of its own), or trainer.staleness=0")
+    check(not ("ref" in sizes and cfg.actor.strategy == "megatron"), "actor.strategy", cfg.actor.strategy,
+          "holds one model-parallel state per process, so the reference cannot share the actor's process "
+          "(cluster.placement=hybrid)", "use cluster.placement=colocated, or no reference (actor.use_kl_loss=false, "
+          "algorithm.use_kl_in_reward=false)")
+    mode = getattr(cfg.trainer, "async_mode", "none")
+    check(mode == "none", "trainer.async_mode", mode,
+          "generates continuously while the trainer trains, which cannot overlap in one process per rank "
+          "(cluster.placement=hybrid)", "set cluster.placement=split, or trainer.async_mode=none")
+    check(cfg.rollout.name == "hf", "rollout.name", cfg.rollout.name,
+          "runs its engine in processes of its own with its own copy of the weights, so it cannot share the "
+          "trainer's process (cluster.placement=hybrid supports the in-process hf engine)",
+          "use cluster.placement=colocated with rollout.free_cache_engine=true (vLLM sleeps while the trainer "
+          "runs), or rollout.name=hf")

@@ -1,5 +1,5 @@
-"""Weight nodes: the weight sync (training shards -> generation ranks) and, colocated, the
-rollout engine's release of its memory until that sync."""
+"""Weight nodes: the weight sync (training shards -> generation ranks; in one process per rank
+with the hybrid engine) and, colocated, the rollout engine's release of its memory until that sync."""
 
 from __future__ import annotations
 
@@ -16,16 +16,30 @@ if TYPE_CHECKING:
     from flowrl.backends.reshard import ReshardJob
 
 
+def same_ranks(actor: WorkerGroup, rollout: WorkerGroup) -> bool:
+    """Whether the two groups are views of one fused group (``cluster.placement=hybrid``): the
+    same worker processes, one rank of each in every process."""
+    return list(actor.addresses) == list(rollout.addresses)
+
+
 def reshard(actor: BoundCall, rollout: BoundCall, _after: Any, job: "ReshardJob") -> NodeOut:
     """Training shards -> generation ranks (``flowrl.backends.reshard``): every rank of both groups
-    runs its part of ``job`` at once, over the groups' joint gloo group (joined on first use)."""
+    runs its part of ``job`` at once, over the groups' joint gloo group (joined on first use).
+    Views of one hybrid group run it once per process, in the fused role (``reshard`` on the
+    actor's turn, ``reshard_done`` on the rollout's)."""
     timeout = max(actor.group.timeout_s, rollout.group.timeout_s)
+    if same_ranks(actor.group, rollout.group):
+        futures = [a.call(actor.seq, "reshard", (job,), {}, timeout) for a in actor.group.actors]
+        futures += [a.call(rollout.seq, "reshard_done", (), {}, timeout) for a in rollout.group.actors]
+        results = wait_all(futures, timeout, f"{actor.group.name}+{rollout.group.name}.reshard",
+                           list(actor.group.addresses) * 2)[:actor.group.world_size]
+        return NodeOut(None, reshard_metrics([r for r, _ in results], max(s for _, s in results)))
     if job.joint is not None and not job.joint.host:  # rendezvous at the actor's rank 0
         host, port = actor.group.actors[0].host_port().result(timeout=timeout)
         job = dataclasses.replace(job, joint=dataclasses.replace(job.joint, host=host, port=port))
     futures, addresses = [], []
     for bound in (actor, rollout):
-        futures += [a.call(bound.seq, "reshard", (job,), {}, timeout) for a in bound.group.actors]
+        futures += [a.call(bound.seq, bound.group.method("reshard"), (job,), {}, timeout) for a in bound.group.actors]
         addresses += bound.group.addresses
     results = wait_all(futures, timeout, f"{actor.group.name}+{rollout.group.name}.reshard", addresses)
     return NodeOut(None, reshard_metrics([r for r, _ in results], max(s for _, s in results)))
@@ -55,7 +69,7 @@ def build_reshard(cfg: Any, actor: WorkerGroup, rollout: WorkerGroup, after: Any
 def _reshard_run(actor: BoundCall, rollout: BoundCall, after: Any, cfg: Any) -> NodeOut:
     from flowrl.backends.reshard import job_for_run
 
-    return reshard(actor, rollout, after, job_for_run(cfg))
+    return reshard(actor, rollout, after, job_for_run(cfg, colocated=same_ranks(actor.group, rollout.group)))
 
 
 def release_rollout(rollout: BoundCall, table: pa.Table) -> NodeOut:

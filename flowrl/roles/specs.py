@@ -16,7 +16,7 @@ from flowrl.backends.interfaces import SamplingParams
 from flowrl.backends.registry import GEN_BACKENDS, TRAIN_BACKENDS
 from flowrl.registry import import_string
 
-__all__ = ["actor_spec", "critic_spec", "lora_engine_kwargs", "needs_ref_group", "ref_spec", "reference_call", "rm_spec",
+__all__ = ["actor_spec", "critic_spec", "hybrid_specs", "lora_engine_kwargs", "needs_ref_group", "ref_spec", "reference_call", "rm_spec",
            "rollout_role_kwargs", "rollout_sampling", "rollout_spec"]
 
 
@@ -93,6 +93,7 @@ def actor_spec(cfg: Any) -> GroupSpec:
         {"model_dir": cfg.model.path, "actor": a, "dtype": cfg.model.dtype, "temperature": r.logprob_temperature,
          "response_length": r.response_length, "use_old_logprobs": cfg.needs_old_logprobs,
          "seed": cfg.trainer.seed, "ref_micro_batch_size": cfg.ref.log_prob_micro_batch_size_per_gpu,
+         "total_steps": cfg.trainer.total_training_steps,
          "engine_kwargs": {**_train_engine_kwargs(a, a.strategy), **_model_engine_kwargs(cfg.model, a.strategy),
                            **lora_engine_kwargs(cfg.model)}},
         _mesh(a),
@@ -106,6 +107,7 @@ def ref_spec(cfg: Any) -> GroupSpec:
         "ref", "flowrl.roles.reference:ReferenceRole",
         {"model_dir": cfg.model.path, "strategy": strategy, "dtype": cfg.model.dtype,
          "temperature": cfg.rollout.logprob_temperature, "micro_batch_size": cfg.ref.log_prob_micro_batch_size_per_gpu,
+         "max_token_len": cfg.ref.log_prob_max_token_len_per_gpu if cfg.ref.log_prob_use_dynamic_bsz else 0,
          "engine_kwargs": _train_engine_kwargs(cfg.ref, strategy)},
         _mesh(cfg.ref),
     )
@@ -117,7 +119,8 @@ def critic_spec(cfg: Any) -> GroupSpec:
     return GroupSpec(
         "critic", "flowrl.roles.critic:CriticRole",
         {"model_dir": c.model_path or cfg.model.path, "critic": c, "dtype": cfg.model.dtype,
-         "response_length": cfg.rollout.response_length, "seed": cfg.trainer.seed},
+         "response_length": cfg.rollout.response_length, "seed": cfg.trainer.seed,
+         "total_steps": cfg.trainer.total_training_steps},
         _mesh(c),
     )
 
@@ -130,3 +133,22 @@ def rm_spec(cfg: Any) -> GroupSpec:
         {"model_dir": rm.model_path, "dtype": cfg.model.dtype, "micro_batch_size": rm.micro_batch_size_per_gpu},
         GroupMesh(dp=rm.data_parallel_size, tp=1, pp=1),
     )
+
+
+def hybrid_specs(specs: list[GroupSpec], *, num_threads: int = 1) -> tuple[list[GroupSpec], dict[str, tuple[str, GroupMesh]]]:
+    """``cluster.placement=hybrid``: the rollout, actor and ref specs of ``specs`` fused into one
+    group (``actor_rollout_ref``, ``flowrl.roles.hybrid:HybridRole``, one process per rank holding
+    the three roles, each phase with ``num_threads`` threads), the others unchanged. Returns the
+    specs to start and the views to add: group name -> (part of the hybrid role, its mesh), so
+    the run's ``groups["rollout"]`` calls the rollout part of the same ranks. Without both an
+    actor and a rollout spec, nothing is fused."""
+    from flowrl.config.pools import HYBRID_GROUP, HYBRID_GROUPS
+
+    fused = {s.name: s for s in specs if s.name in HYBRID_GROUPS}
+    if not {"actor", "rollout"} <= set(fused):
+        return list(specs), {}
+    mesh = fused["actor"].mesh
+    spec = GroupSpec(HYBRID_GROUP, "flowrl.roles.hybrid:HybridRole",
+                     {"parts": {name: (s.role_cls, s.role_kwargs) for name, s in fused.items()}, "num_threads": num_threads},
+                     mesh, fused["actor"].backend)
+    return [spec] + [s for s in specs if s.name not in fused], {name: (name, s.mesh) for name, s in fused.items()}

@@ -21,16 +21,40 @@ RUN_INFO_FILE = "run_info.json"
 
 def start_groups(cfg: RunConfig, specs: list[GroupSpec], run_dir: Path) -> tuple[Session, dict[str, WorkerGroup]]:
     """A session with one worker process per rank of ``specs`` (cluster kind, pools and network
-    from ``cfg.cluster``) and the groups built on it, by name."""
+    from ``cfg.cluster``) and the groups built on it, by name.
+
+    With ``cluster.placement=hybrid`` the rollout, actor and ref specs start as one fused group
+    (``flowrl.roles.specs.hybrid_specs``) and their names are views of it: ``groups["rollout"]``
+    and ``groups["actor"]`` are the same ranks, so the families call them as ever."""
+    views: dict = {}
+    if cfg.cluster.placement == "hybrid":
+        from flowrl.cluster.pools import rank_threads
+        from flowrl.config.pools import resolve_pools
+        from flowrl.roles.specs import hybrid_specs
+
+        fused_sizes = {s.name: s.mesh.world_size for s in specs}
+        workers = sum(p.workers for p in resolve_pools(cfg.cluster, fused_sizes))
+        specs, views = hybrid_specs(specs, num_threads=rank_threads(cfg.cluster, workers))
     session = Session.start(sum(s.mesh.world_size for s in specs), cluster=cfg.cluster,
                             group_sizes={s.name: s.mesh.world_size for s in specs}, log_dir=str(run_dir / "slurm"),
                             scratch_dir=str(run_dir / "dask-scratch"))
     try:
         write_run_info(run_dir, session)
-        return session, session.create_groups(specs)
+        groups = session.create_groups(specs)
+        return session, add_views(groups, views)
     except BaseException:
         session.close()
         raise
+
+
+def add_views(groups: dict[str, WorkerGroup], views: dict) -> dict[str, WorkerGroup]:
+    """``groups`` plus, for each view (name -> (part, mesh)), that part of the fused hybrid group."""
+    if not views:
+        return groups
+    from flowrl.config.pools import HYBRID_GROUP
+
+    fused = groups[HYBRID_GROUP]
+    return {**groups, **{name: fused.view(name, part, mesh) for name, (part, mesh) in views.items()}}
 
 
 def write_run_info(run_dir: Path, session: Any) -> None:

@@ -183,9 +183,11 @@ def _model_shape(path: str) -> ModelShape:
     return ModelShape.from_hf_config(path)
 
 
-def job_for_run(cfg: Any, *, timeout_s: float | None = None) -> ReshardJob:
-    """The actor -> rollout job of a run config (``RunConfig``), split placement; the storage
-    styles are the backends' ``shard_style`` traits (``flowrl.backends.registry``)."""
+def job_for_run(cfg: Any, *, timeout_s: float | None = None, colocated: bool = False) -> ReshardJob:
+    """The actor -> rollout job of a run config (``RunConfig``), split placement (``colocated``:
+    both layouts on the same processes, the hybrid engine's, placed by ``micro_dp_placement``
+    and run over the group's own process group); the storage styles are the backends'
+    ``shard_style`` traits (``flowrl.backends.registry``)."""
     from flowrl.backends.registry import GEN_BACKENDS, TRAIN_BACKENDS
 
     actor, rollout = cfg.actor, cfg.rollout
@@ -197,6 +199,10 @@ def job_for_run(cfg: Any, *, timeout_s: float | None = None) -> ReshardJob:
                        pp=rollout.pipeline_model_parallel_size)
     dst_style = GEN_BACKENDS.traits(rollout.name)["shard_style"]
     bucket_mb = getattr(rollout, "reshard_bucket_mb", 64)
+    if colocated:
+        return make_job(_model_shape(cfg.model.path), src=src, dst=dst, placement="colocated", src_style=src_style,
+                        dst_style=dst_style, transport=getattr(rollout, "reshard_transport", "planned"),
+                        bucket_bytes=int(bucket_mb * 2**20) if bucket_mb else None, wire_dtype=cfg.model.dtype)
     return ReshardJob(
         model=_model_shape(cfg.model.path), src_dims=src, src_style=src_style, dst_dims=dst,
         dst_style=dst_style, placement=Placement.split(src.world_size, dst.world_size),

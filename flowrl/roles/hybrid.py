@@ -1,0 +1,180 @@
+"""The hybrid engine (``cluster.placement=hybrid``): one process per rank holds the trainer, the
+generation engine and the reference, as verl's ``ActorRolloutRefWorker`` does.
+
+:class:`HybridRole` builds the parts the run's group specs name (``actor``: ``PolicyRole``,
+``rollout``: ``RolloutRole``, ``ref``: ``ReferenceRole``) in this one process. The run reaches
+them through views of the fused worker group (``WorkerGroup.view``: the ``rollout`` view's
+``generate`` is ``role.rollout.generate`` here), so the graph families call ``rollout``,
+``actor`` and ``ref`` as ever, and every call of the three runs in the order the graph reserved.
+
+Weights, by layout:
+
+- **the same layout** (a train engine whose ``generation_module()`` is a full HF module, e.g.
+  ``dp``, and an in-place generation backend of the same shard style, e.g. ``hf``): the
+  generation engine generates with the training module itself. There is no second copy of the
+  weights and the weight sync moves nothing (``reshard/bytes`` 0, no copy at all);
+- **different layouts** (megatron TP/PP shards, FSDP's sharded parameters -> a full HF model):
+  the generation engine holds its own weights, and the reshard runs colocated over the group's
+  own process group: local slices copied in place, only what this rank lacks received from the
+  other ranks (``flowrl.parallel.reshard_plan.micro_dp_placement``).
+
+Each call of a part first sets ``torch.set_num_threads`` to the rank's thread budget (every
+core the rank's share of the machine has), so each phase, generation or training, uses them all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any, Iterator
+
+import torch
+
+from flowrl.backends.registry import GEN_BACKENDS
+from flowrl.registry import import_string
+from flowrl.roles.rollout import RolloutRole
+
+if TYPE_CHECKING:
+    from flowrl.backends.reshard import ReshardJob
+
+__all__ = ["HybridRole", "SharedRollout"]
+
+
+class _Phase:
+    """A part of the hybrid role whose method calls first give torch the rank's thread budget."""
+
+    def __init__(self, role: Any, num_threads: int) -> None:
+        self.inner = role
+        self._num_threads = num_threads
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            torch.set_num_threads(self._num_threads)
+            return attr(*args, **kwargs)
+
+        return call
+
+
+@contextlib.contextmanager
+def _eval_mode(module: torch.nn.Module) -> Iterator[None]:
+    """``module`` in eval mode (no dropout) for the block, its training mode restored after."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(was_training)
+
+
+class SharedRollout(RolloutRole):
+    """A ``RolloutRole`` whose engine generates with the trainer's own module (the same layout):
+    the weights are the training parameters, so loading or resharding them is a no-op."""
+
+    def __init__(self, *, module: torch.nn.Module, engine_kwargs: dict | None = None, **kwargs: Any) -> None:
+        super().__init__(engine_kwargs={**(engine_kwargs or {}), "model": module}, **kwargs)
+        self.module = module
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        with _eval_mode(self.module):
+            return super().generate(*args, **kwargs)
+
+    def compute_logprobs(self, *args: Any, **kwargs: Any) -> Any:
+        with _eval_mode(self.module):
+            return super().compute_logprobs(*args, **kwargs)
+
+    def load_hf_state(self, state: dict) -> None:
+        """Nothing to load: the generation weights are the trainer's (restored by its checkpoint)."""
+
+
+def shares_layout(train_engine: Any, backend: str, tensor_model_parallel_size: int) -> torch.nn.Module | None:
+    """The trainer's live HF module when generation can run on it (its ``generation_module()``
+    returns one whose parameters are whole on this rank, the generation backend writes weights
+    in place in the same shard style and generation is not tensor parallel); None: the
+    generation engine needs weights of its own."""
+    module_of = getattr(train_engine, "generation_module", None)
+    traits = GEN_BACKENDS.traits(backend)
+    if module_of is None or traits["reshard"] != "in_place" or tensor_model_parallel_size != 1:
+        return None
+    module = module_of()
+    if module is None or traits["shard_style"] != "hf":
+        return None
+    from torch.distributed.tensor import DTensor
+
+    # every parameter whole on this rank (FSDP's sharded DTensors are not: it gathers in a reshard)
+    return None if any(isinstance(p, DTensor) for p in module.parameters()) else module
+
+
+class HybridRole:
+    """One rank of the fused ``actor_rollout_ref`` group. ``parts``: part name -> (role class by
+    import string, its keyword arguments), as the separate groups' specs would build them."""
+
+    def __init__(self, *, rank: int, world_size: int, parts: dict[str, tuple[str, dict]], num_threads: int = 1) -> None:
+        self.rank, self.world_size, self.num_threads = rank, world_size, max(1, int(num_threads))
+        torch.set_num_threads(self.num_threads)
+        missing = {"actor", "rollout"} - set(parts)
+        if missing:
+            raise ValueError(f"HybridRole needs the actor and rollout parts, missing {sorted(missing)}")
+        policy = self._build(parts["actor"])
+        rollout_cls, rollout_kwargs = parts["rollout"]
+        module = shares_layout(policy.engine, rollout_kwargs.get("backend", "hf"),
+                               rollout_kwargs.get("tensor_model_parallel_size", 1))
+        if module is not None:
+            rollout = SharedRollout(rank=rank, world_size=world_size, module=module, **rollout_kwargs)
+        else:
+            rollout = self._build(parts["rollout"])
+        self.shared = module is not None
+        """Whether generation runs on the training parameters themselves (no copy, no sync)."""
+        self.actor = _Phase(policy, self.num_threads)
+        self.rollout = _Phase(rollout, self.num_threads)
+        self.ref = _Phase(self._build(parts["ref"]), self.num_threads) if "ref" in parts else None
+
+    def _build(self, part: tuple[str, dict]) -> Any:
+        role_cls, kwargs = part
+        return import_string(role_cls)(rank=self.rank, world_size=self.world_size, **kwargs)
+
+    # ----------------------------------------------------------------- weight sync
+    def reshard(self, job: "ReshardJob") -> dict:
+        """The weight sync of a colocated ``job`` (trainer shards -> this group's generation
+        engines; this rank is process ``rank``): nothing to do when generation reads the training
+        parameters, else this rank's part of the plan over the group's own process group. Given
+        a split job, this group is the sending side, as a ``PolicyRole`` group is."""
+        torch.set_num_threads(self.num_threads)
+        placement = job.placement
+        if placement.kind != "colocated":
+            return self.actor.reshard(job)
+        if self.shared:
+            start = time.perf_counter()
+            return {"bytes_sent": 0, "bytes_received": 0, "bytes_local": 0, "peak_extra_bytes": 0,
+                    "bytes_min": job.min_bytes(self.rank), "model_bytes": job.specs()[1].num_params * job.bytes_per_element,
+                    "process": self.rank, "seconds": time.perf_counter() - start}
+        from flowrl.backends.reshard import run_rank
+
+        return run_rank(
+            job,
+            src_rank=placement.src.index(self.rank) if self.rank in placement.src else None,
+            dst_rank=placement.dst.index(self.rank) if self.rank in placement.dst else None,
+            src=self.actor.inner.engine.reshard_source(),
+            dst=self.rollout.inner.engine.reshard_target(),
+        )
+
+    def reshard_done(self) -> None:
+        """The rollout side's turn of a hybrid weight sync: :meth:`reshard` (on the actor's
+        turn) already wrote the generation weights in this process."""
+
+    # ----------------------------------------------------------------- memory
+    def memory_bytes(self) -> dict[str, int]:
+        """Tensor bytes this rank holds, by kind, each storage counted once (shared generation
+        weights are the parameters): ``params``, ``grads``, ``optim`` (the trainer's),
+        ``generation`` (the generation engine's own weights: 0 when shared), ``ref``."""
+        from flowrl.roles.memory import role_memory_bytes
+
+        return role_memory_bytes(self.actor.inner, self.rollout.inner, self.ref.inner if self.ref else None)
+
+    def close(self) -> None:
+        for part in (self.rollout, self.ref, self.actor):
+            if part is not None:
+                part.close()
