@@ -18,6 +18,13 @@ TRL's 2-thread process slows down far more than flowrl's 1-thread processes, so 
 flowrl.
 
     python benchmarks/vs_trl.py --scale both --repeats 3 --out benchmarks/results/vs_trl.json
+    python benchmarks/vs_trl.py --scale grid --repeats 2     # issue 14's grid -> results/vs_trl_grid.json
+
+The grid (:data:`GRID`): 0.13M and 10.7M parameters x 128 and 1024 samples per step (prompts x 16)
+x 8 and 128 new tokens; EOS is tuned (:func:`spread_eos`) so responses stop at spread lengths, half
+the budget on average; flowrl runs token-budget micro-batches (``actor.use_dynamic_bsz``). The grid
+table prints, per cell, both step times and their ratio, each side's generation time and the rest,
+flowrl's update and weight sync, and both sides' padding ratios (decode, train).
 
 Scales: ``default`` is the ``default`` preset (the default task's architecture, 0.13M parameters,
 random init), 8-token responses, 64 prompts x 16 samples (the default config's batch); ``large`` is the ``10m`` preset (10.7M parameters, random init)
@@ -50,7 +57,7 @@ FRAMEWORKS = ("flowrl", "trl")
 TRL_THREADS = 2
 STARTUP_TIMEOUT_S = 600.0
 # flowrl metrics kept per step: per-node wall time, in-worker time, and the actor's own update loop.
-BREAKDOWN_PREFIXES = ("timing_s/", "compute_s/", "actor/update_s")
+BREAKDOWN_PREFIXES = ("timing_s/", "compute_s/", "actor/update_s", "perf/")
 # A turn is "quiet" when other work kept at most this many cores busy on average meanwhile.
 QUIET_FOREIGN_CORES = 0.2
 BLOCK_TIMEOUT_S = 900.0
@@ -76,6 +83,12 @@ class Scale:
     group_size: int = 8  # rollout.n == num_generations
     steps_per_block: int  # K: timed steps per turn
     suppress_eos: bool = False  # push EOS's logit down so every response runs to response_length
+    spread_eos: float = 0.0  # > 0: EOS tuned so responses average this fraction of response_length (a spread)
+    token_budget: int = 0  # > 0: flowrl's actor.use_dynamic_bsz with this ppo_max_token_len_per_gpu
+
+    @property
+    def num_samples(self) -> int:
+        return self.num_prompts * self.group_size
 
 
 SCALES = {
@@ -84,6 +97,23 @@ SCALES = {
         preset="10m", max_position_embeddings=128, response_length=64, num_prompts=4, steps_per_block=3, suppress_eos=True
     ),
 }
+
+
+def _grid_cell(preset: str, samples: int, tokens: int) -> Scale:
+    """One grid cell: ``samples`` per step as prompts x 16, responses stopping at spread lengths
+    (EOS tuned to half the budget on average), flowrl's token-budget micro-batches."""
+    steps = 1 if (preset == "10m" and samples * tokens >= 128 * 128) else (2 if preset == "10m" or samples * tokens > 8192 else 4)
+    return Scale(preset=preset, max_position_embeddings=tokens + 16, response_length=tokens, num_prompts=samples // 16,
+                 group_size=16, steps_per_block=steps, spread_eos=0.5, token_budget=16384)
+
+
+# The issue-14 grid: 0.13M and 10.7M parameters x 128 and 1024 samples per step x 8 and 128 new
+# tokens, lengths spread; "smoke" is a seconds-long cell for the tests.
+GRID = {f"{'0.1M' if p == 'default' else '10M'}-{n}x{t}": _grid_cell(p, n, t)
+        for p in ("default", "10m") for n in (128, 1024) for t in (8, 128)}
+SCALES.update(GRID)
+SCALES["smoke"] = Scale(preset="default", max_position_embeddings=24, response_length=8, num_prompts=2, group_size=8,
+                        steps_per_block=1, spread_eos=0.5, token_budget=16384)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,6 +178,8 @@ def prepare_inputs(scale: Scale, common: Common, workdir: Path) -> tuple[Path, P
     )
     if scale.suppress_eos:
         suppress_eos(model, tokenizer.eos_token_id)
+    if scale.spread_eos > 0:
+        spread_eos(model, tokenizer.eos_token_id, scale.spread_eos * scale.response_length, scale.response_length)
     model_dir = workdir / f"model_{scale.preset}"
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
@@ -170,6 +202,32 @@ def suppress_eos(model: Any, eos_id: int, offset: float = 2.0) -> None:
         weight = model.get_input_embeddings().weight
         weight[:, 0] += offset
         weight[eos_id, 0] = -offset
+
+
+def spread_eos(model: Any, eos_id: int, target_mean: float, max_new: int, *, iters: int = 10) -> float:
+    """Tune EOS so sampled responses stop at different lengths, ``target_mean`` tokens on average:
+    feature 0 of every embedding gets +2 (as :func:`suppress_eos`) and EOS's feature 0 a value
+    ``c`` found by bisection on the mean length of 64 samples (flowrl's decode, seeded). Returns
+    the mean length reached."""
+    import torch
+
+    from flowrl.backends.generate.hf_decode import decode
+    from flowrl.backends.interfaces import SamplingParams
+
+    suppress_eos(model, eos_id)
+    weight = model.get_input_embeddings().weight
+    prompts = torch.randint(3, weight.shape[0], (8, 6), generator=torch.Generator().manual_seed(0)).tolist()
+    params = SamplingParams(n=8, max_new_tokens=max_new)
+    lo, hi, mean = -2.0, 16.0, float(max_new)
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        with torch.no_grad():
+            weight[eos_id, 0] = mid
+        torch.manual_seed(0)
+        responses, _, _ = decode(model, prompts, params, eos_ids={eos_id}, pad_id=0)
+        mean = sum(len(r) for r in responses) / len(responses)
+        lo, hi = (mid, hi) if mean > target_mean else (lo, mid)
+    return mean
 
 
 # --------------------------------------------------------------------------- flowrl child
@@ -197,7 +255,10 @@ def flowrl_overrides(spec: dict[str, Any]) -> list[str]:
         f"trainer.run_dir={spec['run_dir']}",
         "trainer.progress=false",
         "trainer.save_experience=false",
-    ]
+    ] + ([  # token-budget micro-batches, packed (issue 14); one decode call per rollout rank
+        "actor.use_dynamic_bsz=true", f"actor.ppo_max_token_len_per_gpu={s['token_budget']}",
+        f"rollout.micro_batch_size={max(s['num_prompts'] * s['group_size'] // 2, 1)}",
+    ] if s.get("token_budget") else [])
 
 
 def serve_flowrl(spec: dict[str, Any]) -> None:
@@ -328,6 +389,7 @@ def serve_trl(spec: dict[str, Any]) -> None:
         def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
             step_s = time.perf_counter() - self.step_start
             p = self.probe
+            pad = {k: p[k] for k in ("gen_padding_ratio", "train_padding_ratio") if k in p}
             self.steps.append({
                 "step_s": step_s,
                 "tokens": p["tokens"],
@@ -335,7 +397,7 @@ def serve_trl(spec: dict[str, Any]) -> None:
                 "gen_s": p["gen_s"],
                 "rest_s": step_s - p["gen_s"],
                 "score": p.get("score", float("nan")),
-                "breakdown": {"generate_s": p["gen_s"], "generate_and_score_s": p["score_s"]},
+                "breakdown": {"generate_s": p["gen_s"], "generate_and_score_s": p["score_s"], **pad},
             })
             self.remaining -= 1
             if self.remaining == 0:
@@ -356,6 +418,18 @@ def serve_trl(spec: dict[str, Any]) -> None:
     channel.command()  # wait for "stop"
 
 
+def trl_padding(prompt_mask: Any, completion_mask: Any) -> dict[str, float]:
+    """TRL's positions computed per real token, as flowrl counts them: decoding prefills every
+    padded prompt and runs every row until the longest ends (a row's last token is never fed);
+    training runs the padded ``[N, prompt + completion]`` batch."""
+    rows, prompt_len = prompt_mask.shape
+    longest = completion_mask.shape[1]
+    prompt_tokens, tokens = float(prompt_mask.sum()), float(completion_mask.sum())
+    fed = prompt_tokens + tokens - float((completion_mask.sum(1) > 0).sum())
+    return {"gen_padding_ratio": rows * (prompt_len + max(longest - 1, 0)) / max(fed, 1.0),
+            "train_padding_ratio": rows * (prompt_len + longest) / max(prompt_tokens + tokens, 1.0)}
+
+
 def _instrument(trainer: Any, timer: Any) -> None:
     """Wrap the trainer's generation and scoring methods to time them and count sampled tokens."""
     generate, generate_and_score = trainer._generate_single_turn, trainer._generate_and_score_completions
@@ -373,6 +447,7 @@ def _instrument(trainer: Any, timer: Any) -> None:
         mask = out["completion_mask"]
         timer.probe["tokens"] += float(mask.sum())
         timer.probe["rows"] += float(mask.shape[0])
+        timer.probe.update(trl_padding(out["prompt_mask"], mask))
         rewards = trainer._metrics["train"].get("reward")
         if rewards:
             timer.probe["score"] = float(rewards[-1])
@@ -524,13 +599,36 @@ def report(name: str, result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+PHASES = {"flowrl": ("timing_s/gen", "timing_s/update_actor", "timing_s/reshard"), "trl": ("generate_s",)}
+
+
+def grid_report(scales: dict[str, Any]) -> str:
+    """One line per cell: flowrl/TRL step time, each side's generation and the rest of its step,
+    flowrl's update and weight sync, and both sides' padding ratios (decode, train)."""
+    rows = []
+    for name, result in scales.items():
+        s = result["summary"]
+        f, t = s["flowrl"]["breakdown_median_s"], s["trl"]["breakdown_median_s"]
+        rows.append([
+            name, s["flowrl"]["s_per_step"], s["trl"]["s_per_step"], s["ratio_flowrl_over_trl_s_per_step"],
+            f.get("timing_s/gen", float("nan")), f.get("timing_s/update_actor", float("nan")),
+            f.get("timing_s/reshard", float("nan")), t.get("generate_s", float("nan")),
+            s["trl"]["s_per_step"] - t.get("generate_s", float("nan")),
+            f"{f.get('perf/gen_padding_ratio', float('nan')):.2f}/{f.get('perf/train_padding_ratio', float('nan')):.2f}",
+            f"{t.get('gen_padding_ratio', float('nan')):.2f}/{t.get('train_padding_ratio', float('nan')):.2f}",
+        ])
+    return table(["cell", "flowrl s", "trl s", "flowrl/trl", "fl gen", "fl update", "fl reshard", "trl gen",
+                  "trl rest", "fl pad gen/train", "trl pad gen/train"], rows)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--scale", choices=[*SCALES, "both"], default="default")
+    p.add_argument("--scale", choices=[*SCALES, "both", "grid"], default="default",
+                   help="a scale, both original scales, or 'grid': every cell of GRID (issue 14)")
     p.add_argument("--repeats", type=int, default=3, help="turns per framework (ABBA order)")
     p.add_argument("--steps", type=int, default=0, help="timed steps per turn (0: the scale's default)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps per framework before the first turn")
-    p.add_argument("--out", default="benchmarks/results/vs_trl.json")
+    p.add_argument("--out", default="", help="default: benchmarks/results/vs_trl.json (vs_trl_grid.json with --scale grid)")
     p.add_argument("--workdir", default="", help="models, data, run dirs and child logs "
                    "(default: a temp dir, removed after a successful run)")
     p.add_argument("--serve", choices=FRAMEWORKS, help=argparse.SUPPRESS)
@@ -539,6 +637,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     if args.serve:
         (serve_flowrl if args.serve == "flowrl" else serve_trl)(json.loads(args.spec))
         return None
+    args.out = args.out or f"benchmarks/results/vs_trl{'_grid' if args.scale == 'grid' else ''}.json"
     if args.repeats < 1:
         raise ValueError(f"--repeats={args.repeats} must be at least 1")
 
@@ -546,7 +645,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="flowrl_vs_trl_"))
     common = Common()
-    names = list(SCALES) if args.scale == "both" else [args.scale]
+    names = {"both": ["default", "large"], "grid": list(GRID)}.get(args.scale, [args.scale])
     out: dict[str, Any] = {
         "benchmark": "vs_trl",
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -574,6 +673,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         out["scales"][name] = result
         print("\n" + report(name, result) + "\n", flush=True)
     out["total_wall_s"] = time.perf_counter() - start
+    if len(names) > 1:
+        print(grid_report(out["scales"]), flush=True)
     out["machine"]["load_avg_at_end"] = list(os.getloadavg())
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")

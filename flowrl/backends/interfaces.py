@@ -30,7 +30,7 @@ from flowrl.config.sections import DTYPES  # the model.dtype names every engine 
 if TYPE_CHECKING:
     import torch
 
-    from flowrl.data.packed import PackedBatch
+    from flowrl.data.packed import PackedBatch, Padded
 
 __all__ = [
     "DTYPES",
@@ -42,6 +42,7 @@ __all__ = [
     "ShardedCheckpointEngine",
     "TrainEngine",
     "ValueEngine",
+    "model_kwargs",
     "torch_dtype",
 ]
 
@@ -55,6 +56,18 @@ def torch_dtype(name: str) -> "torch.dtype":
     if name not in table:
         raise ValueError(f"dtype {name!r} is not supported; use one of {', '.join(DTYPES)}")
     return table[name]
+
+
+def model_kwargs(inputs: "Padded", device: "torch.device") -> dict[str, "torch.Tensor"]:
+    """A transformers model's keyword inputs for padded rows (attention mask) or packed lines
+    (per-sequence ``position_ids``, no mask: transformers builds the block-causal mask)."""
+    # no KV cache: training forwards never reuse it, and transformers reads packed position ids only without one
+    kwargs: dict = {"input_ids": inputs.input_ids_BL.to(device), "use_cache": False}
+    if inputs.attention_mask_BL is not None:
+        kwargs["attention_mask"] = inputs.attention_mask_BL.to(device)
+    if inputs.position_ids_BL is not None:
+        kwargs["position_ids"] = inputs.position_ids_BL.to(device)
+    return kwargs
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,22 @@ class ParallelFields:
             check(isinstance(value, int) and value >= 1, name, value, "must be an integer >= 1", f"set {name}=1")
 
 
+def check_token_budget(section, keys: tuple[str, ...], dynamic: bool, name: str) -> None:
+    """Token budgets are positive; token-budget micro-batches need a torch strategy (dp, fsdp)."""
+    for key in keys:
+        check_positive(key, getattr(section, key), "use e.g. 16384")
+    check(not dynamic or section.strategy != "megatron", "use_dynamic_bsz", True,
+          f"{name}.strategy=megatron forms its micro-batches by rows", f"set {name}.use_dynamic_bsz=false "
+          f"(and log_prob_use_dynamic_bsz=false), or {name}.strategy=dp or fsdp")
+
+
+def check_reference_budget(ref, actor) -> None:
+    """The reference runs on ``actor.strategy``: token-budget forwards need a torch strategy."""
+    check(not (ref.log_prob_use_dynamic_bsz and actor.strategy == "megatron"), "ref.log_prob_use_dynamic_bsz", True,
+          "the reference runs on actor.strategy=megatron, which forms micro-batches by rows",
+          "set ref.log_prob_use_dynamic_bsz=false, or actor.strategy=dp or fsdp")
+
+
 @dataclass(kw_only=True)
 class ValKwargsConfig:
     """Generation settings of validation (verl's ``rollout.val_kwargs``)."""
@@ -173,6 +189,16 @@ class ActorConfig(ParallelFields):
     """Samples per forward/backward on one rank (gradient accumulation)."""
     ppo_epochs: int = 1
     """Passes over each batch."""
+    use_dynamic_bsz: bool = False
+    """Micro-batches by token count instead of rows (verl's key): each holds at most
+    ``ppo_max_token_len_per_gpu`` real tokens, its sequences packed into lines (no padding
+    computed); ``ppo_micro_batch_size_per_gpu`` is then unused. Losses are unchanged."""
+    ppo_max_token_len_per_gpu: int = 16384
+    """Real tokens (prompt + response) per update micro-batch on one rank, with ``use_dynamic_bsz``."""
+    log_prob_use_dynamic_bsz: bool = False
+    """The old-log-prob pass by token count too (verl's ``rollout.log_prob_use_dynamic_bsz``)."""
+    log_prob_max_token_len_per_gpu: int = 16384
+    """Real tokens per old-log-prob micro-batch on one rank, with ``log_prob_use_dynamic_bsz``."""
     policy_loss: str = "vanilla"
     """Registered policy loss: ``vanilla`` (PPO clip with dual clip) or ``gspo``."""
     clip_ratio_low: float = 0.2
@@ -217,6 +243,8 @@ class ActorConfig(ParallelFields):
         check_positive("ppo_mini_batch_size", self.ppo_mini_batch_size, "use data.train_batch_size for one step per batch")
         check_positive("ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu, "use e.g. 64")
         check_positive("ppo_epochs", self.ppo_epochs, "use 1")
+        check_token_budget(self, ("ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu"),
+                           self.use_dynamic_bsz or self.log_prob_use_dynamic_bsz, "actor")
         check(self.ulysses_sequence_parallel_size == 1, "ulysses_sequence_parallel_size",
               self.ulysses_sequence_parallel_size, "Ulysses sequence parallelism is not built in flowrl",
               "set actor.ulysses_sequence_parallel_size=1 (shard with actor.strategy=fsdp or megatron)")
@@ -244,12 +272,17 @@ class ReferenceConfig(ParallelFields):
     """Reference-policy workers (only started when ``actor.use_kl_loss``)."""
     log_prob_micro_batch_size_per_gpu: int = 256
     """Samples per forward pass on one rank."""
+    log_prob_use_dynamic_bsz: bool = False
+    """Forward micro-batches by token count, sequences packed (verl's key)."""
+    log_prob_max_token_len_per_gpu: int = 16384
+    """Real tokens per forward micro-batch on one rank, with ``log_prob_use_dynamic_bsz``."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """How the reference shards under ``actor.strategy=fsdp`` (verl's ``fsdp_config``)."""
 
     def __post_init__(self) -> None:
         self._check_mesh()
         check_positive("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu, "use e.g. 128")
+        check_positive("log_prob_max_token_len_per_gpu", self.log_prob_max_token_len_per_gpu, "use e.g. 16384")
 
 
 @dataclass(kw_only=True)
@@ -273,6 +306,12 @@ class CriticConfig(ParallelFields):
     """Samples per forward/backward on one rank (gradient accumulation)."""
     forward_micro_batch_size_per_gpu: int = 256
     """Samples per forward pass when computing values."""
+    use_dynamic_bsz: bool = False
+    """Micro-batches by token count, sequences packed (verl's key), for updates and values."""
+    ppo_max_token_len_per_gpu: int = 32768
+    """Real tokens per update micro-batch on one rank, with ``use_dynamic_bsz`` (verl's default)."""
+    forward_max_token_len_per_gpu: int = 32768
+    """Real tokens per value-forward micro-batch on one rank, with ``use_dynamic_bsz``."""
     ppo_epochs: int = 1
     """Passes of the critic over each batch."""
     cliprange_value: float = 0.5
@@ -297,6 +336,7 @@ class CriticConfig(ParallelFields):
         check_positive("ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu, "use e.g. 64")
         check_positive("forward_micro_batch_size_per_gpu", self.forward_micro_batch_size_per_gpu, "use e.g. 256")
         check_positive("ppo_epochs", self.ppo_epochs, "use 1")
+        check_token_budget(self, ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu"), self.use_dynamic_bsz, "critic")
         check_positive("cliprange_value", self.cliprange_value, "use 0.5")
         check_one_of("loss_agg_mode", self.loss_agg_mode, AGG_MODES.names())
 

@@ -139,10 +139,45 @@ def split(table: pa.Table, num_parts: int) -> list[pa.Table]:
 
 
 def concat(tables: Sequence[pa.Table]) -> pa.Table:
-    """Concatenate tables with the same columns, in order."""
+    """Concatenate tables with the same columns, in order; their :func:`with_stats` merged."""
     if not tables:
         raise ValueError("nothing to concatenate")
-    return pa.concat_tables(tables, promote_options="none")
+    merged: dict[str, float] = {}
+    for t in tables:
+        for k, v in table_stats(t).items():
+            merged[k] = max(merged.get(k, v), v) if k.endswith("_gb") else merged.get(k, 0.0) + v
+    out = pa.concat_tables([_without_stats(t) for t in tables], promote_options="none")
+    return with_stats(out, merged) if merged else out
+
+
+def _without_stats(table: pa.Table) -> pa.Table:
+    meta = table.schema.metadata
+    return table if not meta or _STATS_KEY not in meta else table.replace_schema_metadata(
+        {k: v for k, v in meta.items() if k != _STATS_KEY} or None)
+
+
+_STATS_KEY = b"flowrl.stats"
+
+
+def with_stats(table: pa.Table, stats: dict[str, float]) -> pa.Table:
+    """``table`` carrying ``stats`` (what a worker measured while making it, e.g. decode positions)
+    in its schema metadata; :func:`concat` sums them over ranks (``*_gb``: the maximum)."""
+    import json
+
+    return table.replace_schema_metadata({**(table.schema.metadata or {}), _STATS_KEY: json.dumps(stats).encode()})
+
+
+def pop_stats(table: pa.Table) -> tuple[pa.Table, dict[str, float]]:
+    """``table`` without its :func:`with_stats`, and those stats."""
+    return _without_stats(table), table_stats(table)
+
+
+def table_stats(table: pa.Table) -> dict[str, float]:
+    """The stats :func:`with_stats` attached to ``table`` (empty when none)."""
+    import json
+
+    raw = (table.schema.metadata or {}).get(_STATS_KEY)
+    return json.loads(raw) if raw else {}
 
 
 def write_parquet(table: pa.Table, path: str | Path) -> Path:

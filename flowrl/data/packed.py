@@ -4,13 +4,18 @@ Built zero-copy from the Arrow list columns (flat values + offsets). Engines tha
 ``[B, L]`` batch (CPU attention) get one from :meth:`PackedBatch.padded`; the response-token
 positions come with it so results go straight back to flat ``_T`` tensors.
 
+With a token budget (verl's ``use_dynamic_bsz``; :meth:`PackedBatch.with_token_budget`) micro-batches
+hold as many rows as fit ``max_tokens`` real tokens, and :meth:`PackedBatch.model_inputs` packs
+several sequences into each line (``position_ids`` restart at 0 per sequence: transformers builds
+the block-causal mask from them), so compute follows real tokens (``token_layout.py``).
+
 Shape letters: B rows, L padded length (prompt + response), T response tokens of all rows,
 P prompt tokens of all rows, B1 = B + 1 offsets.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Iterator
 
 from flowrl.data import experience
@@ -26,6 +31,12 @@ class Padded:
     attention_mask_BL: "torch.Tensor"
     row_T: "torch.Tensor"  # row of each response token
     pos_T: "torch.Tensor"  # position of each response token in its padded row
+    position_ids_BL: "torch.Tensor | None" = None  # packed lines: positions restart per sequence
+
+    @property
+    def num_slots(self) -> int:
+        """Token positions the model computes (real tokens and padding)."""
+        return int(self.input_ids_BL.numel())
 
 
 @dataclass
@@ -35,6 +46,8 @@ class PackedBatch:
     response_T: "torch.Tensor"
     response_cu_B1: "torch.Tensor"
     token_fields: dict[str, "torch.Tensor"] = field(default_factory=dict)  # flat, aligned with response_T
+    token_budget: int = 0
+    """> 0: micro-batches by real tokens (at most this many, at least one row) and packed lines."""
 
     @classmethod
     def from_table(cls, table: "pa.Table", token_fields: tuple[str, ...] = ()) -> "PackedBatch":
@@ -66,11 +79,50 @@ class PackedBatch:
             self.response_T[r0:r1],
             self.response_cu_B1[start : stop + 1] - r0,
             {k: v[r0:r1] for k, v in self.token_fields.items()},
+            self.token_budget,
         )
 
-    def micro_batches(self, rows_per_micro_batch: int) -> Iterator["PackedBatch"]:
+    @property
+    def num_tokens(self) -> int:
+        """Real tokens (prompt and response) of all rows."""
+        return int(self.prompt_cu_B1[-1] - self.prompt_cu_B1[0]) + self.num_response_tokens
+
+    def with_token_budget(self, max_tokens: int) -> "PackedBatch":
+        """The same rows, split by real tokens and packed (``max_tokens`` > 0) or by rows (0)."""
+        return replace(self, token_budget=max_tokens)
+
+    def select(self, rows_B: "torch.Tensor") -> "PackedBatch":
+        """The rows ``rows_B`` (indices, in that order) as a new batch (copies)."""
+        from flowrl.data.token_layout import gather_rows
+
+        prompt, prompt_cu = gather_rows(self.prompt_P, self.prompt_cu_B1, rows_B)
+        response, response_cu = gather_rows(self.response_T, self.response_cu_B1, rows_B)
+        fields = {k: gather_rows(v, self.response_cu_B1, rows_B)[0] for k, v in self.token_fields.items()}
+        return PackedBatch(prompt, prompt_cu, response, response_cu, fields, self.token_budget)
+
+    def micro_batches(self, rows_per_micro_batch: int, min_count: int = 1) -> Iterator["PackedBatch"]:
+        """Consecutive rows: ``rows_per_micro_batch`` each, or with a token budget as many as fit
+        it, in at least ``min_count`` micro-batches (where there are that many rows)."""
+        if self.token_budget > 0:
+            from flowrl.data.token_layout import budget_bounds
+
+            total_B = self.prompt_cu_B1.diff() + self.response_cu_B1.diff()
+            bounds = budget_bounds(total_B.tolist(), self.token_budget, min_count)
+            for start, stop in zip(bounds[:-1], bounds[1:]):
+                yield self.rows(start, stop)
+            return
         for start in range(0, self.num_rows, rows_per_micro_batch):
             yield self.rows(start, min(start + rows_per_micro_batch, self.num_rows))
+
+    def model_inputs(self, pad_id: int) -> Padded:
+        """What an engine feeds the model: packed lines with a token budget, else padded rows."""
+        if self.token_budget > 0:
+            from flowrl.data.token_layout import packed_lines
+
+            ids, positions, row_T, pos_T = packed_lines(self.prompt_P, self.prompt_cu_B1, self.response_T,
+                                                        self.response_cu_B1, pad_id)
+            return Padded(ids, None, row_T, pos_T, positions)
+        return self.padded(pad_id)
 
     def padded(self, pad_id: int) -> Padded:
         """Right-padded ``prompt + response`` rows and the positions of the response tokens."""

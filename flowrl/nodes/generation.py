@@ -8,14 +8,22 @@ import pyarrow as pa
 
 from flowrl.actors.dispatch import Gather, Scatter
 from flowrl.actors.group import BoundCall
+from flowrl.data import experience
 from flowrl.metrics import names
 from flowrl.nodes.core import NodeOut
+from flowrl.roles.accounting import generation_metrics
 
 
 def _generate(rollout: BoundCall, prompts: pa.Table, kwargs: dict, what: str) -> NodeOut:
-    """One ``generate`` call on every rollout rank (prompts split by dp rank); ``compute_s/<what>``."""
+    """One ``generate`` call on every rollout rank (prompts split by dp rank); ``compute_s/<what>``,
+    and for the step's own generation (``gen``) the ``perf/gen_*`` accounting."""
     table, compute_s = rollout.run("generate", prompts, scatter_mode=Scatter.SPLIT, gather_mode=Gather.CONCAT, kwargs=kwargs)
-    return NodeOut(table, {names.compute(what): compute_s})
+    table, stats = experience.pop_stats(table)
+    metrics = {names.compute(what): compute_s}
+    if what == "gen":
+        tokens = float(experience.lengths(table, "response_ids").sum()) if table.num_rows else 0.0
+        metrics.update(generation_metrics(stats, response_tokens=tokens, seconds=compute_s))
+    return NodeOut(table, metrics)
 
 
 def generate(rollout: BoundCall, prompts: pa.Table, seed: int, weight_version: int | None = None) -> NodeOut:

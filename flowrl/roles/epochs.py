@@ -7,6 +7,7 @@ from typing import Callable
 
 from flowrl.data.packed import PackedBatch
 from flowrl.metrics import names
+from flowrl.roles.accounting import peak_memory_gb
 
 
 def run_epochs(
@@ -14,7 +15,7 @@ def run_epochs(
 ) -> dict[str, float]:
     """``epochs`` passes over ``batch``, one ``step`` (an optimizer step) per mini-batch of
     ``mini_batch_rows`` rows; returns each stat averaged over the steps as ``<prefix>/<stat>``,
-    plus ``<prefix>/num_optimizer_steps`` and ``<prefix>/update_s``."""
+    plus ``<prefix>/num_optimizer_steps``, ``<prefix>/update_s`` and :func:`phase_metrics`."""
     history: dict[str, list[float]] = {}
     start = time.perf_counter()
     for _ in range(epochs):
@@ -22,7 +23,25 @@ def run_epochs(
             stats = step(batch.rows(first, min(first + mini_batch_rows, batch.num_rows)))
             for k, v in stats.items():
                 history.setdefault(k, []).append(v)
+    update_s = time.perf_counter() - start
+    slots, tokens = sum(history.pop(names.TRAIN_SLOTS, [])), sum(history.pop(names.TRAIN_TOKENS, []))
     metrics = {names.update_stat(prefix, k): sum(v) / len(v) for k, v in history.items()}
     metrics[names.update_stat(prefix, names.NUM_OPTIMIZER_STEPS)] = float(len(history.get(names.GRAD_NORM, [])))
-    metrics[names.update_stat(prefix, names.UPDATE_S)] = time.perf_counter() - start
-    return metrics
+    metrics[names.update_stat(prefix, names.UPDATE_S)] = update_s
+    return {**metrics, **phase_metrics(prefix, slots=slots, tokens=tokens, seconds=update_s)}
+
+
+def phase_metrics(prefix: str, *, slots: float, tokens: float, seconds: float) -> dict[str, float]:
+    """The update's per-phase accounting: real tokens (all ranks) per second, positions computed
+    per real token, and this process's peak memory (actor only: ``perf/max_rss_gb``, on GPU
+    ``perf/max_memory_allocated_gb``). Nothing without the engine's counts (megatron)."""
+    if tokens <= 0:
+        return {}
+    actor = prefix == names.ACTOR
+    out = {
+        names.TRAIN_TOKENS_PER_S if actor else names.CRITIC_TRAIN_TOKENS_PER_S: tokens / max(seconds, 1e-9),
+        names.TRAIN_PADDING_RATIO if actor else names.CRITIC_TRAIN_PADDING_RATIO: slots / tokens,
+    }
+    if actor:
+        out.update(peak_memory_gb(names.MAX_RSS_GB, names.MAX_MEMORY_ALLOCATED_GB))
+    return out

@@ -81,3 +81,36 @@ def test_trl_settings_match_flowrl_overrides():
 
 def test_process_tree_cpu_counts_this_process():
     assert common.process_tree_cpu_s(os.getpid()) > 0.0
+
+
+def test_grid_spans_the_issue_14_scales():
+    cells = vs_trl.GRID.values()
+    assert {c.preset for c in cells} == {"default", "10m"}
+    assert {c.num_samples for c in cells} == {128, 1024}
+    assert {c.response_length for c in cells} == {8, 128}
+    assert all(c.spread_eos > 0 and c.token_budget > 0 for c in cells)
+    overrides = vs_trl.flowrl_overrides({"scale": vs_trl.dataclasses.asdict(vs_trl.GRID["0.1M-128x8"]),
+                                         "common": vs_trl.dataclasses.asdict(vs_trl.Common()),
+                                         "model_dir": "m", "train_path": "t", "run_dir": "r"})
+    assert "actor.use_dynamic_bsz=true" in overrides and "rollout.micro_batch_size=64" in overrides
+
+
+def test_trl_padding_counts_slots_per_real_token():
+    import torch
+
+    # 2 rows, prompts 3 and 2 tokens (padded to 3); completions 4 and 1 tokens (padded to 4)
+    prompt = torch.tensor([[1, 1, 1], [0, 1, 1]])
+    completion = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]])
+    pad = vs_trl.trl_padding(prompt, completion)
+    # decode: 2 x (3 + 3) slots for 5 prompt + (3 + 0) fed completion tokens = 12 / 8
+    assert pad["gen_padding_ratio"] == pytest.approx(12 / 8)
+    # train: 2 x 7 slots for 5 + 5 real tokens
+    assert pad["train_padding_ratio"] == pytest.approx(14 / 10)
+
+
+def test_spread_eos_stops_responses_at_different_lengths(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    mean = vs_trl.spread_eos(model, 1, target_mean=8.0, max_new=16, iters=8)
+    assert 5.0 <= mean <= 11.0, mean

@@ -1,4 +1,5 @@
-"""The ``hf`` generation backend: transformers ``generate`` with the KV cache, batched (CPU default).
+"""The ``hf`` generation backend: a KV-cache decode loop over a transformers model, batched (CPU
+default); rows that reach EOS leave the batch (``hf_decode``), samples as ``generate``'s.
 
 Returns, per sampled sequence, the response tokens up to and including EOS and the log-prob of
 each sampled token under ``logits / temperature`` (the quantity the trainer recomputes, as in
@@ -15,12 +16,18 @@ from flowrl.backends.interfaces import SamplingParams, torch_dtype
 
 
 class HFGenerator:
-    def __init__(self, model_dir: str, *, dtype: str = "float32") -> None:
+    last_stats = None
+    """The last ``generate``'s ``DecodeStats`` (positions computed, real tokens fed)."""
+
+    def __init__(self, model_dir: str, *, dtype: str = "float32", model: torch.nn.Module | None = None) -> None:
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype(dtype))
-        self.model.eval()
-        self.model.requires_grad_(False)
+        if model is not None:  # the hybrid engine: the trainer's live module, not loaded, not frozen
+            self.model = model
+        else:
+            self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype(dtype))
+            self.model.eval()
+            self.model.requires_grad_(False)
         cfg = self.model.generation_config
         eos = cfg.eos_token_id if cfg.eos_token_id is not None else self.model.config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
@@ -32,68 +39,22 @@ class HFGenerator:
         self, prompts: list[list[int]], params: SamplingParams, *, seed: int = 0, micro_batch_size: int = 256
     ) -> tuple[list[list[int]], list[list[float]]]:
         """Sample ``params.n`` responses per prompt; results are prompt-major (prompt 0's n
-        samples first)."""
+        samples first). Finished rows leave the decode batch (``hf_decode``); what the model
+        computed is in :attr:`last_stats`."""
+        from flowrl.backends.generate.hf_decode import DecodeStats, decode
+
         torch.manual_seed(seed)
         responses: list[list[int]] = []
         logprobs: list[list[float]] = []
+        self.last_stats = DecodeStats()
         prompts_per_call = max(1, micro_batch_size // params.n)
         for start in range(0, len(prompts), prompts_per_call):
-            chunk = prompts[start : start + prompts_per_call]
-            r, lp = self._generate_chunk(chunk, params)
+            r, lp, stats = decode(self.model, prompts[start : start + prompts_per_call], params,
+                                  eos_ids=self.eos_ids, pad_id=self.pad_id)
             responses += r
             logprobs += lp
+            self.last_stats.add(stats)
         return responses, logprobs
-
-    def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams) -> tuple[list[list[int]], list[list[float]]]:
-        # Left-pad the prompts so generation continues every row at the same position.
-        longest = max(len(p) for p in prompts)
-        input_ids_BP = torch.full((len(prompts), longest), self.pad_id, dtype=torch.long)
-        attention_BP = torch.zeros((len(prompts), longest), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            input_ids_BP[i, longest - len(p) :] = torch.tensor(p, dtype=torch.long)
-            attention_BP[i, longest - len(p) :] = 1
-        sampling = {}
-        if not params.greedy:
-            sampling = {
-                "do_sample": True,
-                "temperature": params.temperature,
-                "top_p": params.top_p,
-                "top_k": params.top_k if params.top_k > 0 else None,
-            }
-        else:
-            sampling = {"do_sample": False}
-        out = self.model.generate(
-            input_ids=input_ids_BP,
-            attention_mask=attention_BP,
-            max_new_tokens=params.max_new_tokens,
-            num_return_sequences=params.n,
-            eos_token_id=sorted(self.eos_ids) or None,
-            pad_token_id=self.pad_id,
-            use_cache=True,
-            return_dict_in_generate=True,
-            output_logits=True,
-            **sampling,
-        )
-        new_NL = out.sequences[:, longest:]
-        logits_NLV = torch.stack(out.logits, dim=1).float()
-        if not params.greedy and params.temperature != 1.0:
-            logits_NLV = logits_NLV / params.temperature
-        logp_NL = torch.log_softmax(logits_NLV, dim=-1).gather(-1, new_NL.unsqueeze(-1)).squeeze(-1)
-        lengths_N = self._lengths(new_NL)
-        responses = [row[:n].tolist() for row, n in zip(new_NL, lengths_N)]
-        logprobs = [row[:n].tolist() for row, n in zip(logp_NL, lengths_N)]
-        return responses, logprobs
-
-    def _lengths(self, new_NL: torch.Tensor) -> list[int]:
-        """Tokens up to and including the first EOS (all of them when none)."""
-        num_new = new_NL.shape[1]
-        if not self.eos_ids:
-            return [num_new] * new_NL.shape[0]
-        is_eos = torch.zeros_like(new_NL, dtype=torch.bool)
-        for e in self.eos_ids:
-            is_eos |= new_NL == e
-        first = torch.where(is_eos.any(1), is_eos.float().argmax(1) + 1, torch.full_like(new_NL[:, 0], num_new))
-        return first.tolist()
 
     @torch.no_grad()
     def logprobs(self, prompts: list[list[int]], responses: list[list[int]], *,

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from flowrl.algos import entropy_from_logits, logprobs_from_logits
-from flowrl.backends.interfaces import LossFn, torch_dtype
+from flowrl.backends.interfaces import LossFn, model_kwargs, torch_dtype
 from flowrl.data.packed import PackedBatch
 from flowrl.metrics import names
 
@@ -128,11 +128,25 @@ class TorchDPEngine:
                 dist.broadcast(p.data, src=0)
 
     # ----------------------------------------------------------------- forward
+    same_micro_batch_count = False
+    slots_computed = 0
+    """Model positions computed so far (padding included): the update's padding ratio."""
+    """Every rank must run as many micro-batches (FSDP: collectives in each forward/backward)."""
+
+    def _micro_batches(self, batch: PackedBatch, micro_batch_size: int) -> list[PackedBatch]:
+        """``batch``'s micro-batches (by rows, or by its token budget); with
+        ``same_micro_batch_count`` token-budget splits agree on the largest count over the ranks."""
+        mbs = list(batch.micro_batches(micro_batch_size))
+        if batch.token_budget <= 0 or not self.same_micro_batch_count or self.dp_size == 1:
+            return mbs
+        count = torch.tensor([len(mbs)], dtype=torch.int64, device=self.device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        return mbs if int(count) == len(mbs) else list(batch.micro_batches(micro_batch_size, int(count)))
+
     def _forward(self, mb: PackedBatch, *, temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        padded, dev = mb.padded(self.pad_id), self.device
-        decoder = self.model.get_decoder()
-        hidden_BLH = decoder(input_ids=padded.input_ids_BL.to(dev),
-                             attention_mask=padded.attention_mask_BL.to(dev)).last_hidden_state
+        padded, dev = mb.model_inputs(self.pad_id), self.device
+        self.slots_computed += padded.num_slots
+        hidden_BLH = self.model.get_decoder()(**model_kwargs(padded, dev)).last_hidden_state
         # Logits only where a response token is predicted: position pos-1 predicts token pos.
         hidden_TH = hidden_BLH[padded.row_T.to(dev), (padded.pos_T - 1).to(dev)]
         logits_TV = self.model.get_output_embeddings()(hidden_TH).float()
@@ -151,7 +165,8 @@ class TorchDPEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            outs = [self._forward(mb, temperature=temperature, with_entropy=with_entropy) for mb in batch.micro_batches(micro_batch_size)]
+            outs = [self._forward(mb, temperature=temperature, with_entropy=with_entropy)
+                    for mb in self._micro_batches(batch, micro_batch_size)]
         finally:
             self.model.train(was_training)
         logp_T = torch.cat([o[0] for o in outs]) if outs else torch.empty(0)
@@ -181,9 +196,9 @@ class TorchDPEngine:
         token-weighted means over all ranks, plus ``grad_norm`` and ``lr``."""
         assert self.optimizer is not None, "train step on a frozen engine"
         self.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = {}
+        sums: dict[str, float] = {names.TRAIN_SLOTS: -float(self.slots_computed)}
         tokens = 0
-        for mb in batch.micro_batches(micro_batch_size):
+        for mb in self._micro_batches(batch, micro_batch_size):
             loss, stats = mb_loss(mb)
             loss.backward()
             n = mb.num_response_tokens
@@ -191,10 +206,13 @@ class TorchDPEngine:
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + float(v) * n
         grad_norm = self._reduce_gradients_and_step()
+        sums[names.TRAIN_SLOTS] += self.slots_computed
+        sums[names.TRAIN_TOKENS] = float(batch.num_tokens)
         keys = sorted(sums)
         totals = self.all_reduce_sum([sums[k] for k in keys] + [float(tokens)])
         denom = max(totals[-1], 1.0)
-        out = {k: totals[i] / denom for i, k in enumerate(keys)}
+        out = {k: totals[i] if k in (names.TRAIN_SLOTS, names.TRAIN_TOKENS) else totals[i] / denom
+               for i, k in enumerate(keys)}
         out[names.GRAD_NORM] = grad_norm
         out[names.LR] = self.optimizer.param_groups[0]["lr"]
         return out
@@ -283,6 +301,11 @@ class TorchDPEngine:
                 "step": torch.tensor(float(optim_step), dtype=torch.float32),
                 **{key: torch.as_tensor(optim[key][n]).to(device=p.device, dtype=p.dtype).clone() for key in self.OPTIM_STATES},
             }
+
+    def generation_module(self) -> torch.nn.Module:
+        """The live module a generation engine in this process may generate with (the hybrid
+        engine): a full replica, so its parameters are the generation weights (LoRA: adapters on)."""
+        return self.model
 
     def param_bytes_local(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from flowrl.backends.interfaces import ValueLossFn
+from flowrl.backends.interfaces import ValueLossFn, model_kwargs
 from flowrl.backends.train.dp_policy import TorchDPEngine
 from flowrl.data.packed import PackedBatch
 
@@ -35,8 +35,9 @@ class TorchDPValueEngine(TorchDPEngine):
             transformers.logging.set_verbosity(verbosity)
 
     def _values(self, mb: PackedBatch) -> torch.Tensor:
-        padded, dev = mb.padded(self.pad_id), self.device
-        scores_BL1 = self.model(input_ids=padded.input_ids_BL.to(dev), attention_mask=padded.attention_mask_BL.to(dev)).logits
+        padded, dev = mb.model_inputs(self.pad_id), self.device
+        self.slots_computed += padded.num_slots
+        scores_BL1 = self.model(**model_kwargs(padded, dev)).logits
         return scores_BL1[padded.row_T.to(dev), (padded.pos_T - 1).to(dev), 0].float().cpu()
 
     @torch.no_grad()
@@ -45,7 +46,7 @@ class TorchDPValueEngine(TorchDPEngine):
         was_training = self.model.training
         self.model.eval()
         try:
-            outs = [self._values(mb) for mb in batch.micro_batches(micro_batch_size)]
+            outs = [self._values(mb) for mb in self._micro_batches(batch, micro_batch_size)]
         finally:
             self.model.train(was_training)
         return torch.cat(outs) if outs else torch.empty(0)

@@ -51,6 +51,8 @@ class _Root(torch.nn.Module):
 
 
 class FSDPEngine(TorchDPEngine):
+    same_micro_batch_count = True  # each forward all-gathers, each backward reduce-scatters
+
     def __init__(
         self,
         model_dir: str,

@@ -1,0 +1,131 @@
+"""The ``hf`` backend's decode loop: rows that reach EOS leave the batch and its KV cache.
+
+transformers' ``generate`` keeps every row until the longest one ends (finished rows decode pad
+tokens); here each step runs the model only on the rows still going
+(``DynamicCache.batch_select_indices``), and each prompt is prefilled once, its cache then
+repeated for its ``n`` samples. So decode compute follows the tokens actually sampled.
+
+Sampling matches ``generate`` for the same seed: the warpers are transformers' own (temperature,
+top-k, top-p, in ``generate``'s order) and every step draws ``torch.multinomial`` over all ``N``
+rows, finished ones included, exactly as ``generate`` does. torch draws one exponential per row
+and vocabulary entry whatever the probabilities, so the random stream (and each live row's sample)
+is the one ``generate`` sees. Where a row's logits differ in the last bits (a matmul over fewer
+rows may sum in another order), a sample at an exact tie of the noise could differ; greedy
+decoding is the argmax of the same logits.
+
+Log-probs are those of ``logits / temperature`` (plain logits when greedy), not of the warped
+distribution, as before.
+
+Shape letters: B prompts, N = B * n rows, A rows still decoding, P padded prompt length, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from flowrl.backends.interfaces import SamplingParams
+
+
+@dataclass
+class DecodeStats:
+    """What one decode computed: model positions (padding included) and real tokens fed."""
+
+    slots: int = 0
+    tokens: int = 0
+    response_tokens: int = 0
+
+    def add(self, other: "DecodeStats") -> None:
+        self.slots += other.slots
+        self.tokens += other.tokens
+        self.response_tokens += other.response_tokens
+
+
+def _warpers(params: SamplingParams) -> list:
+    """``generate``'s logits warpers for these settings, in its order."""
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    warpers = []
+    if params.temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(params.temperature))
+    if params.top_k > 0:
+        warpers.append(TopKLogitsWarper(params.top_k))
+    if params.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(params.top_p))
+    return warpers
+
+
+def _left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    longest = max(len(p) for p in prompts)
+    ids_BP = torch.full((len(prompts), longest), pad_id, dtype=torch.long)
+    mask_BP = torch.zeros((len(prompts), longest), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids_BP[i, longest - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask_BP[i, longest - len(p):] = 1
+    return ids_BP, mask_BP
+
+
+def _positions(mask: torch.Tensor) -> torch.Tensor:
+    """``generate``'s position ids of left-padded rows: real tokens count from 0, padding is 1."""
+    return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+
+
+@torch.no_grad()
+def decode(model, prompts: list[list[int]], params: SamplingParams, *, eos_ids: set[int], pad_id: int
+           ) -> tuple[list[list[int]], list[list[float]], DecodeStats]:
+    """``params.n`` responses per prompt (prompt-major), each up to and including its first EOS,
+    with the log-prob of every sampled token; and what the model computed."""
+    from transformers import DynamicCache
+
+    n, max_new = params.n, params.max_new_tokens
+    ids_BP, mask = _left_padded(prompts, pad_id)
+    stats = DecodeStats(slots=ids_BP.numel(), tokens=int(mask.sum()))
+    cache = DynamicCache(config=model.config)
+    logits_AV = model(input_ids=ids_BP, attention_mask=mask, position_ids=_positions(mask), past_key_values=cache,
+                      use_cache=True).logits[:, -1].float()
+    if n > 1:
+        logits_AV, mask = logits_AV.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
+        cache.batch_repeat_interleave(n)
+    num_rows, vocab = logits_AV.shape
+    warpers = [] if params.greedy else _warpers(params)
+    eos = torch.tensor(sorted(eos_ids), dtype=torch.long)
+    live = torch.arange(num_rows)  # the row of each cache entry
+    tokens_NL = torch.full((num_rows, max_new), pad_id, dtype=torch.long)
+    logp_NL = torch.zeros((num_rows, max_new))
+    lengths_N = torch.full((num_rows,), max_new, dtype=torch.long)
+    for step in range(max_new):
+        token_A = _choose(logits_AV, live, num_rows, vocab, warpers, params.greedy)
+        scaled = logits_AV if params.greedy or params.temperature == 1.0 else logits_AV / params.temperature
+        logp_NL[live, step] = torch.log_softmax(scaled, -1).gather(-1, token_A[:, None]).squeeze(-1)
+        tokens_NL[live, step] = token_A
+        done_A = torch.isin(token_A, eos)
+        lengths_N[live[done_A]] = step + 1
+        if step == max_new - 1 or bool(done_A.all()):
+            break
+        if bool(done_A.any()):  # finished rows leave the batch and the cache
+            keep = (~done_A).nonzero().squeeze(1)
+            cache.batch_select_indices(keep)
+            live, mask, token_A = live[keep], mask[keep], token_A[keep]
+        mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+        stats.slots += live.numel()
+        stats.tokens += live.numel()
+        logits_AV = model(input_ids=token_A[:, None], attention_mask=mask, position_ids=mask.sum(-1, keepdim=True) - 1,
+                          past_key_values=cache, use_cache=True).logits[:, -1].float()
+    stats.response_tokens = int(lengths_N.sum())
+    responses = [row[:k].tolist() for row, k in zip(tokens_NL, lengths_N.tolist())]
+    logprobs = [row[:k].tolist() for row, k in zip(logp_NL, lengths_N.tolist())]
+    return responses, logprobs, stats
+
+
+def _choose(logits_AV: torch.Tensor, live: torch.Tensor, num_rows: int, vocab: int, warpers: list,
+            greedy: bool) -> torch.Tensor:
+    """The next token of each live row. Sampling draws over all rows (finished ones get flat
+    logits), so the random stream is ``generate``'s."""
+    if greedy:
+        return logits_AV.argmax(-1)
+    scores_NV = logits_AV.new_zeros((num_rows, vocab))
+    scores_NV[live] = logits_AV
+    for warp in warpers:
+        scores_NV = warp(None, scores_NV)
+    return torch.multinomial(torch.softmax(scores_NV, -1), num_samples=1).squeeze(1)[live]
