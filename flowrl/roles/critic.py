@@ -13,6 +13,7 @@ import torch
 from flowrl.algos import agg_denominator
 from flowrl.algos.actor_loss import critic_loss
 from flowrl.backends.registry import VALUE_BACKENDS
+from flowrl.backends.train.optim import ScheduledRate
 from flowrl.config import CriticConfig
 from flowrl.data import experience
 from flowrl.data.packed import PackedBatch
@@ -33,6 +34,7 @@ class CriticRole:
         dtype: str = "float32",
         response_length: int = 1,
         seed: int = 0,
+        total_steps: int = 0,
     ) -> None:
         self.rank, self.world_size = rank, world_size
         self.cfg = critic
@@ -45,11 +47,13 @@ class CriticRole:
             model_dir, dtype=dtype, lr=o.lr, weight_decay=o.weight_decay, betas=o.betas,
             eps=o.eps, grad_clip=o.grad_clip, seed=seed, **engine_kwargs,
         )
+        self.rate = ScheduledRate(o, total_steps)  # critic.optim.lr_scheduler_type, once per RL step
 
     # ----------------------------------------------------------------- nodes
     def compute_values(self, table: pa.Table, column: str = "values") -> pa.Table:
         """A one-column table: the value of every response token of ``table``."""
-        batch = PackedBatch.from_table(table)
+        budget = self.cfg.forward_max_token_len_per_gpu if self.cfg.use_dynamic_bsz else 0
+        batch = PackedBatch.from_table(table).with_token_budget(budget)
         values_T = self.engine.forward_values(batch, micro_batch_size=self.cfg.forward_micro_batch_size_per_gpu)
         return pa.table({column: experience.list_column(values_T, batch.response_cu_B1, experience.TOKEN_FLOATS)})
 
@@ -58,6 +62,7 @@ class CriticRole:
         ``mini_batch_rows`` rows, regressing the values on ``returns`` with value clipping around
         the ``values`` the advantages were computed with."""
         batch = PackedBatch.from_table(table, ("values", "returns", "response_mask"))
+        self.rate.before_update(self.engine.optimizer)
         return run_epochs(batch, epochs=self.cfg.ppo_epochs, mini_batch_rows=mini_batch_rows, step=self._step, prefix=names.CRITIC)
 
     def _step(self, mini: PackedBatch) -> dict[str, float]:
@@ -71,6 +76,7 @@ class CriticRole:
             return critic_loss(vpreds_T, mb.token_fields, mb.response_cu_B1, mode=mode, cliprange_value=cfg.cliprange_value,
                                max_response_length=self.response_length, denominator=denominator)
 
+        mini = mini.with_token_budget(cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else 0)
         return self.engine.train_step_values(mini, micro_batch_size=cfg.ppo_micro_batch_size_per_gpu, loss_fn=loss_fn)
 
     # ----------------------------------------------------------------- state
@@ -83,6 +89,7 @@ class CriticRole:
 
     def load_checkpoint(self, path: str) -> int:
         """Every rank: restore checkpoint ``path``; the optimizer step."""
+        self.rate.resume(path)
         return checkpoints.load(self.engine, self.checkpoint_kind, path)
 
     def close(self) -> None:

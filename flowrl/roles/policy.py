@@ -15,6 +15,7 @@ import torch
 from flowrl.algos import KL_ESTIMATORS, POLICY_LOSSES, agg_denominator
 from flowrl.algos.actor_loss import ActorLoss, actor_loss
 from flowrl.backends.registry import TRAIN_BACKENDS
+from flowrl.backends.train.optim import ScheduledRate
 from flowrl.config import ActorConfig
 from flowrl.data import experience
 from flowrl.data.packed import PackedBatch
@@ -41,6 +42,7 @@ class PolicyRole:
         seed: int = 0,
         engine_kwargs: dict | None = None,
         ref_micro_batch_size: int | None = None,
+        total_steps: int = 0,
     ) -> None:
         self.rank, self.world_size = rank, world_size
         self.ref_micro_batch_size = ref_micro_batch_size or actor.ppo_micro_batch_size_per_gpu
@@ -63,6 +65,7 @@ class PolicyRole:
             seed=seed,
             **(engine_kwargs or {}),
         )
+        self.rate = ScheduledRate(o, total_steps)  # actor.optim.lr_scheduler_type, once per RL step
         self.loss = ActorLoss(
             policy_loss=POLICY_LOSSES.get(actor.policy_loss), kl_estimator=KL_ESTIMATORS.get(actor.kl_loss_type),
             mode=actor.loss_agg_mode, max_response_length=response_length, use_old_logprobs=use_old_logprobs,
@@ -72,7 +75,7 @@ class PolicyRole:
 
     # ----------------------------------------------------------------- nodes
     def compute_logprobs(self, table: pa.Table, column: str = "old_logprobs") -> pa.Table:
-        batch = PackedBatch.from_table(table)
+        batch = PackedBatch.from_table(table).with_token_budget(self._log_prob_budget)
         logp_T, _ = self.engine.forward_logprobs(
             batch, micro_batch_size=self.cfg.ppo_micro_batch_size_per_gpu, temperature=self.temperature
         )
@@ -81,10 +84,15 @@ class PolicyRole:
     def compute_ref_logprobs(self, table: pa.Table, column: str = "ref_logprobs") -> pa.Table:
         """With LoRA (``model.lora_rank`` > 0): the reference policy's log-probs, those of the base
         model with the adapters disabled, in this process (no reference group, no second copy)."""
-        batch = PackedBatch.from_table(table)
+        batch = PackedBatch.from_table(table).with_token_budget(self._log_prob_budget)
         logp_T = self.engine.reference_logprobs(batch, micro_batch_size=self.ref_micro_batch_size,
                                                 temperature=self.temperature)
         return pa.table({column: experience.list_column(logp_T, batch.response_cu_B1, experience.TOKEN_FLOATS)})
+
+    @property
+    def _log_prob_budget(self) -> int:
+        """Tokens per log-prob micro-batch (``log_prob_use_dynamic_bsz``), 0: by rows."""
+        return self.cfg.log_prob_max_token_len_per_gpu if self.cfg.log_prob_use_dynamic_bsz else 0
 
     def update(self, table: pa.Table, mini_batch_rows: int) -> dict[str, float]:
         """``ppo_epochs`` passes over this rank's share, one optimizer step per mini-batch of
@@ -95,6 +103,7 @@ class PolicyRole:
         if self.cfg.use_kl_loss:
             fields.append("ref_logprobs")
         batch = PackedBatch.from_table(table, tuple(fields))
+        self.rate.before_update(self.engine.optimizer)
         return run_epochs(batch, epochs=self.cfg.ppo_epochs, mini_batch_rows=mini_batch_rows, step=self._step, prefix=names.ACTOR)
 
     def _step(self, mini: PackedBatch) -> dict[str, float]:
@@ -107,8 +116,9 @@ class PolicyRole:
         def loss_fn(logp_T: torch.Tensor, entropy_T: torch.Tensor | None, mb: PackedBatch):
             return actor_loss(logp_T, entropy_T, mb.token_fields, mb.response_cu_B1, spec=self.loss, denominator=denominator)
 
+        budget = self.cfg.ppo_max_token_len_per_gpu if self.cfg.use_dynamic_bsz else 0
         return self.engine.train_step(
-            mini,
+            mini.with_token_budget(budget),
             micro_batch_size=self.cfg.ppo_micro_batch_size_per_gpu,
             loss_fn=loss_fn,
             temperature=self.temperature,
@@ -149,6 +159,7 @@ class PolicyRole:
             raise ValueError(f"checkpoint {path} holds LoRA adapters {saved} (None: every weight), this run "
                              f"model.lora_rank/lora_alpha/target_modules={mine}; fix: resume with the "
                              "checkpoint's model.lora_* settings, or start a fresh run (trainer.resume_mode=disable)")
+        self.rate.resume(path)
         return checkpoints.load(self.engine, self.checkpoint_kind, path)
 
     def save_hf(self, directory: str) -> None:

@@ -65,7 +65,7 @@ FIVE_MISTAKES = [
     "data.max_respons_length=1024",  # a typo of a verl-only key
     "actor_rollout_ref.rollout.n=five",  # a wrong type
     "trainer.experiment_nam=x",  # a typo of a flowrl key
-    "actor_rollout_ref.actor.use_dynamic_bsz=True",  # a verl feature flowrl lacks
+    "actor_rollout_ref.actor.ppo_micro_batch_size=64",  # a verl setting flowrl refuses
 ]
 
 
@@ -101,10 +101,18 @@ def test_suggestions_come_from_the_mapping_and_the_field_docs():
 
 def test_a_refused_key_names_what_it_does_in_verl_and_the_nearest_setting():
     with pytest.raises(ConfigError) as err:
-        translate_item("actor_rollout_ref.actor.use_dynamic_bsz", True)
-    assert "in verl: packs micro-batches by token count" in err.value.problem
+        translate_item("actor_rollout_ref.actor.ppo_micro_batch_size", 64)
+    assert "in verl: the global micro-batch size" in err.value.problem
     assert "actor.ppo_micro_batch_size_per_gpu" in err.value.fix
-    assert translate_item("actor_rollout_ref.actor.use_dynamic_bsz", False) == (None, None)  # verl's off
+    assert translate_item("actor_rollout_ref.actor.ppo_micro_batch_size", None) == (None, None)  # verl's off
+
+
+def test_dynamic_batch_size_keys_map_to_token_budgets():
+    assert translate_item("actor_rollout_ref.actor.use_dynamic_bsz", True)[0] == "actor.use_dynamic_bsz"
+    assert translate_item("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", 8192)[0] == (
+        "actor.log_prob_max_token_len_per_gpu")
+    assert translate_item("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", True)[0] == "ref.log_prob_use_dynamic_bsz"
+    assert translate_item("critic.ppo_max_token_len_per_gpu", 4096)[0] == "critic.ppo_max_token_len_per_gpu"
 
 
 def test_fsdp_keys_wait_for_their_field(monkeypatch):
@@ -192,5 +200,5 @@ def test_a_verl_yaml_may_not_leave_a_refused_key_on(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(verl_config_dir() / "ppo_trainer.yaml", ["actor_rollout_ref.rollout.name=hf",
                                                              "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-                                                             "actor_rollout_ref.actor.use_dynamic_bsz=true"])
-    assert "actor_rollout_ref.actor.use_dynamic_bsz" in str(err.value) and "in verl:" in str(err.value)
+                                                             "actor_rollout_ref.actor.ppo_micro_batch_size=64"])
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size" in str(err.value) and "in verl:" in str(err.value)

@@ -78,6 +78,11 @@ class MegatronTrainEngine:
             bf16=dtype == "bfloat16", seed=seed,
         )
 
+    @property
+    def optimizer(self):  # noqa: ANN201 - megatron-core's optimizer (its param_groups carry the rate)
+        """The optimizer whose rate the role's schedule sets (None: a frozen engine)."""
+        return self.engine.optimizer if self.trainable else None
+
     def forward_logprobs(
         self, batch: PackedBatch, *, micro_batch_size: int, temperature: float = 1.0, with_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:

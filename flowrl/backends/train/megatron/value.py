@@ -193,6 +193,11 @@ class MegatronValueTrainEngine:
             eps=eps, grad_clip=grad_clip, use_distributed_optimizer=use_distributed_optimizer,
             bf16=dtype == "bfloat16", seed=seed)
 
+    @property
+    def optimizer(self):  # noqa: ANN201 - megatron-core's optimizer (its param_groups carry the rate)
+        """The optimizer whose rate the critic's schedule sets."""
+        return self.engine.optimizer
+
     def forward_values(self, batch, *, micro_batch_size: int) -> torch.Tensor:
         from flowrl.backends.train.megatron.policy import _items
 
