@@ -130,9 +130,12 @@ class Family:
         """The (uncomputed) graph of iteration ``step`` on ``prompts``; computes nothing."""
         raise NotImplementedError
 
-    def rollout(self, ctx: BuildContext, prompts: "pa.Table", *, step: int, weight_version: int) -> Any:
+    def rollout(self, ctx: BuildContext, prompts: "pa.Table", *, step: int, weight_version: int, round: int = 0) -> Any:
         """Asynchronous RL (``trainer.staleness`` > 0): the generation part of iteration ``step``
         alone (uncomputed; it reserves rollout calls only), its rows tagged ``weight_version``.
+        With ``trainer.async_mode=stream`` it is called per request, ``prompts`` a slice of the
+        step's batch and ``round`` the request's number (distinct seeds and node keys, as
+        ``flowrl.graphs.pieces.rollout``); the run concatenates the requests' outputs.
         The run computes it ahead and passes its result to ``build(..., collected=...)``, so it
         must compute to what ``build`` takes as ``collected`` (scored samples, as
         ``flowrl.graphs.pieces.rollout``). A family without it cannot run asynchronously."""

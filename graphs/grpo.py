@@ -61,8 +61,9 @@ class GRPO(Family):
                 dataset: Any) -> NodeOut | None:
         return pieces.dynamic_sampling(ctx, prompts, step=step, compute=compute, dataset=dataset)
 
-    def rollout(self, ctx: BuildContext, prompts: pa.Table, *, step: int, weight_version: int) -> Any:
-        return pieces.rollout(ctx, prompts, step=step, weight_version=weight_version)  # trainer.staleness > 0
+    def rollout(self, ctx: BuildContext, prompts: pa.Table, *, step: int, weight_version: int, round: int = 0) -> Any:
+        # trainer.staleness > 0 or trainer.async_mode=stream (round: one request of the step's batch)
+        return pieces.rollout(ctx, prompts, step=step, weight_version=weight_version, round=round)
 
     def build(self, ctx: BuildContext, prompts: pa.Table, *, step: int, collected: NodeOut | None = None) -> IterationGraph:
         if collected is None:

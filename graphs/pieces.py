@@ -65,11 +65,39 @@ def generate(ctx: BuildContext, prompts: pa.Table, *, step: int, round: int = 0,
                 seed=gen_seed(ctx.cfg, step, round), step=step, **extra)
 
 
-def rollout(ctx: BuildContext, prompts: pa.Table, *, step: int, weight_version: int) -> Any:
+def rollout(ctx: BuildContext, prompts: pa.Table, *, step: int, weight_version: int, round: int = 0) -> Any:
     """``gen`` then the scoring of :func:`score`: the generation part of an iteration on its own,
     which the run computes ahead with ``trainer.staleness`` > 0 (a family's ``rollout``); its
-    rows carry ``weight_version``. Reserves only rollout (and reward model) calls."""
-    return score(ctx, generate(ctx, prompts, step=step, weight_version=weight_version), step=step)
+    rows carry ``weight_version``. Reserves only rollout (and reward model) calls. ``round``:
+    one of several requests of ``step``'s batch (stream mode), with its own seed and node keys."""
+    samples = generate(ctx, prompts, step=step, round=round, weight_version=weight_version)
+    return score(ctx, samples, step=step, round=round)
+
+
+def stream_batch(requests: list[Any], *, step: int) -> Any:
+    """``stream_batch``: the outputs of the stream requests that make up ``step``'s batch (each a
+    family's ``rollout``, already submitted) as one scored table, what ``build(collected=...)``
+    takes. Their ``timing_s``/``compute_s`` are summed under the plain node names (``gen``,
+    ``reward``); their spans stay apart (``gen_r1`` ...), for the timeline and the idle times."""
+    return node("stream_batch", _concat_requests, list(requests), step=step)
+
+
+def _concat_requests(outs: list[NodeOut]) -> NodeOut:
+    import re
+
+    from flowrl.data import experience
+
+    metrics: dict[str, float] = {}
+    spans: dict[str, tuple[float, float]] = {}
+    for out in outs:
+        spans.update(out.spans)
+        for key, value in out.metrics.items():
+            plain = re.sub(r"(_p\d+)?(_r\d+)?$", "", key)  # gen_p1_r2 (a piece of request 2) -> gen
+            if plain.startswith(("timing_s/", "compute_s/")):
+                metrics[plain] = metrics.get(plain, 0.0) + value
+            else:  # a request's mean (agent/*, reward/*): the mean over the equal-sized requests
+                metrics[plain] = metrics.get(plain, 0.0) + value / len(outs)
+    return NodeOut(experience.concat([o.value for o in outs]), metrics, spans)
 
 
 def release_rollout(ctx: BuildContext, table: Any, *, step: int) -> Any:

@@ -50,8 +50,9 @@ class ReMax(Family):
     def group_specs(self) -> list[Any]:
         return pieces.policy_specs(self.cfg) + pieces.reward_model_specs(self.cfg)
 
-    def rollout(self, ctx: BuildContext, prompts: pa.Table, *, step: int, weight_version: int) -> Any:
-        return pieces.rollout(ctx, prompts, step=step, weight_version=weight_version)  # trainer.staleness > 0
+    def rollout(self, ctx: BuildContext, prompts: pa.Table, *, step: int, weight_version: int, round: int = 0) -> Any:
+        # trainer.staleness > 0 or trainer.async_mode=stream (round: one request of the step's batch)
+        return pieces.rollout(ctx, prompts, step=step, weight_version=weight_version, round=round)
 
     def build(self, ctx: BuildContext, prompts: pa.Table, *, step: int, collected: NodeOut | None = None) -> IterationGraph:
         scored = collected if collected is not None else pieces.score(ctx, pieces.generate(ctx, prompts, step=step), step=step)

@@ -21,8 +21,9 @@ from flowrl.algos.registries import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_
 from flowrl.config.algorithm import AlgorithmConfig
 from flowrl.config.cluster import ClusterConfig
 from flowrl.config.errors import ConfigError, check
-from flowrl.config.pools import check_pools_cover
-from flowrl.config.roles import ActorConfig, CriticConfig, ReferenceConfig, RewardModelConfig, RolloutConfig
+from flowrl.config.pools import check_placement
+from flowrl.config.roles import (ActorConfig, CriticConfig, ReferenceConfig, RewardModelConfig, RolloutConfig,
+                                 check_reference_budget)
 from flowrl.config.sections import DataConfig, ModelConfig, TrainerConfig
 
 
@@ -87,6 +88,11 @@ class RunConfig:
             f"actor.data_parallel_size={dp}",
             "choose sizes so that ppo_mini_batch_size * rollout.n is a multiple of the data-parallel size",
         )
+        for role, o in (("actor", self.actor.optim), ("critic", self.critic.optim)):
+            check(self.trainer.total_training_steps > 0 or (o.lr_scheduler_type == "constant" and o.lr_warmup_steps <= 0
+                  and o.lr_warmup_steps_ratio == 0), f"{role}.optim.lr_scheduler_type", o.lr_scheduler_type,
+                  "a schedule or warm-up needs the run's length, and trainer.total_training_steps is 0",
+                  "set trainer.total_training_steps (with total_epochs: the cap), or lr_scheduler_type=constant")
         check(
             not (self.actor.strategy == "megatron" and self.actor.use_distributed_optimizer and self.trainer.save_freq > 0),
             "trainer.save_freq",
@@ -95,31 +101,60 @@ class RunConfig:
             "set actor.use_distributed_optimizer=false, or trainer.save_freq=0",
         )
         if self.actor.strategy == "dp":
-            check(
-                self.actor.world_size == self.actor.data_parallel_size,
-                "actor.strategy",
-                self.actor.strategy,
-                "is data parallel only",
-                "use actor.strategy=megatron",
-            )
-        check_pools_cover(self.cluster, self.worker_group_sizes)
+            check(self.actor.world_size == self.actor.data_parallel_size, "actor.strategy", self.actor.strategy,
+                  "is data parallel only", "use actor.strategy=megatron")
+        check_reference_budget(self.ref, self.actor)  # token-budget micro-batches (issue 14)
+        check_placement(self)  # the pools cover the groups; cluster.placement=hybrid's rules (issue 14)
         self._check_async()
 
     def _check_async(self) -> None:
         """``trainer.staleness`` and ``trainer.critic_warmup`` against the rest (issue 15, 19)."""
         t = self.trainer
-        if t.staleness > 0:
-            check(not self.rollout.free_cache_engine, "trainer.staleness", t.staleness,
+        key, value = ("trainer.async_mode", t.async_mode) if t.async_mode == "stream" else ("trainer.staleness", t.staleness)
+        if t.staleness > 0 or t.async_mode == "stream":
+            check(not self.rollout.free_cache_engine, key, value,
                   "overlaps generation with the update, but rollout.free_cache_engine=true shares the trainer's devices "
                   "(the engine sleeps while the trainer runs)",
                   "set rollout.free_cache_engine=false and cluster.placement=split (rollout on devices of its own), "
                   "or trainer.staleness=0")
-            check(not self.algorithm.filter_groups.enable, "trainer.staleness", t.staleness,
+            check(not self.algorithm.filter_groups.enable, key, value,
                   "is not implemented with dynamic sampling (algorithm.filter_groups.enable=true)",
                   "set trainer.staleness=0, or algorithm.filter_groups.enable=false")
+        if t.async_mode == "stream":
+            self._check_stream()
+        check(not t.partial_rollout or t.async_mode == "stream", "trainer.partial_rollout", t.partial_rollout,
+              "interrupts the requests of the stream mode only", "set trainer.async_mode=stream, or partial_rollout=false")
+        check(not (t.partial_rollout and self.rollout.multi_turn.enable), "trainer.partial_rollout", t.partial_rollout,
+              "is not implemented for multi-turn rollouts (rollout.multi_turn.enable=true)",
+              "set trainer.partial_rollout=false")
         check(t.critic_warmup == 0 or self.needs_critic, "trainer.critic_warmup", t.critic_warmup,
               f"trains only a critic, and algorithm.adv_estimator={self.algorithm.adv_estimator!r} starts none",
               "use algorithm.adv_estimator=gae, or trainer.critic_warmup=0")
+
+    def _check_stream(self) -> None:
+        """``trainer.async_mode=stream``: requests that tile a batch, a queue that holds one."""
+        t, batch = self.trainer, self.data.train_batch_size
+        check(batch % self.stream_request_size == 0, "trainer.stream_request_size", t.stream_request_size,
+              f"must divide data.train_batch_size={batch} (each step takes whole requests)",
+              "use 0 (a quarter of the batch) or a divisor of data.train_batch_size")
+        check(self.stream_request_size % self.rollout.data_parallel_size == 0, "trainer.stream_request_size",
+              self.stream_request_size, f"must be a multiple of the {self.rollout.data_parallel_size} rollout ranks "
+              "(each request is split over them)", f"use a multiple of {self.rollout.data_parallel_size}")
+        check(t.max_queue_size == 0 or (t.max_queue_size >= batch and t.max_queue_size % self.stream_request_size == 0),
+              "trainer.max_queue_size", t.max_queue_size,
+              f"must hold one batch ({batch} groups) in whole requests of {self.stream_request_size}",
+              f"use 0 ((staleness + 1) * {batch}) or a multiple of {self.stream_request_size} >= {batch}")
+
+    @property
+    def stream_request_size(self) -> int:
+        """Prompts per stream request (``trainer.stream_request_size``, 0: a quarter of the batch)."""
+        size, batch = self.trainer.stream_request_size, self.data.train_batch_size
+        return size or (batch // 4 if batch % 4 == 0 and batch // 4 % self.rollout.data_parallel_size == 0 else batch)
+
+    @property
+    def stream_queue_size(self) -> int:
+        """The stream's bound in prompt groups (``trainer.max_queue_size``, 0: ``(staleness + 1) * batch``)."""
+        return self.trainer.max_queue_size or (self.trainer.staleness + 1) * self.data.train_batch_size
 
     @property
     def worker_group_sizes(self) -> dict[str, int]:

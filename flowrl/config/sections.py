@@ -6,6 +6,7 @@ config --fields`` prints.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -13,6 +14,7 @@ from flowrl.config.errors import check, check_one_of, check_positive
 
 DTYPES = ("float32", "bfloat16")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")  # trainer.logger; sinks in flowrl/metrics/logger.py
+LR_SCHEDULES = ("constant", "cosine", "linear")  # optim.lr_scheduler_type; flowrl/backends/train/optim.py
 
 
 @dataclass(kw_only=True)
@@ -62,9 +64,12 @@ class ModelConfig:
     the adapters train and sit in the optimizer; the reference policy is the same model with the
     adapters disabled (no reference group); the weight sync sends the merged weights; checkpoints
     hold the adapters (``flowrl export-hf --merge-lora`` or ``--adapter-only``). ``actor.strategy``
-    ``fsdp`` or ``dp``. LoRA wants a larger ``actor.optim.lr`` (e.g. 10x)."""
+    ``fsdp`` or ``dp``. LoRA wants a larger ``actor.optim.lr`` (verl: about 10x; the default
+    task: 2e-3 at rank 8) and, on real models, rank >= 32 (verl's advice)."""
     lora_alpha: int = 16
-    """LoRA scaling numerator: the adapters' output is scaled by ``lora_alpha / lora_rank``."""
+    """LoRA scaling numerator: the adapters' output is scaled by ``lora_alpha / lora_rank`` (16:
+    verl's default). Adam's first update changes the weights in proportion to
+    ``lora_alpha * actor.optim.lr``, whatever the rank: raise one, lower the other."""
     target_modules: str | list[str] = "all-linear"
     """Modules that get adapters: ``all-linear`` (every linear layer but the output head, peft's)
     or module names (a list, or comma-separated: ``q_proj,v_proj``)."""
@@ -94,8 +99,28 @@ class OptimConfig:
     """AdamW epsilon."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value (0 disables)."""
+    lr_scheduler_type: str = "constant"
+    """Learning-rate schedule over the run's ``trainer.total_training_steps`` updates, stepped once
+    per RL step as in verl: ``constant``, ``cosine`` (verl's, down to ``min_lr_ratio * lr``) or
+    ``linear`` (transformers' linear decay to ``min_lr_ratio * lr``: TRL's default). verl's
+    deprecated ``warmup_style`` is accepted as this key."""
+    lr_warmup_steps: int = -1
+    """Updates of linear warm-up from 0 to ``lr`` (verl's key); <= 0: ``lr_warmup_steps_ratio``."""
+    lr_warmup_steps_ratio: float = 0.0
+    """Warm-up as a fraction of ``trainer.total_training_steps`` (used when ``lr_warmup_steps`` <= 0)."""
+    min_lr_ratio: float = 0.0
+    """``cosine`` / ``linear``: the rate the schedule ends at, as a fraction of ``lr``."""
+    num_cycles: float = 0.5
+    """``cosine``: cosine periods over the decay (0.5: half a period, from ``lr`` down to the floor)."""
 
     def __post_init__(self) -> None:
+        check_one_of("lr_scheduler_type", self.lr_scheduler_type, LR_SCHEDULES)
+        check(0 <= self.lr_warmup_steps_ratio < 1, "lr_warmup_steps_ratio", self.lr_warmup_steps_ratio,
+              "must be in [0, 1)", "use 0.0 (no warm-up) or e.g. 0.05")
+        check(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]",
+              "use 0.0 (decay to 0) or e.g. 0.1")
+        check(self.num_cycles > 0 and math.isfinite(self.num_cycles), "num_cycles", self.num_cycles,
+              "must be a finite number > 0", "use 0.5 (half a cosine period)")
         check_positive("lr", self.lr, "use a learning rate such as 1e-6 (large models) .. 1e-3 (tiny)")
         check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "must be >= 0", "use 0.0 or 0.01")
         check(
@@ -128,7 +153,28 @@ class TrainerConfig:
     generations of the next N steps run ahead, N versions behind. Needs rollout and actor on their
     own devices (``rollout.free_cache_engine=false``); each sample carries ``weight_version``.
     A checkpoint drops the generations in flight: after a resume they are generated again, for
-    the same prompts and seeds, with the checkpoint's weights."""
+    the same prompts and seeds, with the checkpoint's weights. With ``async_mode=stream``: the
+    oldest weight version a trained sample may come from (older ones are refused and generated
+    again, ``async/stale_samples``)."""
+    async_mode: str = "none"
+    """``none``: generation per step (``staleness`` ahead); ``stream``: fully asynchronous, the
+    rollout generates continuously into a bounded queue of experience tables (requests of
+    ``stream_request_size`` prompts, as Dask futures) and each step trains on the next
+    ``data.train_batch_size`` groups of it; a weight update reaches the rollout between requests
+    (verl's fully async trainer). Needs the rollout on its own devices, as ``staleness``."""
+    max_queue_size: int = 0
+    """Stream mode: prompt groups generated or in generation that the trainer has not taken yet
+    (the queue's bound, verl's ``max_queue_size``). 0: ``(staleness + 1) * data.train_batch_size``."""
+    stream_request_size: int = 0
+    """Stream mode: prompts per generation request (a divisor of ``data.train_batch_size``). 0:
+    a quarter of ``data.train_batch_size`` (the whole batch when 4 does not divide it)."""
+    partial_rollout: bool = False
+    """Stream mode (verl's ``async_training.partial_rollout``): generate each request in pieces of
+    ``partial_rollout_tokens`` tokens, so a weight update interrupts a request between pieces and
+    the rest of its responses continues with the new weights (``weight_version`` is then the
+    version of a row's first token, ``weight_version_max`` that of its last)."""
+    partial_rollout_tokens: int = 4
+    """Stream mode with ``partial_rollout``: tokens per generation piece."""
     project_name: str = "flowrl"
     """Project of the ``wandb`` logger (verl's ``trainer.project_name``)."""
     experiment_name: str = ""
@@ -180,6 +226,12 @@ class TrainerConfig:
               "use 0 (the actor trains from the first step) or e.g. 5")
         check(self.staleness >= 0, "staleness", self.staleness, "must be >= 0",
               "use 0 (on policy) or 1 (one-step off-policy)")
+        check_one_of("async_mode", self.async_mode, ("none", "stream"))
+        check(self.max_queue_size >= 0, "max_queue_size", self.max_queue_size, "must be >= 0",
+              "use 0 ((staleness + 1) * data.train_batch_size) or a multiple of stream_request_size")
+        check(self.stream_request_size >= 0, "stream_request_size", self.stream_request_size, "must be >= 0",
+              "use 0 (a quarter of data.train_batch_size) or a divisor of data.train_batch_size")
+        check_positive("partial_rollout_tokens", self.partial_rollout_tokens, "use e.g. 4 (or 512 for long responses)")
         check(self.max_restarts >= 0, "max_restarts", self.max_restarts, "must be >= 0",
               "use 0 (fail on a lost worker) or e.g. 3")
         check(self.save_on_signal in ("", "USR1", "USR2"), "save_on_signal", self.save_on_signal,

@@ -7,6 +7,10 @@ The notebook API::
     table, metrics = run.step()           # build and run the next iteration
     run.close()
 
+With ``trainer.staleness`` the generations of the next steps run ahead (``RolloutsAhead``); with
+``trainer.async_mode=stream`` a bounded queue of generation requests feeds the steps
+(``flowrl.run.stream``).
+
 The algorithm family (``flowrl.graphs``, chosen from the config) declares the worker groups,
 builds each iteration's graph and keeps its driver state; :class:`Run` knows no family by name.
 """
@@ -21,6 +25,7 @@ from typing import Any
 from flowrl.config import RunConfig, dump_config
 from flowrl.metrics import names
 from flowrl.run import checkpointing
+from flowrl.run.stream import RolloutStream, rollout_idle
 from flowrl.run.weight_sync import PendingSync, RolloutsAhead, lag_metrics
 
 log = logging.getLogger(__name__)
@@ -44,7 +49,8 @@ class Run:
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
         self.dataset = PromptDataset(cfg.data.train_files.split(","), self.tokenizer, prompt_key=cfg.data.prompt_key,
                                      max_prompt_length=cfg.data.max_prompt_length,
-                                     filter_overlong=cfg.data.filter_overlong_prompts, truncation=cfg.data.truncation)
+                                     filter_overlong=cfg.data.filter_overlong_prompts, truncation=cfg.data.truncation,
+                                     tools=cfg.rollout.multi_turn.chat_tools())
         if self.dataset.rejected:
             self.dataset.write_rejected(self.run_dir / "rejected_prompts.jsonl")
         if len(self.dataset) < cfg.data.train_batch_size:
@@ -61,8 +67,13 @@ class Run:
         self.sync = PendingSync(self.run_dir, cfg.cluster.timeout_s)
         self.ahead = RolloutsAhead(cfg.trainer.staleness)  # trainer.staleness > 0: generations run ahead
         self._last_spans: dict[str, tuple[float, float]] | None = None  # the previous step's (async/*)
-        if self.ahead.enabled and not self.family.generates_ahead():
-            raise ConfigError("trainer.staleness", cfg.trainer.staleness,
+        self.stream = _open_stream(cfg)  # trainer.async_mode=stream: the bounded queue of requests
+        self._last_gen_end: float | None = None  # stream mode: the end of the last generation trained on
+        if self.stream is not None:
+            self.ahead = RolloutsAhead(0)  # the stream replaces the per-step generations ahead
+        if (self.ahead.enabled or self.stream is not None) and not self.family.generates_ahead():
+            key, value = ("trainer.async_mode", "stream") if self.stream is not None else ("trainer.staleness", cfg.trainer.staleness)
+            raise ConfigError(key, value,
                               f"needs the family to generate ahead ({type(self.family).__name__} has no rollout())",
                               "implement Family.rollout (see flowrl.graphs.pieces.rollout), or trainer.staleness=0")
         self.next_step = 0
@@ -70,6 +81,8 @@ class Run:
         if self.resume_from is not None:
             self.next_step, state = checkpointing.resume_point(self.resume_from)
             self.family.state.load_state_dict(state)
+        if self.stream is not None:
+            self.stream.restart(self.next_step)  # requests in the checkpoint's queue: generated again
 
     @classmethod
     def open(cls, cfg: RunConfig) -> "Run":
@@ -100,7 +113,10 @@ class Run:
         session, self.session, self.groups = self.session, None, {}
         self.sync.drop()  # futures of the dead session
         self.ahead.drop()  # generations in flight: generated again from the checkpoint's weights
-        self._last_spans = None
+        if self.stream is not None:
+            self.stream.drop()
+            self.stream.restart(next_step)
+        self._last_spans, self._last_gen_end = None, None
         session.discard()
         self.resume_from, self.next_step = checkpoint, next_step
         if checkpoint is None:
@@ -152,13 +168,17 @@ class Run:
         step = self.next_step
         start = time.perf_counter()
         prompts = self.prompts(step)  # drawn once for the driver hook and the graph
-        ahead = None
-        if self.ahead.enabled or step in self.ahead.in_flight():  # this step's generation runs ahead
+        ahead = taken = None
+        if self.stream is not None:  # trainer.async_mode=stream: the batch is the queue's head
+            collected, taken = self._stream_take(step)
+        elif self.ahead.enabled or step in self.ahead.in_flight():  # this step's generation runs ahead
             self.ahead.fill(step, self._last_ahead(step), self._submit_rollout)
             collected = ahead = self.ahead.take(step)[0]
         else:
             collected = self.collect(step, prompts)
         graph = self.graph(step, collected=collected, prompts=prompts)
+        if self.stream is not None:
+            self.stream.trained(step)  # the step's reshard is reserved: later requests get its weights
         submitted = time.time()  # the origin of this step's timeline.jsonl rows
         result, sync = self.session.submit(graph.outputs)
         self.next_step += 1
@@ -172,9 +192,13 @@ class Run:
             result.release()
             if ahead is not None:
                 ahead.release()
+            for req in taken or ():
+                req.future.release()
         self.sync.record_step(step, submitted, out.spans, sync)
         metrics.update(out.metrics)
-        if ahead is not None:
+        if taken is not None:
+            metrics.update(self._stream_metrics(step, out))
+        elif ahead is not None:
             metrics.update(lag_metrics(step, out.value.column("weight_version").to_numpy(), out.spans, self._last_spans))
             self._last_spans = out.spans
         metrics.update(_step_metrics(step, time.perf_counter() - start, metrics[names.NUM_TOKENS]))
@@ -183,12 +207,12 @@ class Run:
             experience.write_parquet(out.value, experience.step_path(self.run_dir, step))
         return out.value, metrics
 
-    def _last_ahead(self, step: int) -> int:
+    def _last_ahead(self, step: int, span: int | None = None) -> int:
         """The last step whose generation may be in flight while ``step`` trains: ``step +
-        trainer.staleness``, not past the run's last step nor past the next step a checkpoint is
-        due after (a drain step, see ``RolloutsAhead``)."""
+        span`` (default ``trainer.staleness``), not past the run's last step nor past the next
+        step a checkpoint is due after (a drain step, see ``RolloutsAhead``)."""
         t = self.cfg.trainer
-        last = min(step + self.ahead.staleness, t.total_training_steps - 1)
+        last = min(step + (self.ahead.staleness if span is None else span), t.total_training_steps - 1)
         if t.save_freq > 0:
             last = min(last, (step // t.save_freq + 1) * t.save_freq - 1)  # the next k with (k + 1) % save_freq == 0
         return last
@@ -198,6 +222,62 @@ class Run:
         graph = self.family.rollout(self.context(), self.prompts(step), step=step, weight_version=version)
         (future,) = self.session.submit([graph])
         return future
+
+    # ------------------------------------------------------------- stream mode (flowrl.run.stream)
+    def _stream_take(self, step: int) -> tuple[Any, list[Any]]:
+        """Keep the queue full, then take ``step``'s requests: (the node concatenating them, the requests)."""
+        from flowrl.graphs.pieces import stream_batch
+
+        stream = self.stream
+        advance = self._advance_piece if stream.pieces > 1 else None
+        if advance is not None:
+            stream.advance_pieces(advance)  # requests in flight continue with the weights reserved since
+        stream.fill(self._last_ahead(step, self.cfg.trainer.total_training_steps), self._submit_request)
+        stream.sample_depth()
+        taken = stream.take(step, self._submit_request, advance)
+        return stream_batch([r.future for r in taken], step=step), taken
+
+    def _submit_request(self, step: int, index: int, version: int, attempt: int) -> Any:
+        """Submit request ``index`` of step ``step``'s batch (the family's ``rollout``, or with
+        partial rollouts its first piece) with weight version ``version``."""
+        size = self.stream.request_size
+        prompts = self.prompts(step).slice(index * size, size)
+        round = index + 1000 * attempt
+        if self.stream.pieces > 1:
+            from flowrl.graphs.stream_pieces import first_piece
+
+            graph = first_piece(self.context(), prompts, step=step, round=round, weight_version=version)
+        else:
+            graph = self.family.rollout(self.context(), prompts, step=step, weight_version=version, round=round)
+        (future,) = self.session.submit([graph])
+        return future
+
+    def _advance_piece(self, request: Any, version: int) -> Any:
+        """Partial rollouts: the next piece of ``request`` (its unfinished responses continue with
+        weight version ``version``); the last piece is scored."""
+        from flowrl.graphs.stream_pieces import next_piece
+
+        piece = self.stream.pieces - request.pieces_left
+        graph = next_piece(self.context(), request.future, step=request.step, round=request.round, piece=piece,
+                           weight_version=version, last=request.pieces_left == 1)
+        (future,) = self.session.submit([graph])
+        request.future.release()
+        return future
+
+    def _stream_metrics(self, step: int, out: Any) -> dict[str, float]:
+        """``async/*`` of a stream step: staleness, idle times, queue depth, refused and partial samples."""
+        import numpy as np
+
+        table = out.value
+        metrics = lag_metrics(step, table.column("weight_version").to_numpy(), out.spans, self._last_spans)
+        self._last_spans = out.spans
+        metrics[names.ROLLOUT_IDLE], self._last_gen_end = rollout_idle(out.spans, self._last_gen_end)
+        self.stream.sample_depth()
+        metrics.update(self.stream.step_metrics())
+        if "weight_version_max" in table.column_names:
+            spread = table.column("weight_version_max").to_numpy() - table.column("weight_version").to_numpy()
+            metrics[names.PARTIAL_SAMPLES] = float(np.count_nonzero(spread))
+        return metrics
 
     def _compute(self, output: Any) -> Any:
         return self.session.compute(output, timeout=self.cfg.cluster.timeout_s)
@@ -232,18 +312,31 @@ class Run:
         self.sync.collect_early()  # the save's calls follow the sync; its metrics wait for the next step
         return checkpointing.save(self.cfg, self.groups, run_dir=self.run_dir, step=self.next_step,
                                   trainable=self.family.checkpointed_groups,
-                                  algorithm_state=self.family.state.state_dict())
+                                  algorithm_state=self.family.state.state_dict(),
+                                  stream_state=self.stream.state_dict() if self.stream is not None else None)
 
     def close(self) -> None:
         """Collect the last weight sync, tear down the groups, close the cluster."""
         if self.session is not None:
             self.ahead.drain(self.cfg.cluster.timeout_s)  # generations of steps the run will not train
+            if self.stream is not None:
+                self.stream.drain(self.cfg.cluster.timeout_s)
             try:
                 self.sync.collect()
             except Exception as exc:  # noqa: BLE001 - reported, then shut down anyway
                 log.warning("the last weight sync failed: %s", exc)
             self.session.close()
             self.session = None
+
+
+def _open_stream(cfg: RunConfig) -> RolloutStream | None:
+    """The request queue of ``trainer.async_mode=stream`` (None otherwise)."""
+    t = cfg.trainer
+    if t.async_mode != "stream":
+        return None
+    pieces = -(-cfg.rollout.response_length // t.partial_rollout_tokens) if t.partial_rollout else 1
+    return RolloutStream(batch_size=cfg.data.train_batch_size, request_size=cfg.stream_request_size,
+                         queue_size=cfg.stream_queue_size, staleness=t.staleness, pieces=pieces)
 
 
 def _step_metrics(step: int, wall_s: float, num_tokens: float) -> dict[str, float]:

@@ -41,3 +41,13 @@ def test_fsdp_gpu():
                           capture_output=True, text=True, timeout=900, env=env)
     print(proc.stdout[-5000:])
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+
+
+def test_stream_vllm_gpu():
+    """Stream mode with partial rollouts through vLLM: prompts once, versions bounded (stream_vllm_gpu.py)."""
+    pytest.importorskip("vllm")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "stream_vllm_gpu.py")],
+                          capture_output=True, text=True, timeout=900, env=env)
+    print(proc.stdout[-5000:])
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]

@@ -97,3 +97,22 @@ def test_config_refuses_what_cannot_run_asynchronously():
     with pytest.raises(ConfigError, match="staleness"):
         load_config(None, ["trainer.staleness=-1"])
     assert load_config(None, []).trainer.staleness == 0
+
+
+def test_stream_requests_and_partial_pieces_have_their_own_keys_and_chain(tiny_model_dir):
+    # stream mode: each request of a step is its own rollout graph (round: its seed and keys);
+    # with partial rollouts a request is a chain of pieces, the last one scored
+    from flowrl.graphs.stream_pieces import first_piece, next_piece
+
+    cfg = load_config(None, ["trainer.async_mode=stream", "trainer.partial_rollout=true", "actor.use_kl_loss=false",
+                             f"model.path={tiny_model_dir}"])
+    ctx = _ctx(cfg)
+    family = resolve_family(cfg)(cfg)
+    assert set(_deps(family.rollout(ctx, PROMPTS, step=3, weight_version=2, round=1))) == {"gen_r1", "reward_r1"}
+    before = ctx.groups["rollout"].reserve()
+    p0 = first_piece(ctx, PROMPTS, step=3, round=2, weight_version=2)
+    p1 = next_piece(ctx, p0, step=3, round=2, piece=1, weight_version=3, last=False)
+    p2 = next_piece(ctx, p1, step=3, round=2, piece=2, weight_version=3, last=True)
+    assert ctx.groups["rollout"].reserve() == before + 4  # one rollout call per piece, in order
+    deps = _deps(p2)
+    assert deps["reward_r2"] == {"gen_p2_r2"} and deps["gen_p2_r2"] == {"gen_p1_r2"} and deps["gen_p1_r2"] == {"gen_p0_r2"}

@@ -70,6 +70,7 @@ def _run(alive: list[bool], resume_from: str | None = None) -> Run:
     run.session, run.groups, run.resume_from, run.next_step = _Session(alive), {"actor": object()}, resume_from, 7
     run.sync, run.family, run.started = _Sync(), SimpleNamespace(state=_State()), 0
     run.ahead = _Sync()  # the generations in flight (trainer.staleness): dropped with the session
+    run.stream = None  # trainer.async_mode=stream: no queue in this run
 
     def start_workers() -> None:
         run.started += 1
