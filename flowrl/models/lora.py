@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ADAPTER", "LoraSpec", "add_adapters", "is_adapter", "merged_weights", "plain_name"]
+__all__ = ["ADAPTER", "LoraSpec", "add_adapters", "adapter_checkpoint_tensors", "is_adapter", "merged_weights",
+           "plain_name"]
 
 ADAPTER = "default"
 """peft's adapter name (one adapter per model)."""
@@ -67,6 +68,13 @@ class LoraSpec:
     def scaling(self) -> float:
         return self.alpha / self.rank
 
+    def adapter_config(self) -> dict[str, Any]:
+        """peft's ``adapter_config.json`` of these adapters (what vLLM's ``PEFTHelper`` reads)."""
+        targets = self.target_modules if isinstance(self.target_modules, str) else list(self.target_modules)
+        return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": self.rank, "lora_alpha": self.alpha,
+                "target_modules": targets, "lora_dropout": 0.0, "bias": "none", "use_rslora": False,
+                "use_dora": False, "modules_to_save": None}
+
     def peft_config(self) -> Any:
         """peft's ``LoraConfig`` (no dropout, no bias: the forward is deterministic, as verl's)."""
         from peft import LoraConfig
@@ -99,6 +107,20 @@ def is_adapter(name: str) -> bool:
 def plain_name(name: str) -> str:
     """The model's own name of a peft-wrapped base parameter (``.base_layer`` dropped)."""
     return name.replace(".base_layer.", ".")
+
+
+def adapter_checkpoint_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The adapter tensors of ``tensors`` (by peft-wrapped names, the adapter name ``default`` in
+    them: ``model.layers.0.self_attn.q_proj.lora_A.default.weight``) under the names of peft's saved
+    adapters (``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``): what
+    ``adapter_model.safetensors`` holds and vLLM's LoRA loader parses. Other tensors are dropped."""
+    out = {}
+    for name, t in tensors.items():
+        if not is_adapter(name):
+            continue
+        short = name.replace(f".{ADAPTER}.", ".")
+        out[short if short.startswith("base_model.model.") else f"base_model.model.{short}"] = t
+    return out
 
 
 def merged_weights(model: Any, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -1,5 +1,7 @@
 """The vllm backend on a GPU with official vLLM: parity with transformers, weight updates through
-vLLM's native weight-transfer API (CUDA IPC), and colocated sleep/wake freeing device memory.
+vLLM's native weight-transfer API (CUDA IPC), colocated sleep/wake freeing device memory, and LoRA:
+the trainer's peft adapters installed from memory as a vLLM LoRA adapter give the merged weights'
+greedy tokens and log-probs (transformers, and vLLM's own merged-weight path), after two syncs.
 
     python tests/gpu/vllm_gpu.py        (an environment with `pip install 'vllm>=0.32'`)
 
@@ -15,6 +17,8 @@ import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: flowrl_testing
 
 PROMPTS = [[10, 11, 12], [13, 14], [15, 16, 17, 18, 19], [20], [21, 22, 23, 24], [25, 26], [30, 31, 32], [40]]
 
@@ -75,14 +79,48 @@ def check(tp: int, model_dir: Path) -> None:
     engine.close()
 
 
+def lora_inputs(model_dir: Path, seed: int):
+    """The LoRA check's inputs, built on the CPU: the trainer's adapters (peft names) and the
+    merged weights of the same model."""
+    from flowrl.models.lora import LoraSpec
+    from flowrl_testing import lora_adapters
+
+    spec = LoraSpec(rank=8, alpha=16)
+    model = lora_adapters.peft_model(str(model_dir), spec)
+    adapters = lora_adapters.set_adapters(model, seed, scale=0.05)
+    return spec, adapters, lora_adapters.merged_state(model)
+
+
+def check_lora(tp: int, model_dir: Path) -> None:
+    from flowrl.backends.generate.hf import HFGenerator
+    from flowrl.backends.generate.vllm import VLLMGenerator
+
+    engine = VLLMGenerator(str(model_dir), tensor_parallel_size=tp, gpu_memory_utilization=0.3, max_model_len=128,
+                           enforce_eager=True, lora={"rank": 8, "alpha": 16, "target_modules": "all-linear"})
+    hf = HFGenerator(str(model_dir))
+    for seed in (1, 2):  # the second sync replaces the first adapter
+        _, adapters, merged = lora_inputs(model_dir, seed)
+        start = time.perf_counter()
+        engine.load_hf_state(adapters)
+        print(f"ok  tp={tp} LoRA adapter {seed} installed from memory: {time.perf_counter() - start:.2f}s")
+        hf.load_hf_state(merged)
+        with_adapter = greedy_matches(engine, hf, f"tp={tp} LoRA adapter {seed} vs transformers on merged weights")
+    engine.load_hf_state(merged)  # vLLM's merged-weight path (adapter dropped)
+    assert engine._lora_request is None
+    assert greedy_matches(engine, hf, f"tp={tp} merged weights in the same engine") == with_adapter
+    engine.close()
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device")
         return 2
     model_dir = build_model(Path(tempfile.mkdtemp(prefix="flowrl-vllm-gpu-")) / "model")
     check(1, model_dir)
+    check_lora(1, model_dir)
     if torch.cuda.device_count() >= 2:
         check(2, model_dir)
+        check_lora(2, model_dir)
     print("all vllm GPU checks passed")
     return 0
 

