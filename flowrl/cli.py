@@ -7,7 +7,7 @@
     flowrl parallel-plan --model 7B --gpus 64 ...    rank (dp, tp, pp) layouts for a model
     flowrl reshard-plan --train tp=4,pp=2 --gen tp=2  the transfers from training to generation shards
     flowrl export-hf CHECKPOINT OUT_DIR [--config-dir DIR] [--merge-lora | --adapter-only]  a checkpoint as a transformers directory
-    flowrl dashboard RUN_DIR [--port P] [--export out.html]  the per-step dashboard of a run (127.0.0.1)
+    flowrl dashboard RUN_DIR... [--port P] [--export out.html]  the per-step dashboard of runs (127.0.0.1)
     flowrl --version
 
 A configuration mistake prints ``error: <key>=<value>: <problem>; fix: <fix>`` and exits with 2

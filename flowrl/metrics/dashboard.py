@@ -10,6 +10,11 @@ One page, top to bottom:
 - throughput (``perf/*``) and reshard (``reshard/*``) panels;
 - a curve for every key of ``metrics.jsonl``, in sections as verl groups them (``groups.py``).
 
+Several runs on one page (``flowrl dashboard runA runB``, or a directory of runs): each metric's
+figure overlays a line per run, with a legend; the step section shows the run chosen in its
+``run`` selector. Every figure follows one EMA smoothing slider and has a log-scale toggle in its
+toolbar (:mod:`flowrl.metrics.dashboard_figures`).
+
 The same Bokeh document serves three ways: live from a Bokeh server bound to 127.0.0.1
 (:func:`serve`, re-reading the files every ``interval_s``), as a static self-contained HTML file
 (:func:`export_html`, BokehJS inlined, opens from ``file://``), and inline in Jupyter
@@ -22,7 +27,6 @@ from __future__ import annotations
 import html
 import math
 import time
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +34,13 @@ import numpy as np
 
 from flowrl.comm import free_port
 from flowrl.metrics import names
-from flowrl.metrics.dashboard_js import FILTER_JS, PICK_STEP_JS, SHOW_SAMPLE_JS, TICK_JS
+from flowrl.metrics.dashboard_figures import FigureMaker, RunSource, flat_span, run_color, stable_color
+from flowrl.metrics.dashboard_js import FILTER_JS, PICK_STEP_JS, SHOW_SAMPLE_JS
 from flowrl.metrics.groups import RESHARD_GROUP, THROUGHPUT_GROUP, group_metrics, headline_keys, keys_of
-from flowrl.metrics.run_reader import SAMPLE_COLUMNS, Changes, RunReader
+from flowrl.metrics.run_reader import SAMPLE_COLUMNS, SAMPLE_DATA_COLUMNS, Changes, RunReader, run_labels
+from flowrl.metrics.timeline import overlapping_rows
 
-FIG_W, FIG_H = 330, 210
+__all__ = ["NODE_ORDER", "Dashboard", "export_html", "flat_span", "make_server", "serve", "stable_color"]
 # The graph nodes of the built-in families, in the order they run: each keeps its colour in every
 # run and every step; another node gets one from its name's hash (the same in every run).
 NODE_ORDER = ("collect", "gen", "gen_baseline", "val_gen", "reward", "rm_score", "reward_baseline",
@@ -45,51 +51,21 @@ NO_RESHARD = "no reshard metrics yet"
 NO_TIMELINE = "no timeline.jsonl yet (written by flowrl's trainer after each step)"
 
 
-def stable_color(name: str, order: tuple[str, ...] = ()) -> str:
-    """The colour of a node or metric: by its place in ``order``, else by a hash of its name, so
-    it is the same in every run, whatever else the run has."""
-    from bokeh.palettes import Category20, Category20b
-
-    palette = Category20[20] + Category20b[20]
-    index = order.index(name) if name in order else len(order) + zlib.crc32(name.encode())
-    return palette[index % len(palette)]
-
-
-def flat_span(values: Any) -> float | None:
-    """The y-range span for a series whose finite values are all equal (10% of the value, so an
-    axis around 5e-4 reads 4.75e-4..5.25e-4 rather than -1..1), None for a varying or empty one."""
-    arr = np.asarray(values, dtype=np.float64)
-    arr = arr[np.isfinite(arr)]
-    if arr.size == 0 or arr.min() != arr.max():
-        return None
-    return abs(float(arr[0])) * 0.1 or 1.0
-
-
-def _figure(title: str, *, x_range: Any = None, y_label: str = "", name: str = "") -> Any:
-    from bokeh.models import CustomJSTickFormatter, DataRange1d
-    from bokeh.plotting import figure
-
-    kwargs = {"x_range": x_range} if x_range is not None else {}
-    fig = figure(title=title, width=FIG_W, height=FIG_H, tools="pan,wheel_zoom,box_zoom,reset,save",
-                 toolbar_location="above", name=name or None, y_range=DataRange1d(), **kwargs)
-    fig.yaxis.formatter = CustomJSTickFormatter(code=TICK_JS)
-    fig.title.text_font_size = "9pt"
-    fig.xaxis.axis_label = "step"
-    fig.yaxis.axis_label = y_label
-    fig.xaxis.axis_label_text_font_size = "8pt"
-    fig.min_border_left = 40
-    return fig
-
-
 class Dashboard:
-    """The dashboard's Bokeh models for one run directory; :meth:`update` re-reads the files
-    and pushes what changed (call it from a server's periodic callback)."""
+    """The dashboard's Bokeh models for one run directory, or several overlaid; :meth:`update`
+    re-reads the files and pushes what changed (call it from a server's periodic callback)."""
 
-    def __init__(self, run_dir: str | Path | RunReader, *, max_samples: int = 64, live: bool = False) -> None:
-        self.reader = run_dir if isinstance(run_dir, RunReader) else RunReader(run_dir, max_samples=max_samples)
+    def __init__(self, run_dir: str | Path | RunReader | list, *, max_samples: int = 64, live: bool = False) -> None:
+        runs = list(run_dir) if isinstance(run_dir, (list, tuple)) else [run_dir]
+        if not runs:
+            raise ValueError("no run directories; fix: pass at least one trainer.run_dir")
+        self.readers = [r if isinstance(r, RunReader) else RunReader(r, max_samples=max_samples) for r in runs]
+        self.reader = self.readers[0]
+        self.labels = run_labels([r.run_dir for r in self.readers])
         self.live = live
-        self.reader.refresh()
-        self._keys = self.reader.metric_keys
+        for reader in self.readers:
+            reader.refresh()
+        self._keys = self._all_keys()
         self._figures: dict[tuple[str, str], Any] = {}
         self._grids: dict[tuple[str, tuple[str, ...]], Any] = {}
         self._titles: dict[str, Any] = {}
@@ -103,32 +79,48 @@ class Dashboard:
         self._set_header()
         self.layout = self._layout()
 
+    @property
+    def several(self) -> bool:
+        return len(self.readers) > 1
+
+    def _all_keys(self) -> list[str]:
+        return sorted({k for r in self.readers for k in r.metric_keys})
+
     def _make_sources(self) -> None:
-        """The data the figures show: metrics, and the timeline and samples (all steps, and the
-        chosen step's)."""
+        """The data the figures show: metrics (a source per run; the first is named ``metrics``),
+        and the timeline and samples (all steps of all runs, and the chosen step's)."""
         from bokeh.models import ColumnDataSource, DataRange1d
 
-        self.metrics_src = ColumnDataSource(self._metric_data(), name="metrics")
+        self.metric_srcs = [ColumnDataSource(self._metric_data(r), name="metrics" if i == 0 else f"metrics:{label}")
+                            for i, (r, label) in enumerate(zip(self.readers, self.labels))]
+        self.metrics_src = self.metric_srcs[0]
         self.x_range = DataRange1d(name="steps")
-        tl_cols = {"step": [], "node": [], "start": [], "end": [], "duration": [], "label": [], "color": []}
+        tl_cols = {"run": [], "step": [], "node": [], "start": [], "end": [], "duration": [], "label": [], "color": [],
+                   "origin": [], "alpha": []}
         self.tl_all = ColumnDataSource(tl_cols, name="timeline_all")
         self.tl_shown = ColumnDataSource({k: [] for k in tl_cols}, name="timeline_shown")
-        empty_samples = {k: [] for k in SAMPLE_COLUMNS}
+        empty_samples = {k: [] for k in ("run", *SAMPLE_DATA_COLUMNS)}
         self.smp_all = ColumnDataSource(dict(empty_samples), name="samples_all")
         self.smp_shown = ColumnDataSource(dict(empty_samples), name="samples_shown")
 
     def _make_widgets(self) -> None:
-        """Header, step selector, Gantt, samples table and the (empty) panels."""
+        """Header, step and run selectors, smoothing slider, Gantt, samples table and the (empty) panels."""
         from bokeh.layouts import column, row
         from bokeh.models import Checkbox, Div, Select, TextInput
 
         self.header = Div(text="", name="header", sizing_mode="stretch_width")
         self.step_select = Select(title="step", options=[], value="", width=120, name="step_select")
+        self.run_select = Select(title="run", options=self.labels, value=self.labels[0], width=260, name="run_select",
+                                 visible=self.several)
         self.follow = Checkbox(label="follow the latest step", active=True, visible=self.live)
+        self.smoothing = FigureMaker.smoothing_slider()
+        self.maker = FigureMaker([RunSource(label, run_color(i), src) for i, (label, src)
+                                  in enumerate(zip(self.labels, self.metric_srcs))], self.x_range, self.smoothing)
+        self.maker.link_slider()
         self.gantt, self.gantt_note = self._gantt()
         self.table_note = Div(text="", name="samples_note")
         self.table = self._table()
-        self.selected_text = Div(text="<i>click a row to read the whole prompt and response</i>",
+        self.selected_text = Div(text="<i>click a row to read the whole prompt and the response, turn by turn</i>",
                                  name="sample_detail", sizing_mode="stretch_width")
         self.overview = row(name="overview")
         self.throughput = column(name="throughput")
@@ -138,15 +130,17 @@ class Dashboard:
                                        width=320, name="metric_filter")
 
     def _link_step_selector(self) -> None:
-        """The browser-side callbacks: the step selector (and new rows) pick the shown step's
+        """The browser-side callbacks: the step and run selectors (and new rows) pick the shown
         rows; a clicked sample row shows in full."""
         from bokeh.models import CustomJS
 
-        callback = CustomJS(args=dict(select=self.step_select, tl_all=self.tl_all, tl_shown=self.tl_shown,
-                                      smp_all=self.smp_all, smp_shown=self.smp_shown, y_range=self.gantt.y_range,
-                                      gantt_title=self.gantt.title, table_note=self.table_note, table=self.table),
+        callback = CustomJS(args=dict(select=self.step_select, run_select=self.run_select, tl_all=self.tl_all,
+                                      tl_shown=self.tl_shown, smp_all=self.smp_all, smp_shown=self.smp_shown,
+                                      y_range=self.gantt.y_range, gantt_title=self.gantt.title,
+                                      table_note=self.table_note, table=self.table),
                             code=PICK_STEP_JS)
         self.step_select.js_on_change("value", callback)
+        self.run_select.js_on_change("value", callback)
         for src in (self.tl_all, self.smp_all):
             src.js_on_change("data", callback)
             src.js_on_change("streaming", callback)
@@ -163,8 +157,9 @@ class Dashboard:
 
         return column(
             self.header,
+            self.smoothing,
             h("Overview"), self.overview,
-            h("Step"), row(self.step_select, self.follow),
+            h("Step"), row(self.run_select, self.step_select, self.follow),
             self.gantt_note, self.gantt,
             self.table_note, self.table, self.selected_text,
             h("Throughput"), self.throughput,
@@ -174,32 +169,45 @@ class Dashboard:
         )
 
     # ----------------------------------------------------------------- data -> sources
-    def _metric_data(self) -> dict[str, Any]:
-        return {k: np.asarray(v, dtype=np.float64) for k, v in self.reader.metric_columns().items()}
+    def _metric_data(self, reader: RunReader) -> dict[str, Any]:
+        """A run's columns over the keys of every run (NaN where it lacks one: each figure draws
+        every run's line)."""
+        keys = self._all_keys()
+        return {k: np.asarray(v, dtype=np.float64) for k, v in reader.metric_columns(keys).items()}
 
     def _fill_timeline(self) -> None:
-        rows = self.reader.timeline
+        rows = [(label, r) for label, reader in zip(self.labels, self.readers) for r in reader.timeline]
         self.tl_all.data = {
-            "step": [r["step"] for r in rows],
-            "node": [r["node"] for r in rows],
-            "start": [r["start"] for r in rows],
-            "end": [r["end"] for r in rows],
-            "duration": [r["end"] - r["start"] for r in rows],
-            "label": [f"{r['end'] - r['start']:.3g}s" for r in rows],
-            "color": [stable_color(r["node"], NODE_ORDER) for r in rows],
+            "run": [label for label, _ in rows],
+            "step": [r["step"] for _, r in rows],
+            "node": [r["node"] for _, r in rows],
+            "start": [r["start"] for _, r in rows],
+            "end": [r["end"] for _, r in rows],
+            "duration": [r["end"] - r["start"] for _, r in rows],
+            "label": [f"{r['end'] - r['start']:.3g}s" for _, r in rows],
+            "color": [stable_color(r["node"], NODE_ORDER) for _, r in rows],
+            "origin": [math.nan if r.get("origin") is None else r["origin"] for _, r in rows],
+            "alpha": [1.0] * len(rows),
         }
         self.gantt_note.visible = not rows
 
-    def _fill_samples(self, steps: list[int] | None = None) -> None:
-        samples = self.reader.samples
-        if steps is None:
-            data = {k: [v for s in sorted(samples) for v in samples[s][k]] for k in SAMPLE_COLUMNS}
+    def _sample_rows(self, reader: RunReader, label: str, steps: list[int]) -> dict[str, list]:
+        samples = reader.samples
+        data = {k: [v for s in sorted(steps) for v in samples[s][k]] for k in SAMPLE_DATA_COLUMNS}
+        return {"run": [label] * len(data["step"]), **data}
+
+    def _fill_samples(self, new_steps: list[list[int]] | None = None) -> None:
+        """All runs' samples (``new_steps`` None), or stream each run's new steps."""
+        parts = [self._sample_rows(r, label, sorted(r.samples) if new_steps is None else new_steps[i])
+                 for i, (r, label) in enumerate(zip(self.readers, self.labels))]
+        data = {k: [v for part in parts for v in part[k]] for k in ("run", *SAMPLE_DATA_COLUMNS)}
+        if new_steps is None:
             self.smp_all.data = data
-        elif steps:
-            self.smp_all.stream({k: [v for s in sorted(steps) for v in samples[s][k]] for k in SAMPLE_COLUMNS})
+        elif data["step"]:
+            self.smp_all.stream(data)
 
     def _set_steps(self, initial: bool = False) -> None:
-        steps = [str(s) for s in self.reader.steps]
+        steps = [str(s) for s in sorted({s for r in self.readers for s in r.steps})]
         old = self.step_select.value
         self.step_select.options = steps
         if steps and (initial or self.follow.active or old not in steps):
@@ -214,10 +222,11 @@ class Dashboard:
         """The step selector's JS, in Python: the initial (and static) state of the shown
         sources, since browser callbacks run only on changes."""
         step = int(value) if value else None
-        for all_src, shown in ((self.tl_all, self.tl_shown), (self.smp_all, self.smp_shown)):
-            columns = {k: list(v) for k, v in all_src.data.items()}
-            idx = [i for i, s in enumerate(columns["step"]) if s == step]
-            shown.data = {k: [v[i] for i in idx] for k, v in columns.items()}
+        run = self.run_select.value if self.several else None
+        columns = {k: list(v) for k, v in self.smp_all.data.items()}
+        idx = [i for i, s in enumerate(columns["step"]) if s == step and (run is None or columns["run"][i] == run)]
+        self.smp_shown.data = {k: [v[i] for i in idx] for k, v in columns.items()}
+        self.tl_shown.data = self._timeline_shown(step, run)
         nodes = list(dict.fromkeys(self.tl_shown.data["node"]))
         self.gantt.y_range.factors = list(reversed(nodes)) or ["(none)"]
         n_nodes, n_rows = len(self.tl_shown.data["node"]), len(self.smp_shown.data["step"])
@@ -228,6 +237,25 @@ class Dashboard:
         self.gantt.title.text = (f"step {step}: graph nodes, seconds since the step was submitted" if n_nodes
                                  else f"step {step}: no timeline rows")
         self.table_note.text = f"step {step}: {n_rows} samples" if n_rows else f"step {step}: no experience Parquet"
+
+    def _timeline_shown(self, step: int | None, run: str | None) -> dict[str, list]:
+        """The Gantt's rows for ``step`` of ``run`` (None: the only run): its own, then those of
+        other steps that ran meanwhile (:func:`overlapping_rows`), fainter."""
+        reader = self.readers[self.labels.index(run)] if run is not None else self.reader
+        label = run if run is not None else self.labels[0]
+        rows = overlapping_rows(reader.timeline, step) if step is not None else []
+        return {
+            "run": [label] * len(rows),
+            "step": [r["step"] for r in rows],
+            "node": [r["node"] for r in rows],
+            "start": [r["start"] for r in rows],
+            "end": [r["end"] for r in rows],
+            "duration": [r["end"] - r["start"] for r in rows],
+            "label": [f"{r['end'] - r['start']:.3g}s" for r in rows],
+            "color": [stable_color(r["node"].split(" (step ")[0], NODE_ORDER) for r in rows],
+            "origin": [math.nan if r.get("origin") is None else r["origin"] for r in rows],
+            "alpha": [1.0 if r["step"] == step else 0.45 for r in rows],
+        }
 
     # ----------------------------------------------------------------- panels
     def _gantt(self) -> tuple[Any, Any]:
@@ -240,46 +268,44 @@ class Dashboard:
         # the colour is a column (stable_color), so nodes that first appear after the page was
         # built get theirs too
         bars = fig.hbar(y="node", left="start", right="end", height=0.6, source=self.tl_shown,
-                        fill_color="color", line_color=None, name="timeline_bars")
+                        fill_color="color", fill_alpha="alpha", line_color=None, name="timeline_bars")
         fig.add_layout(LabelSet(x="end", y="node", text="label", source=self.tl_shown, x_offset=4, y_offset=-6,
                                 text_font_size="8pt"))
         fig.add_tools(HoverTool(renderers=[bars], tooltips=[("node", "@node"), ("start", "@start{0.000}s"),
                                                             ("end", "@end{0.000}s"), ("took", "@duration{0.000}s")]))
-        fig.x_range.start = 0
+        # no x_range.start = 0: with trainer.staleness a step's generation ran before the step was
+        # submitted (negative start), and the next step's ran during this step's update
         return fig, Div(text=f"<i>{NO_TIMELINE}</i>", name="timeline_note", visible=False)
 
     def _table(self) -> Any:
         from bokeh.models import DataTable, NumberFormatter, TableColumn
 
         widths = {"step": 40, "uid": 60, "group": 45, "data_source": 110, "prompt": 260, "response": 360,
-                  "ground_truth": 90, "score": 55, "response_length": 60, "advantage": 70}
+                  "ground_truth": 90, "score": 55, "response_length": 60, "advantage": 70, "num_turns": 45,
+                  "tool_calls": 45}
+        titles = {"num_turns": "turns", "tool_calls": "tool calls", "response_length": "length"}
         fmt = {"score": NumberFormatter(format="0.000"), "advantage": NumberFormatter(format="0.000")}
-        columns = [TableColumn(field=k, title=k.replace("_", " "), width=widths[k], **({"formatter": fmt[k]} if k in fmt else {}))
+        columns = [TableColumn(field=k, title=titles.get(k, k.replace("_", " ")), width=widths[k],
+                               **({"formatter": fmt[k]} if k in fmt else {}))
                    for k in SAMPLE_COLUMNS]
         return DataTable(source=self.smp_shown, columns=columns, height=320, sizing_mode="stretch_width",
                          index_position=None, name="samples", selectable=True)
 
-    def _curve(self, key: str, color: str, panel: str) -> Any:
+    def _curve(self, key: str, panel: str) -> Any:
         """One metric's figure, made once and reused when the panels are laid out again (a new
         key appeared): building a Bokeh figure costs tens of milliseconds."""
-        from bokeh.models import HoverTool
-
         cached = self._figures.get((panel, key))
         if cached is not None:
             return cached
-        fig = _figure(key, x_range=self.x_range, name=f"{panel}:{key}")
-        line = fig.line("step", key, source=self.metrics_src, line_width=2, color=color)
-        fig.scatter("step", key, source=self.metrics_src, size=4, color=color)
-        field = f"@{{{key}}}"
-        fig.add_tools(HoverTool(renderers=[line], tooltips=[("step", "@step"), (key, field + "{%.4g}")],
-                                formatters={field: "printf"}, mode="vline"))
-        self._figures[(panel, key)] = fig
+        n_points = max(len(r.metrics) for r in self.readers)
+        fig = self._figures[(panel, key)] = self.maker.figure(key, panel, n_points)
         self._set_span(key, fig)
         return fig
 
     def _set_span(self, key: str, fig: Any) -> None:
-        """A flat series gets an axis around its value (:func:`flat_span`), a varying one Bokeh's."""
-        span = flat_span(self.metrics_src.data.get(key, ()))
+        """A series flat in every run gets an axis around its value (:func:`flat_span`), a varying one Bokeh's."""
+        values = np.concatenate([np.asarray(src.data.get(key, ()), dtype=np.float64) for src in self.metric_srcs])
+        span = flat_span(values)
         fig.y_range.default_span = span if span is not None else 2.0
 
     def _set_spans(self) -> None:
@@ -293,7 +319,7 @@ class Dashboard:
 
         cache_key = (panel, tuple(keys))
         if cache_key not in self._grids:  # unchanged sections keep their models: the browser keeps their views
-            figs = [self._curve(k, stable_color(k), panel) for k in keys]
+            figs = [self._curve(k, panel) for k in keys]
             # a wrapping row: as many figures a line as the window is wide, none clipped
             self._grids[cache_key] = row(*figs, sizing_mode="stretch_width", name=f"grid:{panel}",
                                          styles={"flex-wrap": "wrap", "gap": "4px"})
@@ -302,7 +328,7 @@ class Dashboard:
     def _build_metric_panels(self) -> None:
         from bokeh.models import Div
 
-        keys = self.reader.metric_keys
+        keys = self._all_keys()
         head = headline_keys(keys)
         self.overview.children = [self._grid(head, "overview")] if head else [Div(text="<i>no metrics yet</i>")]
         perf = keys_of(THROUGHPUT_GROUP, keys)
@@ -321,26 +347,15 @@ class Dashboard:
         self._keys = keys
 
     def _set_header(self) -> None:
-        r = self.reader
-        cfg = r.config
-        model = (cfg.get("model") or {}).get("path", "?")
-        algo = (cfg.get("algorithm") or {}).get("adv_estimator", "?")
-        total = (cfg.get("trainer") or {}).get("total_training_steps", "?")
-        steps = sorted(r.metrics)
-        last = r.metrics[steps[-1]] if steps else {}
-        score = last.get(names.SCORE_MEAN)
-        link = r.dask_dashboard
-        dask = (f"<a href='{html.escape(link)}' target='_blank' id='dask-dashboard'>Dask dashboard</a>" if link
-                else "Dask dashboard: not recorded (set cluster.dashboard=true)")
-        note = f" &middot; {html.escape(r.tokenizer_note)}" if r.tokenizer_note else ""
         updated = time.strftime("%H:%M:%S") if self.live else "static export " + time.strftime("%Y-%m-%d %H:%M")
-        self.header.text = (
-            f"<h1 style='margin:4px 0'>flowrl run</h1><div><code>{html.escape(str(r.run_dir))}</code></div>"
-            f"<div>model <code>{html.escape(str(model))}</code> &middot; {html.escape(str(algo))} &middot; "
-            f"<b>{len(steps)}</b> / {html.escape(str(total))} steps logged"
-            + (f" &middot; last {names.SCORE_MEAN} <b>{score:.4f}</b>" if isinstance(score, (int, float)) and math.isfinite(score) else "")
-            + f" &middot; {dask} &middot; updated {updated}{note}</div>"
-        )
+        if not self.several:
+            self.header.text = ("<h1 style='margin:4px 0'>flowrl run</h1>"
+                                + _run_line(self.reader, dask=True) + f"<div>updated {updated}</div>")
+            return
+        lines = "".join(f"<li><span style='color:{run_color(i)};font-weight:bold'>&#9632; {html.escape(label)}</span> "
+                        f"{_run_line(r, dask=False)}</li>" for i, (label, r) in enumerate(zip(self.labels, self.readers)))
+        self.header.text = (f"<h1 style='margin:4px 0'>flowrl: {len(self.readers)} runs</h1>"
+                            f"<ul style='margin:2px 0'>{lines}</ul><div>updated {updated}</div>")
 
     def show_in_notebook(self) -> None:
         """Show the dashboard inline in Jupyter, BokehJS inlined (works offline, no CDN)."""
@@ -352,55 +367,88 @@ class Dashboard:
 
     # ----------------------------------------------------------------- live
     def update(self) -> Changes:
-        """Re-read the run directory and push what changed."""
-        changes = self.reader.refresh()
-        if changes.new_sample_steps:
-            self._fill_samples(changes.new_sample_steps)
-        if changes.timeline_changed:
+        """Re-read the run directories and push what changed; returns the changes (all runs')."""
+        found = [reader.refresh() for reader in self.readers]
+        if any(c.new_sample_steps for c in found):
+            self._fill_samples([c.new_sample_steps for c in found])
+        if any(c.timeline_changed for c in found):
             self._fill_timeline()
-        keys = self.reader.metric_keys
-        if changes.metrics_reset or keys != self._keys:
-            self.metrics_src.data = self._metric_data()
-            if keys != self._keys:
-                self._build_metric_panels()
-        elif changes.new_metric_rows:
-            new = self.reader.rows_columns(changes.new_metric_rows)
-            self.metrics_src.stream({k: np.asarray(v, dtype=np.float64) for k, v in new.items()})
-        if changes.metrics_reset or changes.new_metric_rows or keys != self._keys:
+        keys = self._all_keys()
+        for reader, src, c in zip(self.readers, self.metric_srcs, found):
+            if c.metrics_reset or keys != self._keys:
+                src.data = self._metric_data(reader)
+            elif c.new_metric_rows:
+                new = reader.rows_columns(c.new_metric_rows, keys)
+                src.stream({k: np.asarray(v, dtype=np.float64) for k, v in new.items()})
+        if keys != self._keys:
+            self._build_metric_panels()
+        if any(c.metrics_reset or c.new_metric_rows for c in found) or keys != self._keys:
             self._set_spans()
-        if changes.any:
+        if any(c.any for c in found):
             self._set_steps()
         self._set_header()
-        return changes
+        return _merged(found)
+
+
+def _run_line(r: RunReader, *, dask: bool) -> str:
+    """A run's header line: directory, model, algorithm, steps, last score (and the Dask link)."""
+    cfg = r.config
+    model = (cfg.get("model") or {}).get("path", "?")
+    algo = (cfg.get("algorithm") or {}).get("adv_estimator", "?")
+    total = (cfg.get("trainer") or {}).get("total_training_steps", "?")
+    steps = sorted(r.metrics)
+    score = r.metrics[steps[-1]].get(names.SCORE_MEAN) if steps else None
+    text = (f"<div><code>{html.escape(str(r.run_dir))}</code></div>"
+            f"<div>model <code>{html.escape(str(model))}</code> &middot; {html.escape(str(algo))} &middot; "
+            f"<b>{len(steps)}</b> / {html.escape(str(total))} steps logged"
+            + (f" &middot; last {names.SCORE_MEAN} <b>{score:.4f}</b>" if isinstance(score, (int, float)) and math.isfinite(score) else ""))
+    if dask:
+        link = r.dask_dashboard
+        text += " &middot; " + (f"<a href='{html.escape(link)}' target='_blank' id='dask-dashboard'>Dask dashboard</a>" if link
+                                else "Dask dashboard: not recorded (set cluster.dashboard=true)")
+    note = f" &middot; {html.escape(r.tokenizer_note)}" if r.tokenizer_note else ""
+    return text + note + "</div>"
+
+
+def _merged(found: list[Changes]) -> Changes:
+    if len(found) == 1:
+        return found[0]
+    return Changes(metrics_reset=any(c.metrics_reset for c in found),
+                   new_metric_rows=[row for c in found for row in c.new_metric_rows],
+                   timeline_changed=any(c.timeline_changed for c in found),
+                   new_sample_steps=sorted({s for c in found for s in c.new_sample_steps}))
 
 
 # --------------------------------------------------------------------------- entry points
-def export_html(run_dir: str | Path, out: str | Path, *, max_samples: int = 64) -> Path:
-    """Write the dashboard as one self-contained HTML file (BokehJS inlined, no server)."""
+def export_html(run_dir: str | Path | list, out: str | Path, *, max_samples: int = 64) -> Path:
+    """Write the dashboard of a run (or several, overlaid) as one self-contained HTML file
+    (BokehJS inlined, no server)."""
     from bokeh.embed import file_html
     from bokeh.resources import INLINE
 
     dash = Dashboard(run_dir, max_samples=max_samples)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(file_html(dash.layout, resources=INLINE, title=f"flowrl: {Path(run_dir).name}"))
+    out.write_text(file_html(dash.layout, resources=INLINE, title=f"flowrl: {', '.join(dash.labels)}"))
     return out
 
 
-def make_server(run_dir: str | Path, *, port: int = 5006, interval_s: float = 2.0, max_samples: int = 64) -> Any:
+def make_server(run_dir: str | Path | list, *, port: int = 5006, interval_s: float = 2.0, max_samples: int = 64) -> Any:
     """A Bokeh server on 127.0.0.1:``port`` (0: a free one) serving the live dashboard at ``/``;
-    every browser session re-reads the run directory every ``interval_s``. Not started."""
+    every browser session re-reads the run directories every ``interval_s``. Not started."""
     from bokeh.application import Application
     from bokeh.application.handlers.function import FunctionHandler
     from bokeh.server.server import Server
 
-    RunReader(run_dir, max_samples=max_samples)  # fail now on a bad directory, not per session
+    runs = list(run_dir) if isinstance(run_dir, (list, tuple)) else [run_dir]
+    for r in runs:
+        RunReader(r, max_samples=max_samples)  # fail now on a bad directory, not per session
     if interval_s <= 0:
         raise ValueError(f"interval_s={interval_s} must be > 0; fix: use e.g. 2")
 
     def make_doc(doc: Any) -> None:
-        dash = Dashboard(run_dir, max_samples=max_samples, live=True)
-        doc.title = f"flowrl: {Path(run_dir).name}"
+        dash = Dashboard(runs, max_samples=max_samples, live=True)
+        doc.title = f"flowrl: {', '.join(dash.labels)}"
         doc.add_root(dash.layout)
         doc.add_periodic_callback(dash.update, int(interval_s * 1000))
 
@@ -410,12 +458,14 @@ def make_server(run_dir: str | Path, *, port: int = 5006, interval_s: float = 2.
                   allow_websocket_origin=origins, num_procs=1)
 
 
-def serve(run_dir: str | Path, *, port: int = 5006, interval_s: float = 2.0, max_samples: int = 64,
+def serve(run_dir: str | Path | list, *, port: int = 5006, interval_s: float = 2.0, max_samples: int = 64,
           on_ready: Any = print) -> None:
     """Serve until interrupted; ``on_ready`` gets the line with the URL."""
     server = make_server(run_dir, port=port, interval_s=interval_s, max_samples=max_samples)
     server.start()
-    on_ready(f"flowrl dashboard for {run_dir}: http://127.0.0.1:{server.port}/ (Ctrl-C to stop)")
+    runs = run_dir if isinstance(run_dir, (list, tuple)) else [run_dir]
+    shown = str(runs[0]) if len(runs) == 1 else f"{len(runs)} runs"
+    on_ready(f"flowrl dashboard for {shown}: http://127.0.0.1:{server.port}/ (Ctrl-C to stop)")
     try:
         server.io_loop.start()
     finally:

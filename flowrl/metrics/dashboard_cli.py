@@ -1,6 +1,8 @@
-"""``flowrl dashboard RUN_DIR``: serve the per-step dashboard, or ``--export out.html``.
+"""``flowrl dashboard RUN_DIR [RUN_DIR ...]``: serve the per-step dashboard, or ``--export out.html``.
 
     flowrl dashboard runs/20260101-120000                  live, http://127.0.0.1:5006/
+    flowrl dashboard runs/a runs/b                         two runs overlaid, a legend per run
+    flowrl dashboard runs/                                 every run directory inside runs/
     flowrl dashboard runs/20260101-120000 --port 0         a free port (printed)
     flowrl dashboard runs/20260101-120000 --export d.html  one self-contained HTML file, no server
 
@@ -12,13 +14,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (trainer.run_dir), finished or still running")
+    parser.add_argument("run_dir", metavar="RUN_DIR", nargs="+",
+                        help="a run directory (trainer.run_dir), finished or still running, or a directory of runs; "
+                             "several runs are overlaid")
     parser.add_argument("--port", type=int, default=5006, help="port on 127.0.0.1 (default 5006; 0: a free port)")
     parser.add_argument("--export", metavar="OUT.html", default=None,
                         help="write a static self-contained HTML file instead of serving")
@@ -32,14 +35,13 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:  # bokeh is an extra
         print(f"error: flowrl dashboard needs bokeh ({exc}); fix: pip install 'flowrl[dashboard]'", file=sys.stderr)
         return 2
+    from flowrl.metrics.run_reader import find_runs
 
-    run_dir = Path(args.run_dir)
     problems = []
-    if not run_dir.is_dir():
-        problems.append(f"RUN_DIR {run_dir}: no such directory; fix: pass the trainer.run_dir of a run")
-    elif not any((run_dir / f).exists() for f in ("config.yaml", "metrics.jsonl", "experience")):
-        problems.append(f"RUN_DIR {run_dir}: not a flowrl run directory (no config.yaml, metrics.jsonl or "
-                        "experience/); fix: pass the trainer.run_dir of a run")
+    try:
+        runs = find_runs(args.run_dir)
+    except ValueError as exc:
+        problems.append(str(exc))
     if not 0 <= args.port <= 65535:
         problems.append(f"--port {args.port}: not a port; fix: use 0..65535 (0: a free one)")
     if args.interval <= 0:
@@ -50,11 +52,11 @@ def run(args: argparse.Namespace) -> int:
         print("error: " + "\nerror: ".join(problems), file=sys.stderr)
         return 2
     if args.export:
-        out = export_html(run_dir, args.export, max_samples=args.max_samples)
-        print(f"wrote {out}")
+        out = export_html(runs, args.export, max_samples=args.max_samples)
+        print(f"wrote {out} ({len(runs)} run{'s' if len(runs) > 1 else ''})")
         return 0
     try:
-        serve(run_dir, port=args.port, interval_s=args.interval, max_samples=args.max_samples,
+        serve(runs, port=args.port, interval_s=args.interval, max_samples=args.max_samples,
               on_ready=lambda line: print(line, flush=True))
     except OSError as exc:  # port in use
         print(f"error: --port {args.port}: {exc}; fix: pick another port, or --port 0", file=sys.stderr)

@@ -6,16 +6,56 @@ apart from the Bokeh models of :mod:`flowrl.metrics.dashboard` that use it."""
 # pushes new rows.
 PICK_STEP_JS = """
 const step = Number(select.value);
-function pick(all, shown) {
+// several runs on the page: the chosen run's rows only (its "run" column holds its label)
+const run = run_select.visible ? run_select.value : null;
+function rows_of(all, want_step) {
   const s = all.get_column("step") || [];
+  const r = all.get_column("run") || [];
   const idx = [];
-  for (let i = 0; i < s.length; i++) { if (Number(s[i]) === step) idx.push(i); }
+  for (let i = 0; i < s.length; i++) {
+    if ((want_step === null || Number(s[i]) === want_step) && (run === null || r[i] === run)) idx.push(i);
+  }
+  return idx;
+}
+function pick(all, shown) {
+  const idx = rows_of(all, step);
   const out = {};
   for (const k of all.columns()) { const c = all.get_column(k); out[k] = idx.map((i) => c[i]); }
   shown.data = out;
   return idx.length;
 }
-const n_nodes = pick(tl_all, tl_shown);
+// the timeline: the step's rows, then rows of later steps that ran meanwhile (the generations
+// ahead of a staleness run), moved onto this step's clock through each row's "origin" (its
+// step's submission time) and named "<node> (step N)", drawn fainter
+// (flowrl.metrics.timeline.overlapping_rows in Python)
+function pick_timeline() {
+  const cols = tl_all.columns();
+  const col = (k) => tl_all.get_column(k);
+  const own = rows_of(tl_all, step);
+  const out = {};
+  for (const k of cols) out[k] = own.map((i) => col(k)[i]);
+  const origin = own.map((i) => Number(col("origin")[i])).find((o) => Number.isFinite(o));
+  if (own.length && origin !== undefined) {
+    const lo = Math.min(...out.start), hi = Math.max(...out.end);
+    const extra = [];
+    for (const i of rows_of(tl_all, null)) {
+      const o = Number(col("origin")[i]);
+      if (Number(col("step")[i]) <= step || !Number.isFinite(o)) continue;
+      const a = col("start")[i] + o - origin, b = col("end")[i] + o - origin;
+      if (b > lo + 1e-3 && a < hi - 1e-3) extra.push([a, b, i]);  // timeline.OVERLAP_MIN_S
+    }
+    extra.sort((x, y) => x[0] - y[0]);
+    for (const [a, b, i] of extra) {
+      for (const k of cols) out[k].push(col(k)[i]);
+      const n = out.node.length - 1;
+      out.node[n] = `${col("node")[i]} (step ${col("step")[i]})`;
+      out.start[n] = a; out.end[n] = b; out.alpha[n] = 0.45;
+    }
+  }
+  tl_shown.data = out;
+  return own.length;
+}
+const n_nodes = pick_timeline();
 const n_rows = pick(smp_all, smp_shown);
 const nodes = tl_shown.data.node || [];
 const order = [...new Set(nodes)];
@@ -45,19 +85,40 @@ for (let i = 0; i + 1 < kids.length; i += 2) {
 }
 """
 
-# Shows the clicked sample row's whole prompt and response.
+# Shows the clicked sample row's whole prompt and its response as a conversation: each turn of
+# the response (the "turns" column: JSON [[kind, text], ...], kind 1 the model's tokens, 0 a tool's
+# answer) in its own block, tool turns marked and shaded.
 SHOW_SAMPLE_JS = """
 const i = src.selected.indices[0];
 if (i === undefined) return;
 const esc = (s) => String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
 const d = src.data;
-div.text = `<b>${esc(d.uid[i])}</b> score ${d.score[i]} (truth ${esc(d.ground_truth[i])})` +
-  `<pre style="white-space:pre-wrap">PROMPT: ${esc(d.prompt[i])}\\nRESPONSE: ${esc(d.response[i])}</pre>`;
+let turns = [];
+try { turns = JSON.parse(d.turns[i] || "[]"); } catch (e) { turns = []; }
+if (!turns.length) turns = [[1, d.response[i]]];
+let model = 0, tool = 0;
+const blocks = turns.map(([kind, text]) => {
+  const who = kind ? `model, turn ${++model}` : `tool answer ${++tool}`;
+  const style = kind ? "border-left:3px solid #1f77b4;background:#f4f8fc"
+                     : "border-left:3px solid #ff7f0e;background:#fff4e6";
+  return `<div class="turn ${kind ? "model-turn" : "tool-turn"}" style="${style};margin:3px 0;padding:2px 6px">` +
+         `<small><b>${who}</b></small><pre style="white-space:pre-wrap;margin:0">${esc(text)}</pre></div>`;
+});
+div.text = `<b>${esc(d.uid[i])}</b> score ${d.score[i]} (truth ${esc(d.ground_truth[i])}) &middot; ` +
+  `${d.num_turns[i]} model turn(s), ${d.tool_calls[i]} tool call(s)` +
+  `<div class="turn prompt-turn" style="border-left:3px solid #7f7f7f;margin:3px 0;padding:2px 6px">` +
+  `<small><b>prompt</b></small><pre style="white-space:pre-wrap;margin:0">${esc(d.prompt[i])}</pre></div>` + blocks.join("");
 """
 
 # Tick labels with as many significant digits as the tick spacing needs (not Bokeh's fixed
 # precision: 1.0383370e+6), SI suffixes for large numbers, exponents for small ones.
 TICK_JS = """
+// a figure in log mode plots log10 of its values: label the tick with the value itself
+if (typeof fig !== "undefined" && fig.tags.includes("log")) {
+  const v = Math.pow(10, tick);
+  if (Math.abs(tick - Math.round(tick)) < 1e-9) return Math.round(tick) === 0 ? "1" : "1e" + Math.round(tick);
+  return v >= 1e4 || v < 1e-2 ? v.toExponential(1) : String(Number(v.toPrecision(2)));
+}
 const finite = ticks.filter((t) => Number.isFinite(t));
 const step = finite.length > 1 ? Math.abs(finite[1] - finite[0]) : Math.abs(tick) || 1;
 const big = Math.max(...finite.map((t) => Math.abs(t)), 0);
@@ -72,4 +133,37 @@ if (big < 1e-2) {
   return tick.toExponential(digits);
 }
 return tick.toFixed(Math.max(0, Math.min(8, -Math.floor(Math.log10(step) + 1e-9))));
+"""
+
+# The y values a metric line plots (a CustomJSTransform's v_func; args: fig, smoothing): the
+# debiased exponential moving average of TensorBoard (weight = the slider's value; no slider:
+# none), over the finite values, NaN kept where a step lacks the value; then log10 when the
+# figure is in log mode (values <= 0 left out). flowrl.metrics.dashboard_figures.ema is the same
+# smoothing in Python.
+EMA_JS = """
+const w = smoothing ? Math.min(Math.max(Number(smoothing.value), 0), 0.999) : 0;
+const log = fig.tags.includes("log");
+const out = new Float64Array(xs.length);
+let last = 0, n = 0;
+for (let i = 0; i < xs.length; i++) {
+  let v = Number(xs[i]);
+  if (!Number.isFinite(v)) { out[i] = NaN; continue; }
+  if (w > 0) { n++; last = last * w + (1 - w) * v; v = last / (1 - Math.pow(w, n)); }
+  out[i] = log ? (v > 0 ? Math.log10(v) : NaN) : v;
+}
+return out;
+"""
+
+# The smoothing slider moved: every run's lines recompute their transforms.
+SMOOTHING_JS = """
+for (const s of sources) s.change.emit();
+"""
+
+# A figure's log-scale toggle (a toolbar button): flips the figure's "log" tag, which its
+# transforms and tick labels read, retitles it and redraws.
+LOG_TOGGLE_JS = """
+const on = !fig.tags.includes("log");
+fig.tags = on ? [...fig.tags, "log"] : fig.tags.filter((t) => t !== "log");
+fig.title.text = on ? `${title} (log)` : title;
+for (const s of sources) s.change.emit();
 """

@@ -11,6 +11,20 @@ from __future__ import annotations
 STEP_TIME = "timing_s/step"
 THROUGHPUT = "perf/throughput"
 TIME_PER_STEP = "perf/time_per_step"
+# Per-phase accounting (issue 14): real tokens per second of each phase, positions the model
+# computed per real token (1.0: no padding), peak memory of a worker (the actor's rank 0).
+GEN_TOKENS_PER_S = "perf/gen_tokens_per_s"
+TRAIN_TOKENS_PER_S = "perf/train_tokens_per_s"
+GEN_PADDING_RATIO = "perf/gen_padding_ratio"
+TRAIN_PADDING_RATIO = "perf/train_padding_ratio"
+MAX_MEMORY_ALLOCATED_GB = "perf/max_memory_allocated_gb"
+MAX_RSS_GB = "perf/max_rss_gb"
+ROLLOUT_MAX_RSS_GB = "perf/rollout_max_rss_gb"
+ROLLOUT_MAX_MEMORY_ALLOCATED_GB = "perf/rollout_max_memory_allocated_gb"
+CRITIC_TRAIN_TOKENS_PER_S = "perf/critic_train_tokens_per_s"
+CRITIC_TRAIN_PADDING_RATIO = "perf/critic_train_padding_ratio"
+TRAIN_SLOTS = "train_slots"  # an update stat: model positions computed, summed over ranks
+TRAIN_TOKENS = "train_tokens"  # an update stat: real tokens (prompt + response), summed over ranks
 GLOBAL_STEP = "training/global_step"
 VALIDATION_TIME = "timing_s/validation"
 
@@ -97,6 +111,10 @@ STALENESS_MEAN = "async/staleness_mean"  # trained version - generating version,
 STALENESS_MAX = "async/staleness_max"
 TRAINER_IDLE = "async/trainer_idle_s"  # the step's wall time the actor spent waiting (not in a call)
 ROLLOUT_IDLE = "async/rollout_idle_s"  # time between the end of the previous generation and this one's start
+QUEUE_DEPTH_MEAN = "async/queue_depth_mean"  # stream mode: generated groups waiting for the trainer, sampled over the step
+QUEUE_DEPTH_MAX = "async/queue_depth_max"
+STALE_SAMPLES = "async/stale_samples"  # stream mode: samples older than trainer.staleness versions, refused and generated again
+PARTIAL_SAMPLES = "async/partial_samples"  # stream mode: samples whose tokens came from more than one weight version
 ROLLOUT_CORR_PREFIX = "rollout_corr/"  # the rollout correction's (algorithm.rollout_is*), verl's names
 ROLLOUT_CORR_KL = "rollout_corr/kl"
 ROLLOUT_CORR_K3_KL = "rollout_corr/k3_kl"

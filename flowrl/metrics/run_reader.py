@@ -24,7 +24,10 @@ METRICS_FILE = "metrics.jsonl"
 RUN_INFO_FILE = "run_info.json"
 #: The samples table's columns, in display order.
 SAMPLE_COLUMNS = ("step", "uid", "group", "data_source", "prompt", "response", "ground_truth", "score",
-                  "response_length", "advantage")
+                  "response_length", "advantage", "num_turns", "tool_calls")
+#: Per-sample data besides the shown columns: the response as turns (JSON ``[[kind, text], ...]``,
+#: kind 1 the model's tokens, 0 a tool's answer), for the conversation view of a clicked row.
+SAMPLE_DATA_COLUMNS = SAMPLE_COLUMNS + ("turns",)
 
 
 @dataclass
@@ -179,15 +182,16 @@ class RunReader:
     def metric_keys(self) -> list[str]:
         return sorted({k for row in self.metrics.values() for k in row if k != "step"})
 
-    def metric_columns(self) -> dict[str, list[float]]:
-        """``step`` plus one column per metric key, NaN where a step lacks the key."""
+    def metric_columns(self, keys: list[str] | None = None) -> dict[str, list[float]]:
+        """``step`` plus one column per metric key (``keys``: these, e.g. the keys of every run
+        on a page), NaN where a step lacks the key."""
         steps = sorted(self.metrics)
-        keys = self.metric_keys
+        keys = self.metric_keys if keys is None else keys
         return {"step": steps, **{k: [_num(self.metrics[s].get(k)) for s in steps] for k in keys}}
 
-    def rows_columns(self, rows: list[dict]) -> dict[str, list[float]]:
-        """``rows`` (new metric rows) as columns over the current keys, for a stream."""
-        keys = self.metric_keys
+    def rows_columns(self, rows: list[dict], keys: list[str] | None = None) -> dict[str, list[float]]:
+        """``rows`` (new metric rows) as columns over the current keys (or ``keys``), for a stream."""
+        keys = self.metric_keys if keys is None else keys
         return {"step": [r["step"] for r in rows], **{k: [_num(r.get(k)) for r in rows] for k in keys}}
 
     @property
@@ -245,6 +249,7 @@ def sample_columns(table: Any, step: int, tokenizer: Any = None) -> dict[str, li
     responses = col("response_ids", [])
     advantages = col("advantages", None)
     scores = col("score", None)
+    spans = col("turn_spans", None)
     return {
         "step": [int(step)] * n,
         "uid": [str(u) for u in col("uid", "")],
@@ -256,4 +261,57 @@ def sample_columns(table: Any, step: int, tokenizer: Any = None) -> dict[str, li
         "score": [_num(s) for s in scores],
         "response_length": [len(r or []) for r in responses],
         "advantage": [_num(a[0]) if a else math.nan for a in advantages],
+        # a single-turn rollout is one model turn without tool calls
+        "num_turns": [int(t) if t is not None else 1 for t in col("num_turns", None)],
+        "tool_calls": [int(t) if t is not None else 0 for t in col("tool_calls", None)],
+        "turns": [json.dumps(turn_texts(r or [], sp, text)) for r, sp in zip(responses, spans)],
     }
+
+
+def turn_texts(response_ids: list[int], spans: list | None, decode: Any) -> list[list]:
+    """``[[kind, text], ...]``: the response cut at ``turn_spans`` (``[start, end, kind]`` per
+    turn, kind 1 the model's tokens, 0 a tool's answer), each turn decoded with ``decode`` (a
+    list of id lists -> a list of texts); no spans: the whole response as one model turn."""
+    if not spans:
+        return [[1, decode([response_ids])[0]]] if response_ids else []
+    pieces = [response_ids[int(start):int(end)] for start, end, _ in spans]
+    return [[int(kind), t] for (_, _, kind), t in zip(spans, decode(pieces))]
+
+
+def find_runs(paths: list[str | Path]) -> list[Path]:
+    """The run directories named by ``paths``: a run directory itself, or a directory of runs
+    (its subdirectories that are runs, sorted by name). Raises ``ValueError`` naming the path
+    and the fix for a path that is neither, and when a run is named twice."""
+    runs: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if not path.is_dir():
+            raise ValueError(f"RUN_DIR {path}: no such directory; fix: pass the trainer.run_dir of a run, or a directory of runs")
+        if is_run_dir(path):
+            runs.append(path)
+            continue
+        inside = sorted(p for p in path.iterdir() if p.is_dir() and is_run_dir(p))
+        if not inside:
+            raise ValueError(f"RUN_DIR {path}: not a flowrl run directory (no config.yaml, metrics.jsonl or "
+                             "experience/) and holds none; fix: pass the trainer.run_dir of a run, or a directory of runs")
+        runs += inside
+    resolved = [p.resolve() for p in runs]
+    twice = sorted({str(p) for p in resolved if resolved.count(p) > 1})
+    if twice:
+        raise ValueError(f"RUN_DIR {twice[0]}: named twice; fix: name each run once")
+    return runs
+
+
+def is_run_dir(path: Path) -> bool:
+    return any((path / f).exists() for f in ("config.yaml", METRICS_FILE, "experience"))
+
+
+def run_labels(runs: list[Path]) -> list[str]:
+    """Short distinct labels for the legend: the directory names, with as many parent names as
+    it takes to tell equal names apart (``a/run``, ``b/run``)."""
+    depth = 1
+    while True:
+        labels = ["/".join(p.resolve().parts[-depth:]) for p in runs]
+        if len(set(labels)) == len(labels) or depth > max(len(p.resolve().parts) for p in runs):
+            return labels
+        depth += 1

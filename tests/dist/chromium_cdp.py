@@ -44,6 +44,26 @@ DOM_PROBE_JS = """
 """
 
 
+#: JS: ``performance.now()`` (ms since the navigation started) once the Bokeh page has rendered:
+#: every root view finished and a drawn canvas for each figure; else null.
+RENDERED_MS_JS = """
+(() => {
+  if (!window.Bokeh || !Bokeh.documents.length || !Bokeh.index || !Bokeh.index.roots) return null;
+  const roots = Bokeh.index.roots;
+  if (!roots.length || !roots.every((v) => v.has_finished())) return null;
+  const figures = [...Bokeh.documents[0].all_models].filter((m) => m.constructor.__name__ === "Figure").length;
+  let canvases = 0;
+  (function walk(root) {
+    for (const el of root.querySelectorAll("*")) {
+      if (el.tagName === "CANVAS" && el.width > 0 && el.height > 0) canvases++;
+      if (el.shadowRoot) walk(el.shadowRoot);
+    }
+  })(document);
+  return canvases >= figures ? performance.now() : null;
+})()
+"""
+
+
 def chromium_binary() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
@@ -153,6 +173,12 @@ class Chromium:
                 last_error = exc
             time.sleep(poll_s)
         raise TimeoutError(f"{expression!r} not true within {timeout_s or self.timeout_s}s (last error: {last_error})")
+
+    def first_render_ms(self, url: str, *, timeout_s: float = 120.0) -> float:
+        """Open ``url`` and return the milliseconds from the navigation's start until the Bokeh
+        page has rendered (:data:`RENDERED_MS_JS`, polled every 20 ms: at most that much late)."""
+        self.open(url)
+        return float(self.wait_for(RENDERED_MS_JS, timeout_s=timeout_s, poll_s=0.02))
 
     def probe(self) -> dict:
         return self.evaluate(DOM_PROBE_JS)

@@ -52,6 +52,10 @@ def run_dir(tmp_path_factory, tiny_model_dir, addition_data):
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # a run that succeeded ends quietly (issue 20): no worker heartbeat racing the cluster's close
+    # (a CommClosedError traceback), no worker restarted by its nanny during the teardown
+    for noise in ("Traceback", "CommClosedError", "Failed to communicate with scheduler", "Restarting worker"):
+        assert noise not in proc.stderr, proc.stderr[-3000:]
     assert (out / "timeline.jsonl").is_file() and json.loads((out / "run_info.json").read_text())["dask_dashboard"]
     assert [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("step ")] == ["1/3", "2/3", "3/3"]
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))

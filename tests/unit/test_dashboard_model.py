@@ -148,3 +148,76 @@ def test_colours_are_stable_and_flat_series_get_an_axis_around_their_value(run_d
     dash.update()
     assert figs["metric:actor/pg_loss"].y_range.default_span == 2.0
     assert "metric_filter" in figs
+
+
+def test_find_runs_expands_a_directory_of_runs_and_labels_them(tmp_path):
+    from flowrl.metrics.run_reader import find_runs, run_labels
+
+    for name in ("b", "a"):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "metrics.jsonl").write_text("")
+    (tmp_path / "runs" / "notes").mkdir()  # not a run: skipped
+    assert [p.name for p in find_runs([tmp_path / "runs"])] == ["a", "b"]
+    assert [p.name for p in find_runs([tmp_path / "runs" / "b", tmp_path / "runs" / "a"])] == ["b", "a"]
+    with pytest.raises(ValueError, match="holds none; fix:"):
+        find_runs([tmp_path / "runs" / "notes"])
+    with pytest.raises(ValueError, match="no such directory"):
+        find_runs([tmp_path / "nope"])
+    with pytest.raises(ValueError, match="named twice"):
+        find_runs([tmp_path / "runs", tmp_path / "runs" / "a"])
+    # equal directory names get their parents
+    (tmp_path / "x" / "run").mkdir(parents=True)
+    (tmp_path / "y" / "run").mkdir(parents=True)
+    assert run_labels([tmp_path / "x" / "run", tmp_path / "y" / "run"]) == ["x/run", "y/run"]
+    assert run_labels([tmp_path / "x" / "run"]) == ["run"]
+
+
+def test_turn_texts_cut_the_response_at_turn_spans():
+    from flowrl.metrics.run_reader import turn_texts
+
+    def decode(pieces):
+        return ["".join(chr(ord("a") + i) for i in p) for p in pieces]
+
+    # model tokens 0..2, a tool answer 3..4, the model again 5
+    assert turn_texts([0, 1, 2, 3, 4, 5], [[0, 3, 1], [3, 5, 0], [5, 6, 1]], decode) == [[1, "abc"], [0, "de"], [1, "f"]]
+    assert turn_texts([0, 1], None, decode) == [[1, "ab"]]  # single turn: one model turn
+    assert turn_texts([], None, decode) == []
+
+
+def test_ema_is_tensorboards_debiased_average_and_skips_gaps():
+    from flowrl.metrics.dashboard_figures import ema
+
+    # weight 0.5: 1 -> 1; then (0.5*0.5 + 0.5*3) / (1 - 0.25) = 1.75/0.75 = 2.3333; NaN kept;
+    # then (0.875 + 0.5*5)... last = 0.5*1.75 + 0.5*5 = 3.375, / (1 - 0.125) = 3.857
+    out = ema([1.0, 3.0, math.nan, 5.0], 0.5)
+    assert out[0] == pytest.approx(1.0) and out[1] == pytest.approx(7 / 3) and math.isnan(out[2])
+    assert out[3] == pytest.approx(3.375 / 0.875)
+    assert list(ema([1.0, 2.0], 0.0)) == [1.0, 2.0]
+
+
+def test_two_runs_overlay_in_one_page_with_a_legend_and_a_run_selector(tmp_path):
+    pytest.importorskip("bokeh")
+    from flowrl.metrics.dashboard import Dashboard
+
+    runs = []
+    for name, score in (("a", 0.1), ("b", 0.2)):
+        d = tmp_path / name
+        d.mkdir()
+        for step in range(2):
+            write_step(d, step, extra={"critic/score/mean": score * step} | ({"only/b": 1.0} if name == "b" else {}))
+        runs.append(d)
+    dash = Dashboard(runs)
+    assert dash.labels == ["a", "b"] and dash.run_select.visible and dash.run_select.value == "a"
+    figs = {m.name: m for m in dash.layout.references() if getattr(m, "name", None)}
+    fig = figs["metric:critic/score/mean"]
+    assert [item.label.value for item in fig.legend[0].items] == ["a", "b"]
+    # a key only run b has: run a's source holds NaN for it, so its figure still draws both
+    assert "metric:only/b" in figs and all(math.isnan(v) for v in dash.metric_srcs[0].data["only/b"])
+    assert list(dash.metric_srcs[1].data["critic/score/mean"]) == [0.0, 0.2]
+    # the step section shows the chosen run's rows
+    assert set(dash.smp_shown.data["run"]) == {"a"} and set(dash.tl_shown.data["run"]) == {"a"}
+    assert "2 runs" in dash.header.text
+    write_step(runs[1], 2)
+    changes = dash.update()
+    assert changes.new_sample_steps == [2] and list(dash.metric_srcs[1].data["step"]) == [0, 1, 2]
+    assert "log:metric:critic/score/mean" in figs and figs["smoothing"].value == 0.0

@@ -38,7 +38,8 @@ def test_timeline_file_round_trip_tolerates_a_cut_line_and_keeps_the_last_row(tm
     with open(path, "a") as fh:
         fh.write('{"step": 1, "node": "gen", "sta')  # a crash mid-line
     rows = read_timeline(path)
-    assert rows == [{"step": 0, "node": "gen", "start": 0.0, "end": 2.0}, {"step": 0, "node": "adv", "start": 1.0, "end": 1.5}]
+    assert rows == [{"step": 0, "node": "gen", "start": 0.0, "end": 2.0, "origin": 0.0},
+                    {"step": 0, "node": "adv", "start": 1.0, "end": 1.5, "origin": 0.0}]
     assert parse_timeline(["", "[1, 2]", json.dumps({"step": "x", "node": "a", "start": 0, "end": 1})]) == []
     assert read_timeline(tmp_path / "missing.jsonl") == []
 
@@ -54,3 +55,19 @@ def test_metric_keys_group_by_prefix_in_verl_order():
     assert metric_group("a/") == MISC and metric_group("/a") == MISC
     assert keys_of("perf", keys) == ["perf/throughput"]
     assert headline_keys(keys) == ["critic/score/mean", "actor/entropy", "perf/throughput"]
+
+
+def test_overlapping_rows_put_the_generation_ahead_on_the_steps_clock():
+    from flowrl.metrics.timeline import overlapping_rows
+
+    # step 1 submitted at t=100: update 100.5..101.0; step 2 submitted at t=101, its generation
+    # ran ahead at 100.6..100.9 (-0.4..-0.1 on its own clock): 0.6..0.9 on step 1's clock
+    rows = span_rows(1, 100.0, {"gen": (99.5, 100.4), "update_actor": (100.5, 101.0)})
+    rows += span_rows(2, 101.0, {"gen": (100.6, 100.9), "update_actor": (101.5, 102.0)})
+    rows += span_rows(3, 102.0, {"gen": (101.2, 101.9)})  # after step 1 ended: not shown
+    shown = overlapping_rows(rows, 1)
+    assert [(r["node"], r["start"], r["end"]) for r in shown] == [
+        ("gen", -0.5, 0.4), ("update_actor", 0.5, 1.0), ("gen (step 2)", pytest.approx(0.6), pytest.approx(0.9))]
+    # rows without an origin (written before it was recorded): the step's own rows only
+    old = [{k: v for k, v in r.items() if k != "origin"} | {"origin": None} for r in rows]
+    assert [r["node"] for r in overlapping_rows(old, 1)] == ["gen", "update_actor"]
