@@ -94,7 +94,7 @@ def load_val_prompts(cfg: RunConfig, tokenizer: Any) -> pa.Table:
     from flowrl.data.prompts import PromptDataset
 
     ds = PromptDataset(cfg.data.val_files.split(","), tokenizer, prompt_key=cfg.data.prompt_key,
-                       max_prompt_length=cfg.data.max_prompt_length)
+                       max_prompt_length=cfg.data.max_prompt_length, tools=cfg.rollout.multi_turn.chat_tools())
     table = ds.table
     if cfg.data.val_max_samples > 0:
         table = table.slice(0, cfg.data.val_max_samples)

@@ -14,7 +14,12 @@ An environment sees each model turn as an ``action`` (its text) and answers with
 :func:`as_parser_and_tool` turns an environment factory into a parser and a tool for
 :func:`flowrl.agents.loop.run_agent_loop` (every turn not ending the episode is one "call"), so an
 environment runs through the same loop, budget, timeouts and masks as tools do. The summed rewards
-are the tool's reward hook (``tool_reward``).
+are the tool's reward hook (``tool_reward``, added to the score like every tool's).
+
+From the config: ``rollout.multi_turn.environment=my_mod:Guess`` (a subclass, or any callable
+returning an environment, by import string or registered in :data:`ENVIRONMENTS`); it takes the
+place of ``tools`` and ``parser``. The prompt row an environment's ``reset`` gets holds the row's
+columns (``data_source``, ``ground_truth``, ``extra_info`` as JSON text, ...).
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ from typing import Any, Callable
 
 from flowrl.agents.parsers import ParsedTurn, ToolCall
 from flowrl.agents.tools import Tool
+from flowrl.registry import Registry
 
-__all__ = ["Environment", "as_parser_and_tool"]
+__all__ = ["ENVIRONMENTS", "Environment", "as_parser_and_tool", "resolve_environment"]
 
 ENV_TOOL = "__env__"
 
@@ -74,3 +80,17 @@ def as_parser_and_tool(factory: Callable[[], Environment]) -> tuple[Callable[[st
         return bool(traj.state[ENV_TOOL]["done"])
 
     return parse, tool, ended
+
+
+ENVIRONMENTS: Registry[Callable[[], Environment]] = Registry("environment", allow_import_strings=True)
+
+
+def resolve_environment(name: str) -> Callable[[], Environment]:
+    """The environment factory registered as ``name`` or named by ``module:Class``; TypeError
+    if it is not an :class:`Environment` subclass or a callable."""
+    factory = ENVIRONMENTS.get(name)
+    if isinstance(factory, type) and not issubclass(factory, Environment):
+        raise TypeError(f"environment {name!r} is the class {factory.__name__}, not a flowrl.agents.env.Environment")
+    if not callable(factory):
+        raise TypeError(f"environment {name!r} resolved to {factory!r}, which is not callable")
+    return factory

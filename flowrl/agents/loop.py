@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from flowrl.agents.parsers import ParsedTurn, ToolCall
-from flowrl.agents.runner import CallResult, ToolRunner
+from flowrl.agents.runner import KEEP_STATE, CallResult, ToolRunner
 
 __all__ = ["AgentSettings", "ChatCodec", "FINISH_REASONS", "Trajectory", "run_agent_loop"]
 
@@ -117,11 +117,13 @@ def _observe(runner: ToolRunner, pending: list[tuple[Trajectory, ParsedTurn]]) -
         traj.tool_calls += len(turn.calls) + len(turn.errors)
         traj.tool_errors += len(turn.errors)
         traj.malformed_calls += len(turn.errors)
-        for _ in turn.calls:
+        for c in turn.calls:
             res = results[k]
             k += 1
             traj.tool_errors += res.error is not None
             texts.append(res.text)
+            if res.state is not KEEP_STATE:  # a remote call: its state comes back by value
+                traj.state[c.name] = res.state
         out.append(texts)
     return out
 

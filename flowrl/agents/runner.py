@@ -5,6 +5,11 @@ The loop lives in a daemon thread, so a tool that blocks its event loop (synchro
 ``async def``) cannot block the rollout rank: the caller waits on each call's future with a
 deadline, reports the stragglers as timed out and, since their loop is stuck, starts a fresh loop
 for the next batch (the stuck thread is left to finish or to die with the process).
+
+Tools in ``remote_tools`` go to ``remote(tool, args, state, timeout_s)``, which starts the call
+elsewhere (the rollout role passes one that submits a Dask task, :mod:`flowrl.roles.tool_tasks`)
+and returns a :class:`concurrent.futures.Future` of ``(text, state after the call)``: the same
+timeout, and the same error observations, apply; a timed-out future is cancelled.
 """
 
 from __future__ import annotations
@@ -14,12 +19,17 @@ import concurrent.futures
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from flowrl.agents.parsers import ToolCall
 from flowrl.agents.tools import Tool
 
-__all__ = ["CallResult", "ToolRunner"]
+__all__ = ["CallResult", "KEEP_STATE", "RemoteCall", "ToolRunner"]
+
+KEEP_STATE: Any = object()
+"""A :class:`CallResult`'s ``state`` when the call changed the trajectory's state in place."""
+
+RemoteCall = Callable[[Tool, dict, Any, float], "concurrent.futures.Future[tuple[Any, Any]]"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +38,8 @@ class CallResult:
     """The observation shown to the model."""
     error: str | None = None
     """Why the call failed (``raised``, ``timeout``, ``bad_return``, ``unknown_tool``), None if it ran."""
+    state: Any = KEEP_STATE
+    """The tool's state after a remote call (replaces the trajectory's), else :data:`KEEP_STATE`."""
 
 
 def _truncate(text: str, limit: int) -> str:
@@ -37,8 +49,13 @@ def _truncate(text: str, limit: int) -> str:
 class ToolRunner:
     """Runs batches of calls on ``tools``; ``timeout_s`` each, observations cut at ``max_chars``."""
 
-    def __init__(self, tools: dict[str, Tool], *, timeout_s: float, max_chars: int) -> None:
+    def __init__(self, tools: dict[str, Tool], *, timeout_s: float, max_chars: int,
+                 remote: RemoteCall | None = None, remote_tools: frozenset[str] | set[str] = frozenset()) -> None:
         self.tools, self.timeout_s, self.max_chars = tools, timeout_s, max_chars
+        unknown = set(remote_tools) - set(tools)
+        assert not unknown, f"remote tools {sorted(unknown)} are not among the tools"
+        assert remote is not None or not remote_tools, "remote_tools need a remote executor"
+        self.remote, self.remote_tools = remote, frozenset(remote_tools)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
@@ -53,15 +70,21 @@ class ToolRunner:
         if tool is None:
             return CallResult(f"error: unknown tool {call.name!r}; available: {', '.join(sorted(self.tools))}",
                               "unknown_tool")
+        new_state = KEEP_STATE
         try:
-            out = await asyncio.wait_for(tool.call(call.arguments, state), self.timeout_s)
+            if call.name in self.remote_tools:
+                future = self.remote(tool, call.arguments, state, self.timeout_s)
+                out, new_state = await asyncio.wait_for(asyncio.wrap_future(future), self.timeout_s)
+            else:
+                out = await asyncio.wait_for(tool.call(call.arguments, state), self.timeout_s)
         except asyncio.TimeoutError:
             return CallResult(f"error: tool {call.name!r} timed out after {self.timeout_s:g} s", "timeout")
         except Exception as exc:  # a tool's own failure is an observation, never a failed step
             return CallResult(_truncate(f"error: {type(exc).__name__}: {exc}", self.max_chars), "raised")
         if not isinstance(out, str):
-            return CallResult(f"error: tool {call.name!r} returned {type(out).__name__}, not text", "bad_return")
-        return CallResult(_truncate(out, self.max_chars))
+            return CallResult(f"error: tool {call.name!r} returned {type(out).__name__}, not text", "bad_return",
+                              new_state)
+        return CallResult(_truncate(out, self.max_chars), state=new_state)
 
     def run(self, calls: list[tuple[ToolCall, Any]]) -> list[CallResult]:
         """The results of ``(call, trajectory state)`` pairs, in order."""

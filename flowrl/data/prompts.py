@@ -87,8 +87,11 @@ def truncate(ids: list[int], max_len: int, mode: str) -> list[int]:
     raise OverlongPrompt(f"prompt has {len(ids)} tokens > data.max_prompt_length={max_len} (data.truncation=error)")
 
 
-def render_prompt(prompt: Any, tokenizer: Any) -> str:
-    """Chat messages through the tokenizer's chat template (or a plain string as is)."""
+def render_prompt(prompt: Any, tokenizer: Any, tools: Sequence[dict] | None = None) -> str:
+    """Chat messages through the tokenizer's chat template (or a plain string as is). ``tools``:
+    the tools' schemas (OpenAI function format, ``rollout.multi_turn.tools``), passed as the
+    template's ``tools``: a template with tool support renders them (Qwen's: a system block
+    listing them and the ``<tool_call>`` format), one without ignores them."""
     if isinstance(prompt, str):
         return prompt
     if not isinstance(prompt, (list, tuple)) or not all(isinstance(m, dict) and "content" in m for m in prompt):
@@ -98,7 +101,8 @@ def render_prompt(prompt: Any, tokenizer: Any) -> str:
             raise ValueError(f"message {i} ({m.get('role')!r}) has no text content ({m['content']!r}); "
                              "each message's content must be a string")
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
+        return tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False,
+                                             **({"tools": list(tools)} if tools else {}))
     return "\n".join(str(m["content"]) for m in prompt)
 
 
@@ -162,11 +166,13 @@ def _load_key(files: Sequence[str], tokenizer: Any, *args: Any) -> tuple | None:
 
 class PromptDataset:
     def __init__(self, files: Sequence[str | Path], tokenizer: Any, *, prompt_key: str = "prompt", max_prompt_length: int = 512,
-                 filter_overlong: bool = True, truncation: str = "error") -> None:
+                 filter_overlong: bool = True, truncation: str = "error", tools: Sequence[dict] | None = None) -> None:
         if truncation not in TRUNCATIONS:
             raise ValueError(f"truncation={truncation!r}: use one of {', '.join(TRUNCATIONS)}")
         files = [str(f) for f in files]
-        key = _load_key(files, tokenizer, prompt_key, max_prompt_length, filter_overlong, truncation)
+        self.tools = list(tools) if tools else None  # the chat template's tools (render_prompt)
+        key = _load_key(files, tokenizer, prompt_key, max_prompt_length, filter_overlong, truncation,
+                        json.dumps(self.tools, sort_keys=True))
         if key is not None and key in _LOADED:
             self.table, rejected, self.longest, origins = _LOADED[key]
             self.rejected, self.origins = list(rejected), list(origins)
@@ -217,7 +223,7 @@ class PromptDataset:
         source = row.get("data_source")
         if not isinstance(source, str) or not source:
             raise ValueError("no data_source")
-        text = render_prompt(row.get(prompt_key), tokenizer)
+        text = render_prompt(row.get(prompt_key), tokenizer, self.tools)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if not ids:
             raise ValueError("empty prompt")

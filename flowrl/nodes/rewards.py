@@ -35,7 +35,11 @@ def outcome_token_rewards(table: pa.Table, scores_B: Any) -> pa.Array:
 
 def reward(table: pa.Table, tokenizer_dir: str, reward_fn: str) -> NodeOut:
     """Decode responses (without EOS) and score them; the outcome reward sits on the last token.
-    Metrics ``reward/<key>``: the mean of each extra value the reward function returns."""
+    Metrics ``reward/<key>``: the mean of each extra value the reward function returns.
+
+    Multi-turn rows (a ``tool_reward`` column: the tools' reward hooks, already weighted by
+    ``rollout.multi_turn.tool_reward_coef``, see :mod:`flowrl.agents.agent`) score
+    ``reward function's score + tool_reward``."""
     from flowrl.rewards import resolve_reward_fn, split_score
 
     fn = resolve_reward_fn(reward_fn)
@@ -52,6 +56,8 @@ def reward(table: pa.Table, tokenizer_dir: str, reward_fn: str) -> NodeOut:
             raise RuntimeError(f"reward function {reward_fn!r} failed on row {i} (data_source={src!r}): {exc}") from exc
         for k, v in extra.items():
             extras.setdefault(k, []).append(v)
+    if "tool_reward" in table.column_names:
+        scores = scores + table.column("tool_reward").to_numpy(zero_copy_only=False).astype(np.float32)
     out = experience.with_columns(table, score=pa.array(scores, pa.float32()), token_rewards=outcome_token_rewards(table, scores))
     return NodeOut(out, {names.reward_extra(k): float(np.mean(v)) for k, v in extras.items()})
 

@@ -8,9 +8,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from flowrl.agents.agent import AGENT_COLUMNS, agent_columns  # noqa: F401 - the agent columns, as before
 from flowrl.backends.interfaces import SamplingParams
 from flowrl.backends.registry import GEN_BACKENDS
 from flowrl.data import experience
+from flowrl.roles.accounting import with_generation_stats
 
 if TYPE_CHECKING:
     from flowrl.agents.loop import Trajectory
@@ -35,7 +37,7 @@ class RolloutRole:
         self.engine = GEN_BACKENDS.get(backend)(model_dir, dtype=dtype, **(engine_kwargs or {})) if self.holds_engine else None
         self.sampling = sampling
         self.micro_batch_size = micro_batch_size
-        self.agent = _Agent(multi_turn, model_dir) if multi_turn is not None and multi_turn.enable else None
+        self.agent = _agent(multi_turn, model_dir) if multi_turn is not None and multi_turn.enable else None
 
     def generate(self, prompts: pa.Table, seed: int = 0, sampling: SamplingParams | None = None) -> pa.Table:
         """One row per sample: the prompt's columns repeated ``n`` times, plus ``uid``,
@@ -56,13 +58,26 @@ class RolloutRole:
             pc.cast(table.column("group"), pa.string()), pa.array(sample.astype(str)), "-"
         )
         mask = [[1] * len(r) for r in responses]
-        return experience.with_columns(
+        table = experience.with_columns(
             table,
             uid=uid,
             response_ids=experience.from_lists(responses, experience.TOKEN_IDS),
             response_mask=experience.from_lists(mask, pa.list_(pa.int8())),
             rollout_logprobs=experience.from_lists(logprobs, experience.TOKEN_FLOATS),
         )
+        return with_generation_stats(table, self.engine)  # issue 14: perf/gen_* metrics
+
+    def continue_generation(self, table: pa.Table, seed: int = 0, sampling: SamplingParams | None = None,
+                            eos_ids: list[int] | None = None, response_length: int = 0, weight_version: int = 0) -> pa.Table:
+        """Partial rollouts (stream mode): the next piece of ``table``'s unfinished responses
+        (``flowrl.roles.partial``)."""
+        if self.engine is None:
+            return None
+        from flowrl.roles.partial import continue_responses
+
+        return continue_responses(self.engine, table, params=sampling or self.sampling, seed=seed * 1009 + self.rank,
+                                  eos_ids=eos_ids or [], response_length=response_length,
+                                  micro_batch_size=self.micro_batch_size, weight_version=weight_version)
 
     def _sample_table(self, prompts: pa.Table, n: int) -> pa.Table:
         """The prompt rows repeated ``n`` times (prompt-major) with their ``uid``."""
@@ -76,8 +91,6 @@ class RolloutRole:
 
     def _generate_agent(self, prompts: pa.Table, params: SamplingParams, seed: int) -> pa.Table:
         """One agent trajectory per sample (``params.n`` per prompt), on this rank's engine."""
-        from flowrl.agents.loop import run_agent_loop
-
         table = self._sample_table(prompts, params.n)
         prompt_ids = table.column("prompt_ids").to_pylist()
         rows = table.drop_columns([c for c in ("prompt_ids",) if c in table.column_names]).to_pylist()
@@ -88,11 +101,9 @@ class RolloutRole:
             step = SamplingParams(**{**one.__dict__, "max_new_tokens": max(budgets)})
             return self.engine.generate(contexts, step, seed=turn_seed, micro_batch_size=self.micro_batch_size)
 
-        trajs = run_agent_loop(prompt_ids, generate=generate, codec=self.agent.codec, parser=self.agent.parser,
-                               runner=self.agent.runner, settings=self.agent.settings(params.max_new_tokens),
-                               seed=seed, states=[self.agent.states(row) for row in rows])
+        trajs = self.agent.run(prompt_ids, rows, generate=generate, response_length=params.max_new_tokens, seed=seed)
         self._fill_tool_logprobs(prompt_ids, trajs, params.temperature)
-        return experience.with_columns(table, **agent_columns(trajs, self.agent.tools))
+        return experience.with_columns(table, **self.agent.columns(trajs))
 
     def _fill_tool_logprobs(self, prompt_ids: list[list[int]], trajs: list["Trajectory"], temperature: float) -> None:
         """Teacher-forced log-probs of the tool tokens (context, never loss), so that
@@ -125,6 +136,8 @@ class RolloutRole:
             self.engine.wake_up()
 
     def close(self) -> None:
+        if self.agent is not None:
+            self.agent.close()  # its tool runner's event loop
         if self.engine is not None:
             self.engine.close()
         self.engine = None
@@ -161,40 +174,15 @@ class RolloutRole:
         return stats
 
 
-AGENT_COLUMNS = ("num_turns", "tool_calls", "tool_errors", "malformed_calls", "finish_reason", "tool_reward",
-                 "turn_spans")
-"""Per-sample columns of multi-turn rollouts: model turns, tool calls (malformed ones included),
-failed calls, unreadable calls, why the trajectory ended (``stop``, ``length``, ``max_turns``),
-the tools' reward hooks summed, and ``[start, end, kind]`` per turn in ``response_ids`` (kind 1:
-the model's tokens, 0: a tool's answer)."""
+def _agent(cfg: Any, model_dir: str) -> Any:
+    """The rank's :class:`flowrl.agents.agent.Agent`; Dask-bound tools submit from this worker."""
+    from transformers import AutoTokenizer
 
+    from flowrl.agents.agent import Agent
+    from flowrl.roles import tool_tasks
 
-class _Agent:
-    """What a rollout rank needs for the agent loop: tokenizer codec, parser, tools and their runner."""
-
-    def __init__(self, cfg: Any, model_dir: str) -> None:
-        from transformers import AutoTokenizer
-
-        from flowrl.agents.loop import ChatCodec
-        from flowrl.agents.parsers import resolve_parser
-        from flowrl.agents.runner import ToolRunner
-        from flowrl.agents.tools import resolve_tools
-
-        self.cfg = cfg
-        self.codec = ChatCodec(AutoTokenizer.from_pretrained(model_dir), extra_eos_ids=_generation_eos_ids(model_dir))
-        self.parser = resolve_parser(cfg.parser)
-        self.tools = resolve_tools(cfg.tools)
-        self.runner = ToolRunner(self.tools, timeout_s=cfg.tool_timeout_s, max_chars=cfg.max_tool_response_chars)
-
-    def settings(self, response_length: int) -> Any:
-        from flowrl.agents.loop import AgentSettings
-
-        return AgentSettings(max_turns=self.cfg.max_turns, response_length=response_length,
-                             tool_timeout_s=self.cfg.tool_timeout_s,
-                             max_observation_chars=self.cfg.max_tool_response_chars)
-
-    def states(self, row: dict) -> dict:
-        return {name: tool.create_state(row) for name, tool in self.tools.items()}
+    return Agent(cfg, AutoTokenizer.from_pretrained(model_dir), extra_eos_ids=_generation_eos_ids(model_dir),
+                 remote=tool_tasks.submit_tool_call, connect=tool_tasks.connect)
 
 
 def _generation_eos_ids(model_dir: str) -> list[int]:
@@ -206,23 +194,3 @@ def _generation_eos_ids(model_dir: str) -> list[int]:
     except OSError:
         return []
     return [eos] if isinstance(eos, int) else list(eos or [])
-
-
-def agent_columns(trajs: list["Trajectory"], tools: dict) -> dict[str, pa.Array]:
-    """The experience columns of agent trajectories (response, mask, log-probs, :data:`AGENT_COLUMNS`)."""
-    def ints(values: list[int]) -> pa.Array:
-        return pa.array(values, pa.int32())
-
-    rewards = [float(sum(tool.reward(t.state.get(name)) for name, tool in tools.items())) for t in trajs]
-    return dict(
-        response_ids=experience.from_lists([t.response for t in trajs], experience.TOKEN_IDS),
-        response_mask=experience.from_lists([t.mask for t in trajs], pa.list_(pa.int8())),
-        rollout_logprobs=experience.from_lists([t.logprobs for t in trajs], experience.TOKEN_FLOATS),
-        num_turns=ints([t.num_turns for t in trajs]),
-        tool_calls=ints([t.tool_calls for t in trajs]),
-        tool_errors=ints([t.tool_errors for t in trajs]),
-        malformed_calls=ints([t.malformed_calls for t in trajs]),
-        finish_reason=pa.array([t.finish_reason for t in trajs], pa.string()),
-        tool_reward=pa.array(rewards, pa.float32()),
-        turn_spans=pa.array([t.spans for t in trajs], pa.list_(pa.list_(pa.int32()))),
-    )

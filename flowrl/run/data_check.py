@@ -56,7 +56,8 @@ def _load(cfg: RunConfig, key: str, files: str, tokenizer: Any, *, filter_overlo
     d = cfg.data
     try:
         return PromptDataset(files.split(","), tokenizer, prompt_key=d.prompt_key, max_prompt_length=d.max_prompt_length,
-                             filter_overlong=filter_overlong, truncation=truncation)
+                             filter_overlong=filter_overlong, truncation=truncation,
+                             tools=cfg.rollout.multi_turn.chat_tools())
     except PromptFileError as exc:
         if exc.key == "data.prompt_key":
             raise ConfigError("data.prompt_key", d.prompt_key, str(exc),

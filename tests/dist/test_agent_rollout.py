@@ -26,15 +26,14 @@ def prompts() -> pa.Table:
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
-    """The tiny model, with generation biased towards EOS so random turns end early (the bias is a
-    sampling-time logits processor: log-probs, rollout's and trainer's, are of the raw logits)."""
+    """The tiny model, its weights edited towards EOS so random turns end early (in the weights,
+    not a sampling-time processor: the hf engine's decode loop applies none)."""
     from conftest import build_tiny_model_dir
-    from transformers import GenerationConfig
+
+    from flowrl_testing.agents import bias_towards_eos
 
     path = build_tiny_model_dir(tmp_path_factory.mktemp("eos_model"), arch="llama")  # llama: see agent_task.py
-    config = GenerationConfig.from_pretrained(path)
-    config.sequence_bias = [[[1], 3.0]]  # <eos> is id 1
-    config.save_pretrained(path)
+    bias_towards_eos(path)
     return path
 
 

@@ -7,7 +7,8 @@ A notebook declares what it needs and what its outputs must show in its metadata
 - ``requires``: a notebook is skipped (with the reason) when one is missing: ``slurm`` (``sinfo``
   on PATH), ``graphviz`` (``dot`` on PATH), ``gpu`` (a CUDA device). An unknown name fails.
 - ``outputs``: ``graph`` (an image: the rendered Dask graph), ``metrics`` (a text output naming
-  ``critic/score/mean``), ``bokeh`` (a Bokeh plot or dashboard rendered inline).
+  ``critic/score/mean``), ``bokeh`` (a Bokeh plot or dashboard rendered inline), ``trajectory``
+  (an agent trajectory printed turn by turn, with a tool's turn).
 - ``run_dir``: the notebook writes a run directory at ``$FLOWRL_NB_RUN_DIR``.
 
 The tests point notebooks at a tiny model with ``FLOWRL_NB_MODEL`` / ``FLOWRL_NB_DATA`` /
@@ -56,6 +57,8 @@ def shows(kind: str, outputs: list[dict]) -> bool:
         return any("critic/score/mean" in output_text(o) for o in outputs)
     if kind == "bokeh":
         return any(BOKEH_MIME in o.get("data", {}) for o in outputs)
+    if kind == "trajectory":  # an agent trajectory printed turn by turn, with a tool's turn
+        return any("turn 1 tool" in output_text(o) for o in outputs)
     raise AssertionError(f"unknown output kind {kind!r} in a notebook's metadata (use graph, metrics, bokeh)")
 
 

@@ -56,5 +56,13 @@ def test_vllm_matches_hf_on_the_same_weights():
     _run_checks("check_parity.py", timeout=400)
 
 
+def test_lora_adapter_in_vllm_matches_the_merged_weights():
+    _run_checks("check_lora.py", timeout=400)
+
+
 def test_grpo_with_vllm_rollout_raises_the_reward():
     _run_checks("check_grpo.py", timeout=500)
+
+
+def test_multi_turn_tool_rollouts_on_vllm():
+    _run_checks("check_agent.py", timeout=400)
