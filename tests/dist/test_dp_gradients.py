@@ -64,7 +64,10 @@ def test_dp2_update_equals_single_process_and_replicas_are_identical(tiny_model_
     for name in expected:
         assert torch.equal(states[0][name], states[1][name]), f"replicas differ at {name}"
     # the metrics are global: both ranks report the same, and they match the single process
-    drop = {"actor/update_s"}  # per-rank wall time
-    assert {k: v for k, v in metrics[0].items() if k not in drop} == {k: v for k, v in metrics[1].items() if k not in drop}
+    def same(k: str) -> bool:  # per-rank wall time, and perf/* (this rank's time and peak memory)
+        return k != "actor/update_s" and not k.startswith("perf/")
+
+    assert {k: v for k, v in metrics[0].items() if same(k)} == {k: v for k, v in metrics[1].items() if same(k)}
+    assert "perf/train_tokens_per_s" in metrics[0] and "perf/max_rss_gb" in metrics[0]
     for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy"):
         assert metrics[0][key] == pytest.approx(single_metrics[key], rel=1e-4, abs=1e-6), key

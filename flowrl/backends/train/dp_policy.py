@@ -129,9 +129,9 @@ class TorchDPEngine:
 
     # ----------------------------------------------------------------- forward
     same_micro_batch_count = False
+    """Every rank must run as many micro-batches (FSDP: collectives in each forward/backward)."""
     slots_computed = 0
     """Model positions computed so far (padding included): the update's padding ratio."""
-    """Every rank must run as many micro-batches (FSDP: collectives in each forward/backward)."""
 
     def _micro_batches(self, batch: PackedBatch, micro_batch_size: int) -> list[PackedBatch]:
         """``batch``'s micro-batches (by rows, or by its token budget); with
