@@ -70,6 +70,19 @@ def model_kwargs(inputs: "Padded", device: "torch.device") -> dict[str, "torch.T
     return kwargs
 
 
+def eos_token_ids(model_dir: str) -> list[int]:
+    """The ids generation stops at: the generation config's EOS, else the model config's."""
+    from transformers import AutoConfig, GenerationConfig
+
+    try:
+        eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
+    except OSError:
+        eos = None
+    if eos is None:
+        eos = AutoConfig.from_pretrained(model_dir).eos_token_id
+    return [eos] if isinstance(eos, int) else list(eos or [])
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How a generation engine samples: ``n`` responses per prompt, at most ``max_new_tokens``

@@ -57,13 +57,7 @@ def continue_responses(engine: Any, table: pa.Table, *, params: SamplingParams, 
 
 
 def generation_eos_ids(model_dir: str) -> list[int]:
-    """The EOS ids generation stops at: the generation config's, else the model config's."""
-    from transformers import AutoConfig, GenerationConfig
+    """The EOS ids generation stops at (the engines' rule, :func:`flowrl.backends.interfaces.eos_token_ids`)."""
+    from flowrl.backends.interfaces import eos_token_ids
 
-    try:
-        eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
-    except OSError:
-        eos = None
-    if eos is None:
-        eos = AutoConfig.from_pretrained(model_dir).eos_token_id
-    return [eos] if isinstance(eos, int) else list(eos or [])
+    return eos_token_ids(model_dir)

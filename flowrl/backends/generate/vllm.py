@@ -44,7 +44,7 @@ import logging
 import os
 from typing import Any, Iterator
 
-from flowrl.backends.interfaces import SamplingParams
+from flowrl.backends.interfaces import SamplingParams, eos_token_ids
 from flowrl.backends.generate.vllm_lora import install_adapter, lora_engine_kwargs
 from flowrl.backends.generate.vllm_worker import EXTENSION, encode_state
 
@@ -218,20 +218,6 @@ def _children_allowed() -> Iterator[None]:
         proc._config["daemon"] = was  # type: ignore[attr-defined]
 
 
-def eos_token_ids(model_dir: str) -> set[int]:
-    """The ids generation stops at, read as the ``hf`` backend reads them (generation config
-    first, then the model config)."""
-    from transformers import AutoConfig, GenerationConfig
-
-    try:
-        eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
-    except OSError:
-        eos = None
-    if eos is None:
-        eos = AutoConfig.from_pretrained(model_dir).eos_token_id
-    if eos is None:
-        return set()
-    return set(eos if isinstance(eos, list) else [eos])
 
 
 def _cpu_environment(tensor_parallel_size: int) -> None:
@@ -281,7 +267,7 @@ class VLLMGenerator:
 
         self.on_cuda = current_platform.is_cuda_alike()
         self.free_cache_engine = free_cache_engine
-        self.eos_ids = eos_token_ids(model_dir)
+        self.eos_ids = set(eos_token_ids(model_dir))
         self.tensor_parallel_size = tensor_parallel_size
         if not self.on_cuda:
             _cpu_environment(tensor_parallel_size)
