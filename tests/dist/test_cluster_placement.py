@@ -103,8 +103,17 @@ def test_tls_is_the_default_and_a_client_without_the_runs_credentials_is_refused
         assert session.client.submit(sum, [1, 2], pure=False).result(timeout=60) == 3
         plain = "tcp://" + address.split("://", 1)[1]
         strangers = [(plain, None), (address, None), (address, Security.temporary())]
+
+        async def connect(target, security):
+            # an asynchronous client in this thread's own loop: a synchronous Client would first
+            # start an IO-loop thread, which distributed gives 10 s (an AssertionError, not a
+            # refusal, on a loaded machine)
+            async with Client(target, security=security, timeout=5, asynchronous=True,
+                              set_as_default=False):
+                pass
+
         for target, security in strangers:
             with pytest.raises((OSError, TimeoutError, asyncio.TimeoutError, ValueError, TypeError)):
-                Client(target, security=security, timeout=5)
+                asyncio.run(asyncio.wait_for(connect(target, security), timeout=60))
         dirs = session.client.run(lambda dask_worker: dask_worker.local_directory)
         assert dirs and all(d.startswith(str(tmp_path / "dask-scratch")) for d in dirs.values()), dirs
