@@ -143,7 +143,8 @@ def test_defaults_that_differ_from_verl_are_listed_once_unless_set():
     lines = default_differences(load_config(None, ["actor.optim.weight_decay=0.0"]), {"actor.optim.weight_decay"})
     assert not any(line.startswith("actor.optim.weight_decay") for line in lines)
     assert sum(line.startswith("rollout.response_length=") for line in lines) == 1
-    assert any(line.startswith("actor.optim.betas=(0.9, 0.99)") for line in lines)
+    assert any(line.startswith("actor.optim.lr=0.0005") for line in lines)
+    assert not any(line.startswith("actor.optim.betas=") for line in lines)  # verl's (0.9, 0.999) since issue 21
 
 
 @needs_verl_tree
