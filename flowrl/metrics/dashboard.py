@@ -8,7 +8,18 @@ One page, top to bottom:
 - the chosen step: a Gantt of its graph nodes (``timeline.jsonl``) and a table of sampled
   prompts / responses / rewards from ``experience/step_XXXXXX.parquet``;
 - throughput (``perf/*``) and reshard (``reshard/*``) panels;
-- a curve for every key of ``metrics.jsonl``, in sections as verl groups them (``groups.py``).
+- a curve for every key of ``metrics.jsonl``, in sections as verl groups them (``groups.py``),
+  with a filter by name.
+
+First render: the page paints the header, the overview and the step section first; the figures
+of the throughput and reshard panels and of the all-metrics sections (most of the page's figures)
+are attached after that first paint, a panel or section per browser task (:data:`ATTACH_JS` on
+the document's ``document_ready``, :meth:`Dashboard.document`), so the page is readable and
+answers input while they draw. Figures sit in wrapping :class:`bokeh.models.Pane` s, not Bokeh
+layouts: each figure is then its own layout root, so attaching a section lays out its figures
+only (in a Bokeh row any change lays out every figure of the page again). The metric filter
+(:data:`FILTER_JS`) takes the figures it hides out of their pane, so they cost nothing until
+they are shown again.
 
 Several runs on one page (``flowrl dashboard runA runB``, or a directory of runs): each metric's
 figure overlays a line per run, with a legend; the step section shows the run chosen in its
@@ -16,8 +27,8 @@ figure overlays a line per run, with a legend; the step section shows the run ch
 toolbar (:mod:`flowrl.metrics.dashboard_figures`).
 
 The same Bokeh document serves three ways: live from a Bokeh server bound to 127.0.0.1
-(:func:`serve`, re-reading the files every ``interval_s``), as a static self-contained HTML file
-(:func:`export_html`, BokehJS inlined, opens from ``file://``), and inline in Jupyter
+(:func:`flowrl.metrics.dashboard_server.serve`, re-reading the files every ``interval_s``), as a static self-contained HTML file
+(:func:`flowrl.metrics.dashboard_server.export_html`, BokehJS inlined, opens from ``file://``), and inline in Jupyter
 (``Dashboard(run_dir).show_in_notebook()``, BokehJS inlined too). The step selector works in all three: it runs
 in the browser (a ``CustomJS`` that copies the chosen step's rows into the shown sources).
 """
@@ -32,15 +43,14 @@ from typing import Any
 
 import numpy as np
 
-from flowrl.comm import free_port
 from flowrl.metrics import names
 from flowrl.metrics.dashboard_figures import FigureMaker, RunSource, flat_span, run_color, stable_color
-from flowrl.metrics.dashboard_js import FILTER_JS, PICK_STEP_JS, SHOW_SAMPLE_JS
+from flowrl.metrics.dashboard_js import ATTACH_JS, FILTER_JS, PICK_STEP_JS, SHOW_SAMPLE_JS
 from flowrl.metrics.groups import RESHARD_GROUP, THROUGHPUT_GROUP, group_metrics, headline_keys, keys_of
 from flowrl.metrics.run_reader import SAMPLE_COLUMNS, SAMPLE_DATA_COLUMNS, Changes, RunReader, run_labels
 from flowrl.metrics.timeline import overlapping_rows
 
-__all__ = ["NODE_ORDER", "Dashboard", "export_html", "flat_span", "make_server", "serve", "stable_color"]
+__all__ = ["NODE_ORDER", "Dashboard", "flat_span", "stable_color"]
 # The graph nodes of the built-in families, in the order they run: each keeps its colour in every
 # run and every step; another node gets one from its name's hash (the same in every run).
 NODE_ORDER = ("collect", "gen", "gen_baseline", "val_gen", "reward", "rm_score", "reward_baseline",
@@ -48,14 +58,21 @@ NODE_ORDER = ("collect", "gen", "gen_baseline", "val_gen", "reward", "rm_score",
               "adv", "rollout_corr", "critic_warmup", "update_critic", "update_actor", "rollout_sleep",
               "val_report")
 NO_RESHARD = "no reshard metrics yet"
+#: Panels whose figures a lazy page attaches after its first paint (the overview paints first).
+LAZY_PANELS = ("throughput", "reshard", "metric")
 NO_TIMELINE = "no timeline.jsonl yet (written by flowrl's trainer after each step)"
 
 
 class Dashboard:
     """The dashboard's Bokeh models for one run directory, or several overlaid; :meth:`update`
-    re-reads the files and pushes what changed (call it from a server's periodic callback)."""
+    re-reads the files and pushes what changed (call it from a server's periodic callback).
+    Embed it with :meth:`document` (which attaches the lazy panels after the first paint), or call
+    :meth:`attach_all` before showing :attr:`layout` on its own."""
 
-    def __init__(self, run_dir: str | Path | RunReader | list, *, max_samples: int = 64, live: bool = False) -> None:
+    def __init__(self, run_dir: str | Path | RunReader | list, *, max_samples: int = 64, live: bool = False,
+                 lazy: bool = True) -> None:
+        """``lazy``: the figures of :data:`LAZY_PANELS` are attached in the browser after the first
+        paint (:meth:`document` wires it; :meth:`attach_all` attaches them at once)."""
         runs = list(run_dir) if isinstance(run_dir, (list, tuple)) else [run_dir]
         if not runs:
             raise ValueError("no run directories; fix: pass at least one trainer.run_dir")
@@ -63,12 +80,15 @@ class Dashboard:
         self.reader = self.readers[0]
         self.labels = run_labels([r.run_dir for r in self.readers])
         self.live = live
+        self.lazy = lazy
         for reader in self.readers:
             reader.refresh()
         self._keys = self._all_keys()
         self._figures: dict[tuple[str, str], Any] = {}
         self._grids: dict[tuple[str, tuple[str, ...]], Any] = {}
         self._titles: dict[str, Any] = {}
+        self._section_panes: dict[str, Any] = {}  # group -> Pane(title, grid)
+        self._panes: list[tuple[Any, list[Any]]] = []  # each metric figure's pane, and its figures, in page order
         self._make_sources()
         self._make_widgets()
         self._link_step_selector()
@@ -146,7 +166,12 @@ class Dashboard:
             src.js_on_change("streaming", callback)
         self.smp_shown.selected.js_on_change("indices", CustomJS(args=dict(src=self.smp_shown, div=self.selected_text),
                                                                  code=SHOW_SAMPLE_JS))
-        self.metric_filter.js_on_change("value_input", CustomJS(args=dict(panel=self.all_metrics), code=FILTER_JS))
+        # the filter walks [section, title, grid, figures] per all-metrics section, the attaching every lazy
+        # pane (both set by _build_metric_panels)
+        self.filter_callback = CustomJS(args=dict(filter=self.metric_filter, sections=[]), code=FILTER_JS)
+        self.metric_filter.js_on_change("value_input", self.filter_callback)
+        self.all_metrics.js_on_change("children", self.filter_callback)  # new sections (live) come in filtered
+        self.attach_callback = CustomJS(args=dict(panes=[]), code=ATTACH_JS)
 
     def _layout(self) -> Any:
         from bokeh.layouts import column, row
@@ -312,38 +337,69 @@ class Dashboard:
         for (_, key), fig in self._figures.items():
             self._set_span(key, fig)
 
-    def _grid(self, keys: list[str], panel: str) -> Any:
-        """Curves of ``keys``, each figure named ``<panel>:<key>`` (``metric`` for the all-metrics
-        sections, ``overview``, ``throughput``, ``reshard``)."""
-        from bokeh.layouts import row
+    def _grid(self, keys: list[str], panel: str, panes: list[tuple[Any, list[Any]]]) -> Any:
+        """Curves of ``keys`` in a wrapping :class:`Pane`, each figure named ``<panel>:<key>``
+        (``overview``, ``throughput``, ``reshard``, ``metric`` for the all-metrics sections). The
+        pane of a panel in :data:`LAZY_PANELS` starts empty on a lazy page (:data:`ATTACH_JS`
+        fills it after the first paint): its ``tags`` hold its figures meanwhile (so they are in the
+        document, and the filter reaches them). Appends the pane and its figures to ``panes``."""
+        from bokeh.models import Pane
 
+        figs = [self._curve(k, panel) for k in keys]
         cache_key = (panel, tuple(keys))
-        if cache_key not in self._grids:  # unchanged sections keep their models: the browser keeps their views
-            figs = [self._curve(k, panel) for k in keys]
-            # a wrapping row: as many figures a line as the window is wide, none clipped
-            self._grids[cache_key] = row(*figs, sizing_mode="stretch_width", name=f"grid:{panel}",
-                                         styles={"flex-wrap": "wrap", "gap": "4px"})
-        return self._grids[cache_key]
+        pane = self._grids.get(cache_key)
+        if pane is None:  # unchanged sections keep their models: the browser keeps their views
+            empty = self.lazy and panel in LAZY_PANELS and not self._panes
+            # as many figures a line as the window is wide, none clipped
+            pane = self._grids[cache_key] = Pane(elements=[] if empty else figs, tags=figs, name=f"grid:{panel}",
+                                                 styles={"display": "flex", "flex-wrap": "wrap", "gap": "4px",
+                                                         "width": "100%"})
+        panes.append((pane, figs))
+        return pane
+
+    def attach_all(self) -> None:
+        """Fill every lazy pane now (in Python), not in the browser after the first paint, with
+        the figures the filter shows (a live page's filter sets their ``visible``)."""
+        for pane, figs in self._panes:
+            shown = [fig for fig in figs if fig.visible]
+            if list(pane.elements) != shown:
+                pane.elements = shown
 
     def _build_metric_panels(self) -> None:
-        from bokeh.models import Div
+        from bokeh.models import Div, Pane
 
         keys = self._all_keys()
+        panes: list[tuple[Any, list[Any]]] = []
         head = headline_keys(keys)
-        self.overview.children = [self._grid(head, "overview")] if head else [Div(text="<i>no metrics yet</i>")]
+        self.overview.children = [self._grid(head, "overview", panes)] if head else [Div(text="<i>no metrics yet</i>")]
         perf = keys_of(THROUGHPUT_GROUP, keys)
-        self.throughput.children = [self._grid(perf, "throughput")] if perf else [Div(text="<i>no perf/* metrics yet</i>")]
+        self.throughput.children = [self._grid(perf, "throughput", panes)] if perf else \
+            [Div(text="<i>no perf/* metrics yet</i>")]
         reshard = keys_of(RESHARD_GROUP, keys)
-        self.reshard.children = [self._grid(reshard, "reshard")] if reshard else [Div(text=f"<i>{NO_RESHARD}</i>", name="reshard_note")]
-        sections = []
+        self.reshard.children = [self._grid(reshard, "reshard", panes)] if reshard else \
+            [Div(text=f"<i>{NO_RESHARD}</i>", name="reshard_note")]
+        sections = []  # [section, title, grid, figures] per all-metrics section
         for group, group_keys in group_metrics(keys).items():
             title = self._titles.get(group)
             if title is None:
                 title = self._titles[group] = Div(name=f"group:{group}")
             title.text = f"<h3 style='margin:8px 0 0 0'>{html.escape(group)}/ <small>({len(group_keys)})</small></h3>"
-            sections.append(title)
-            sections.append(self._grid(group_keys, "metric"))
-        self.all_metrics.children = sections or [Div(text="<i>no metrics yet</i>")]
+            grid = self._grid(group_keys, "metric", panes)
+            # title and grid in a Pane too: the filter hides a section without laying out the page
+            section = self._section_panes.get(group)
+            if section is None:
+                section = self._section_panes[group] = Pane(name=f"section:{group}", styles={"width": "100%"})
+                section.js_on_change("elements", self.filter_callback)  # a new grid (live) comes in filtered
+            if list(section.elements) != [title, grid]:
+                section.elements = [title, grid]
+            sections.append([section, title, grid, panes[-1][1]])
+        first = not self._panes
+        self._panes = panes
+        if not first:  # new keys while the page is open: their figures show at once
+            self.attach_all()
+        self.all_metrics.children = [section for section, *_ in sections] or [Div(text="<i>no metrics yet</i>")]
+        self.filter_callback.args = dict(self.filter_callback.args, sections=sections)
+        self.attach_callback.args = dict(panes=[pane for pane, _ in self._panes])
         self._keys = keys
 
     def _set_header(self) -> None:
@@ -357,11 +413,23 @@ class Dashboard:
         self.header.text = (f"<h1 style='margin:4px 0'>flowrl: {len(self.readers)} runs</h1>"
                             f"<ul style='margin:2px 0'>{lines}</ul><div>updated {updated}</div>")
 
+    def document(self, doc: Any = None) -> Any:
+        """``doc`` (a new Bokeh ``Document`` if None) with the dashboard as its root, and the lazy
+        panes filled once the browser has painted it (``document_ready``: :data:`ATTACH_JS`)."""
+        from bokeh.document import Document
+
+        doc = Document() if doc is None else doc
+        doc.title = f"flowrl: {', '.join(self.labels)}"
+        doc.add_root(self.layout)
+        doc.js_on_event("document_ready", self.attach_callback)
+        return doc
+
     def show_in_notebook(self) -> None:
         """Show the dashboard inline in Jupyter, BokehJS inlined (works offline, no CDN)."""
         from bokeh.io import output_notebook, show
         from bokeh.resources import INLINE
 
+        self.attach_all()  # a notebook output has no document_ready to attach them later
         output_notebook(INLINE, hide_banner=True)
         show(self.layout)
 
@@ -417,56 +485,3 @@ def _merged(found: list[Changes]) -> Changes:
                    new_metric_rows=[row for c in found for row in c.new_metric_rows],
                    timeline_changed=any(c.timeline_changed for c in found),
                    new_sample_steps=sorted({s for c in found for s in c.new_sample_steps}))
-
-
-# --------------------------------------------------------------------------- entry points
-def export_html(run_dir: str | Path | list, out: str | Path, *, max_samples: int = 64) -> Path:
-    """Write the dashboard of a run (or several, overlaid) as one self-contained HTML file
-    (BokehJS inlined, no server)."""
-    from bokeh.embed import file_html
-    from bokeh.resources import INLINE
-
-    dash = Dashboard(run_dir, max_samples=max_samples)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(file_html(dash.layout, resources=INLINE, title=f"flowrl: {', '.join(dash.labels)}"))
-    return out
-
-
-def make_server(run_dir: str | Path | list, *, port: int = 5006, interval_s: float = 2.0, max_samples: int = 64) -> Any:
-    """A Bokeh server on 127.0.0.1:``port`` (0: a free one) serving the live dashboard at ``/``;
-    every browser session re-reads the run directories every ``interval_s``. Not started."""
-    from bokeh.application import Application
-    from bokeh.application.handlers.function import FunctionHandler
-    from bokeh.server.server import Server
-
-    runs = list(run_dir) if isinstance(run_dir, (list, tuple)) else [run_dir]
-    for r in runs:
-        RunReader(r, max_samples=max_samples)  # fail now on a bad directory, not per session
-    if interval_s <= 0:
-        raise ValueError(f"interval_s={interval_s} must be > 0; fix: use e.g. 2")
-
-    def make_doc(doc: Any) -> None:
-        dash = Dashboard(runs, max_samples=max_samples, live=True)
-        doc.title = f"flowrl: {', '.join(dash.labels)}"
-        doc.add_root(dash.layout)
-        doc.add_periodic_callback(dash.update, int(interval_s * 1000))
-
-    port = port or free_port()
-    origins = [f"127.0.0.1:{port}", f"localhost:{port}"]
-    return Server({"/": Application(FunctionHandler(make_doc))}, address="127.0.0.1", port=port,
-                  allow_websocket_origin=origins, num_procs=1)
-
-
-def serve(run_dir: str | Path | list, *, port: int = 5006, interval_s: float = 2.0, max_samples: int = 64,
-          on_ready: Any = print) -> None:
-    """Serve until interrupted; ``on_ready`` gets the line with the URL."""
-    server = make_server(run_dir, port=port, interval_s=interval_s, max_samples=max_samples)
-    server.start()
-    runs = run_dir if isinstance(run_dir, (list, tuple)) else [run_dir]
-    shown = str(runs[0]) if len(runs) == 1 else f"{len(runs)} runs"
-    on_ready(f"flowrl dashboard for {shown}: http://127.0.0.1:{server.port}/ (Ctrl-C to stop)")
-    try:
-        server.io_loop.start()
-    finally:
-        server.stop()

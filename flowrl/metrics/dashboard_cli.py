@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        from flowrl.metrics.dashboard import export_html, serve
+        from flowrl.metrics.dashboard_server import export_html, serve
     except ImportError as exc:  # bokeh is an extra
         print(f"error: flowrl dashboard needs bokeh ({exc}); fix: pip install 'flowrl[dashboard]'", file=sys.stderr)
         return 2

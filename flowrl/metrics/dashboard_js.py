@@ -68,21 +68,52 @@ table.view.change.emit();
 table_note.text = n_rows ? `step ${step}: ${n_rows} samples` : `step ${step}: no experience Parquet`;
 """
 
-# The metric filter: hides the all-metrics figures (named "metric:<key>") whose key does not
-# contain the typed text, and the section titles left with nothing shown.
+# The metric filter (args: filter, the TextInput; sections, [section, title, grid, figures] per
+# all-metrics section, section a Pane holding the title and the grid, a Pane of the figures):
+# shows the figures (named "metric:<key>") whose key contains the typed text and hides the others,
+# and hides a section (its title too) when none of its figures is left. A figure leaving the grid
+# (its view dropped) before its ``visible`` flips to false, and flipping to true before it joins
+# the grid, costs nothing: in Bokeh a figure whose visibility flips while it has a view lays itself
+# out and repaints at once, each repaint waiting for the browser to restyle the page (seconds for
+# a few dozen figures). A grid that keeps its figures is not touched, and Panes are no Bokeh
+# layouts: hiding one lays nothing out. Sections not attached yet (ATTACH_JS) are attached here
+# with the figures the filter shows.
 FILTER_JS = """
-const text = (cb_obj.value_input || "").trim().toLowerCase();
-for (const child of panel.children) {
-  const figs = child.children || [];
-  for (const fig of figs) {
-    if (fig.name && fig.name.startsWith("metric:")) fig.visible = fig.name.slice(7).toLowerCase().includes(text);
-  }
+const text = (filter.value_input ?? filter.value ?? "").trim().toLowerCase();
+const shows = (fig) => fig.name.slice(7).toLowerCase().includes(text);
+for (const [section, title, grid, figs] of sections) {
+  const keep = figs.filter(shows);
+  const any = keep.length > 0;
+  if (!any && section.visible) section.visible = false;  // hidden first: the title's flip lays out nothing shown
+  if (title.visible !== any) title.visible = any;
+  const now = grid.elements;
+  const same = now.length === keep.length && now.every((fig, i) => fig === keep[i]);
+  for (const fig of keep) if (!fig.visible) fig.visible = true;  // not in the grid yet: no view
+  if (!same) grid.elements = keep;  // drops the views of the figures leaving, builds the new ones
+  for (const fig of figs) if (fig.visible && !keep.includes(fig)) fig.visible = false;  // out of the grid: no view
+  if (grid.visible !== any) grid.visible = any;
+  if (any && !section.visible) section.visible = true;
 }
-const kids = panel.children;
-for (let i = 0; i + 1 < kids.length; i += 2) {
-  const figs = kids[i + 1].children || [];
-  kids[i].visible = kids[i + 1].visible = figs.some((f) => f.visible);
+"""
+
+# After the first paint (the document's "document_ready"; args: panes, each holding its figures
+# in its tags): fills the empty panes (throughput, reshard, the all-metrics sections) with them,
+# one pane per browser task in page order, so the page stays responsive and paints between them.
+# A pane already filled (by the server, by the filter, or an earlier run of this) is left alone. Marks
+# "flowrl:first-paint" and "flowrl:all-metrics" in the page's performance timeline (read by
+# benchmarks/dashboard_render.py).
+ATTACH_JS = """
+performance.mark("flowrl:first-paint");
+const todo = panes.filter((pane) => pane.elements.length === 0 && pane.tags.length > 0);
+let i = 0;
+function next() {
+  if (i >= todo.length) { performance.mark("flowrl:all-metrics"); return; }
+  const pane = todo[i++];
+  // the figures the filter left visible (all of them, unless the filter was used meanwhile)
+  if (pane.elements.length === 0) pane.elements = pane.tags.filter((fig) => fig.visible);
+  setTimeout(next, 0);
 }
+setTimeout(next, 0);
 """
 
 # Shows the clicked sample row's whole prompt and its response as a conversation: each turn of

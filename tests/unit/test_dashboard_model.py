@@ -117,7 +117,7 @@ def test_dashboard_panels_step_selector_and_live_update(run_dir):
 
 def test_export_is_one_self_contained_file(run_dir, tmp_path):
     pytest.importorskip("bokeh")
-    from flowrl.metrics.dashboard import export_html
+    from flowrl.metrics.dashboard_server import export_html
 
     out = export_html(run_dir, tmp_path / "d.html")
     html = out.read_text()
