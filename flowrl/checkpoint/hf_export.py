@@ -85,13 +85,13 @@ def _export_lora(path: str | os.PathLike, out_dir: str, config_dir: str, lora: d
     import torch
     from transformers import AutoModelForCausalLM
 
-    from flowrl.models.lora import LoraSpec, add_adapters, is_adapter
+    from flowrl.models.lora import LoraSpec, add_adapters, is_trained
 
     adapters = load_full(path, as_torch=True)
     dtype = next(iter(adapters.values())).dtype
     model = AutoModelForCausalLM.from_pretrained(config_dir, dtype=dtype)
     peft_model = add_adapters(model, LoraSpec.from_dict(lora))
-    named = {n: p for n, p in model.named_parameters() if is_adapter(n)}
+    named = {n: p for n, p in model.named_parameters() if is_trained(n)}  # and modules_to_save copies
     check_params(path, {n: tuple(p.shape) for n, p in named.items()})
     with torch.no_grad():
         for n, p in named.items():

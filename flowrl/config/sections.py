@@ -61,11 +61,12 @@ class ModelConfig:
     """Recompute each block's activations in backward (the policy; ``actor.strategy=fsdp``)."""
     lora_rank: int = 0
     """LoRA adapters of this rank on ``target_modules`` through peft (0: train every weight). Only
-    the adapters train and sit in the optimizer; the reference policy is the same model with the
-    adapters disabled (no reference group); the weight sync sends the merged weights; checkpoints
-    hold the adapters (``flowrl export-hf --merge-lora`` or ``--adapter-only``). ``actor.strategy``
-    ``fsdp`` or ``dp``. LoRA wants a larger ``actor.optim.lr`` (verl: about 10x; the default
-    task: 2e-3 at rank 8) and, on real models, rank >= 32 (verl's advice)."""
+    the adapters (and ``modules_to_save``) train and sit in the optimizer; the reference policy is
+    the same model with the adapters disabled (no reference group); the weight sync sends ``hf``
+    the merged weights and vLLM the adapters only; checkpoints hold the adapters (``flowrl
+    export-hf --merge-lora`` or ``--adapter-only``). ``actor.strategy`` ``fsdp`` or ``dp``. LoRA
+    wants a larger ``actor.optim.lr`` (verl: about 10x; the default task: 2e-3 at rank 8) and, on
+    real models, rank >= 32 (verl's advice)."""
     lora_alpha: int = 16
     """LoRA scaling numerator: the adapters' output is scaled by ``lora_alpha / lora_rank`` (16:
     verl's default). Adam's first update changes the weights in proportion to
@@ -73,6 +74,13 @@ class ModelConfig:
     target_modules: str | list[str] = "all-linear"
     """Modules that get adapters: ``all-linear`` (every linear layer but the output head, peft's)
     or module names (a list, or comma-separated: ``q_proj,v_proj``)."""
+    modules_to_save: str | list[str] = ""
+    """With LoRA: modules trained whole next to the adapters, peft's ``modules_to_save`` (a list,
+    or comma-separated; empty: none). ``embed_tokens`` trains the input embedding, and with tied
+    embeddings the output head too (peft's ``ensure_weight_tying``); the reference keeps the
+    originals, checkpoints and the optimizer hold the copies, the sync sends them with the
+    adapters. The default task's model (tied, 99 tokens) learns like full-weight training with
+    ``embed_tokens``, not without it."""
 
     def __post_init__(self) -> None:
         check_one_of("dtype", self.dtype, DTYPES)
@@ -80,6 +88,8 @@ class ModelConfig:
               "must be an integer >= 0", "use 0 (no LoRA) or e.g. 8")
         check(isinstance(self.lora_alpha, int) and self.lora_alpha > 0, "lora_alpha", self.lora_alpha,
               "must be an integer > 0", "use e.g. 16 (or 2 * lora_rank)")
+        check(not self.modules_to_save or self.lora_rank > 0, "modules_to_save", self.modules_to_save,
+              "trains modules next to LoRA adapters", "set model.lora_rank > 0, or leave modules_to_save empty")
         names_ok = (isinstance(self.target_modules, str) and bool(self.target_modules.strip(" ,"))) or (
             isinstance(self.target_modules, (list, tuple)) and bool(self.target_modules)
             and all(isinstance(t, str) and t for t in self.target_modules))

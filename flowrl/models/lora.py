@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ADAPTER", "LoraSpec", "add_adapters", "adapter_checkpoint_tensors", "is_adapter", "merged_weights",
-           "plain_name"]
+__all__ = ["ADAPTER", "LoraSpec", "add_adapters", "adapter_checkpoint_tensors", "is_adapter", "is_trained",
+           "merged_weights", "plain_name"]
 
 ADAPTER = "default"
 """peft's adapter name (one adapter per model)."""
@@ -35,12 +35,16 @@ class LoraSpec:
     alpha: int
     target_modules: str | tuple[str, ...] = "all-linear"
     """``all-linear`` (peft: every linear layer but the output head) or module names (``q_proj``)."""
+    modules_to_save: tuple[str, ...] = ()
+    """Modules trained whole next to the adapters (peft's ``modules_to_save``: a trainable copy,
+    the original kept for the reference; tied embeddings stay tied, peft's ``ensure_weight_tying``)."""
 
     def __post_init__(self) -> None:
         if self.rank < 1 or self.alpha <= 0:
             raise ValueError(f"LoraSpec(rank={self.rank}, alpha={self.alpha}): both must be > 0")
         if isinstance(self.target_modules, list):
             object.__setattr__(self, "target_modules", tuple(self.target_modules))
+        object.__setattr__(self, "modules_to_save", tuple(self.modules_to_save))
 
     @classmethod
     def from_config(cls, model_cfg: Any) -> LoraSpec:
@@ -49,20 +53,24 @@ class LoraSpec:
         targets = model_cfg.target_modules
         if isinstance(targets, str) and targets != "all-linear":
             targets = tuple(t.strip() for t in targets.split(",") if t.strip())
+        save = model_cfg.modules_to_save
+        save = tuple(t.strip() for t in save.split(",") if t.strip()) if isinstance(save, str) else tuple(save)
         return cls(rank=int(model_cfg.lora_rank), alpha=int(model_cfg.lora_alpha),
-                   target_modules=targets if isinstance(targets, str) else tuple(targets))
+                   target_modules=targets if isinstance(targets, str) else tuple(targets), modules_to_save=save)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> LoraSpec:
         targets = d["target_modules"]
         return cls(rank=int(d["rank"]), alpha=int(d["alpha"]),
-                   target_modules=targets if isinstance(targets, str) else tuple(targets))
+                   target_modules=targets if isinstance(targets, str) else tuple(targets),
+                   modules_to_save=tuple(d.get("modules_to_save", ())))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (a checkpoint's ``extra.lora``, an engine keyword argument)."""
         targets = self.target_modules
-        return {"rank": self.rank, "alpha": self.alpha,
-                "target_modules": targets if isinstance(targets, str) else list(targets)}
+        out = {"rank": self.rank, "alpha": self.alpha,
+               "target_modules": targets if isinstance(targets, str) else list(targets)}
+        return {**out, "modules_to_save": list(self.modules_to_save)} if self.modules_to_save else out
 
     @property
     def scaling(self) -> float:
@@ -80,8 +88,9 @@ class LoraSpec:
         from peft import LoraConfig
 
         targets = self.target_modules if isinstance(self.target_modules, str) else list(self.target_modules)
+        save = list(self.modules_to_save) or None
         return LoraConfig(task_type="CAUSAL_LM", r=self.rank, lora_alpha=self.alpha, target_modules=targets,
-                          lora_dropout=0.0, bias="none")
+                          lora_dropout=0.0, bias="none", modules_to_save=save, ensure_weight_tying=bool(save))
 
 
 def add_adapters(model: Any, spec: LoraSpec) -> Any:
@@ -104,9 +113,16 @@ def is_adapter(name: str) -> bool:
     return ".lora_A." in name or ".lora_B." in name
 
 
+def is_trained(name: str) -> bool:
+    """Whether parameter ``name`` trains under LoRA: an adapter, or the trainable copy of a module
+    in ``modules_to_save`` (``...embed_tokens.modules_to_save.default.weight``)."""
+    return is_adapter(name) or f".modules_to_save.{ADAPTER}." in name
+
+
 def plain_name(name: str) -> str:
-    """The model's own name of a peft-wrapped base parameter (``.base_layer`` dropped)."""
-    return name.replace(".base_layer.", ".")
+    """The model's own name of a peft-wrapped parameter (``.base_layer`` dropped; a
+    ``modules_to_save`` copy by its module's name)."""
+    return name.replace(".base_layer.", ".").replace(f".modules_to_save.{ADAPTER}.", ".")
 
 
 def adapter_checkpoint_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -128,7 +144,7 @@ def merged_weights(model: Any, tensors: Mapping[str, torch.Tensor]) -> dict[str,
     ``model``) under the model's own names, each adapted layer's weight ``W + s * B @ A`` (in
     float32, cast back to ``W``'s dtype), the adapters dropped. ``model`` gives each layer's scaling
     and orientation (GPT-2's ``Conv1D`` stores ``W`` transposed)."""
-    out = {plain_name(n): t for n, t in tensors.items() if not is_adapter(n)}
+    out = {plain_name(n): t for n, t in tensors.items() if not is_adapter(n) and ".original_module." not in n}
     suffix = f".lora_A.{ADAPTER}.weight"
     for name, a_RI in tensors.items():
         if not name.endswith(suffix):

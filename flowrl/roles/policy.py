@@ -24,7 +24,7 @@ from flowrl.roles import checkpoints
 from flowrl.roles.epochs import run_epochs
 
 if TYPE_CHECKING:
-    from flowrl.backends.reshard import ReshardJob
+    from flowrl.backends.reshard import AdapterJob, ReshardJob
 
 
 class PolicyRole:
@@ -128,11 +128,21 @@ class PolicyRole:
     def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
         return self.engine.hf_state_dict()
 
-    def reshard(self, job: "ReshardJob") -> dict:
-        """Send this rank's parameter shards to the generation layout (``flowrl.backends.reshard``)."""
-        from flowrl.backends.reshard import run_rank
+    def reshard(self, job: "ReshardJob | AdapterJob") -> dict:
+        """Send this rank's parameter shards to the generation layout (``flowrl.backends.reshard``);
+        an ``AdapterJob`` (LoRA into vLLM): the adapters only, from rank 0."""
+        from flowrl.backends.reshard import AdapterJob, run_adapter_rank, run_rank
 
+        if isinstance(job, AdapterJob):
+            return run_adapter_rank(job, src_rank=self.rank, adapters=self._adapters_whole())[0]
         return run_rank(job, src_rank=self.rank, src=self.engine.reshard_source())
+
+    def _adapters_whole(self) -> dict[str, torch.Tensor]:
+        """What LoRA trains (the adapters, and modules peft trains whole), by the trainer's names,
+        whole (FSDP: gathered; every rank calls it)."""
+        from flowrl.backends.train.fsdp_tensors import full
+
+        return {n: full(p.detach()).cpu() for n, p in self.engine.model.named_parameters() if p.requires_grad}
 
     def grad_state_dict(self) -> dict[str, torch.Tensor]:
         return self.engine.grad_state_dict()

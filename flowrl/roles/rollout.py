@@ -16,7 +16,7 @@ from flowrl.roles.accounting import with_generation_stats
 
 if TYPE_CHECKING:
     from flowrl.agents.loop import Trajectory
-    from flowrl.backends.reshard import ReshardJob
+    from flowrl.backends.reshard import AdapterJob, ReshardJob
 
 
 class RolloutRole:
@@ -24,17 +24,25 @@ class RolloutRole:
     each replica's tp rank 0 holds one engine spanning tp devices and the other tp ranks hold
     none: they take part in weight syncs only (``reshard``).
 
+    With ``lora`` (``LoraSpec.to_dict()``, ``model.lora_rank`` > 0) a backend that serves LoRA
+    adapters (``vllm``) starts with them enabled and receives only the adapters at each sync.
+
     With ``multi_turn`` (a ``rollout.multi_turn`` section with ``enable``) each sample is an agent
     trajectory (:mod:`flowrl.agents`): tool answers are in ``response_ids`` with
     ``response_mask`` 0, and the table gets the agent columns (:data:`AGENT_COLUMNS`)."""
 
-    def __init__(self, *, rank: int, world_size: int, model_dir: str, backend: str = "hf", dtype: str = "float32", micro_batch_size: int = 256, sampling: SamplingParams, tensor_model_parallel_size: int = 1, engine_kwargs: dict | None = None, multi_turn: Any = None) -> None:
+    def __init__(self, *, rank: int, world_size: int, model_dir: str, backend: str = "hf", dtype: str = "float32", micro_batch_size: int = 256, sampling: SamplingParams, tensor_model_parallel_size: int = 1, engine_kwargs: dict | None = None, multi_turn: Any = None, lora: dict | None = None) -> None:
+        from flowrl.backends.reshard.adapters import takes_adapters
+
         self.rank = rank
         self.tp = tensor_model_parallel_size
         self.dtype = dtype
         self.holds_engine = rank % self.tp == 0
         self.staged_reshard = GEN_BACKENDS.traits(backend)["reshard"] == "staged"
-        self.engine = GEN_BACKENDS.get(backend)(model_dir, dtype=dtype, **(engine_kwargs or {})) if self.holds_engine else None
+        # LoRA (model.lora_rank > 0): an engine that serves adapters starts with LoRA on and gets
+        # the adapters at each sync (AdapterJob); the others get the merged weights
+        kwargs = {**(engine_kwargs or {}), **({"lora": lora} if lora and takes_adapters(backend) else {})}
+        self.engine = GEN_BACKENDS.get(backend)(model_dir, dtype=dtype, **kwargs) if self.holds_engine else None
         self.sampling = sampling
         self.micro_batch_size = micro_batch_size
         self.agent = _agent(multi_turn, model_dir) if multi_turn is not None and multi_turn.enable else None
@@ -154,10 +162,21 @@ class RolloutRole:
         """A copy of the engine's current weights by HF name (for checks)."""
         return {k: v.clone() for k, v in self.engine.reshard_target().items()}
 
-    def reshard(self, job: "ReshardJob") -> dict:
-        """Receive this rank's generation tensors from the trainer (``flowrl.backends.reshard``)."""
-        from flowrl.backends.reshard import run_rank
+    def reshard(self, job: "ReshardJob | AdapterJob") -> dict:
+        """Receive this rank's generation tensors from the trainer (``flowrl.backends.reshard``);
+        an ``AdapterJob`` (LoRA into vLLM): the adapters, installed as the engine's LoRA adapter."""
+        from flowrl.backends.reshard import AdapterJob, run_adapter_rank, run_rank
 
+        if isinstance(job, AdapterJob):
+            stats, received = run_adapter_rank(job, dst_rank=self.rank)
+            if received is not None:
+                from flowrl.models.lora import is_adapter
+
+                whole = {k: v for k, v in received.items() if not is_adapter(k)}  # peft's modules_to_save
+                if whole:
+                    self.engine.load_hf_state(whole)  # in place, under the plain names
+                self.engine.load_lora({k: v for k, v in received.items() if is_adapter(k)})
+            return stats
         if not self.staged_reshard:  # written in place (backend trait reshard="in_place")
             return run_rank(job, dst_rank=self.rank, dst=self.engine.reshard_target())
         # Engines that cannot be written in place (vllm): stage the shard, assemble full HF

@@ -80,7 +80,7 @@ def rollout_spec(cfg: Any) -> GroupSpec:
         "rollout", "flowrl.roles.rollout:RolloutRole",
         {"model_dir": cfg.model.path, "backend": r.name, "dtype": cfg.model.dtype,
          "micro_batch_size": r.micro_batch_size, "sampling": rollout_sampling(cfg), **extra,
-         **({"multi_turn": r.multi_turn} if r.multi_turn.enable else {})},
+         **({"multi_turn": r.multi_turn} if r.multi_turn.enable else {}), **lora_engine_kwargs(cfg.model)},
         _mesh(r),
     )
 

@@ -20,6 +20,7 @@ def run_dir(tmp_path_factory, tiny_model_dir, addition_data):
         "actor.optim.lr=5e-3", "data.train_batch_size=8", "rollout.n=4", "rollout.data_parallel_size=1",
         "actor.ppo_mini_batch_size=4",  # 2 optimizer steps: the old log-probs (adapters on) vs the rollout's
         "actor.entropy_coeff=0.01",  # a gradient even when every score of the random tiny model ties
+        "cluster.placement=colocated",  # the rollout in its own process: the merged-weight sync is what is tested
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -51,3 +51,14 @@ def test_stream_vllm_gpu():
                           capture_output=True, text=True, timeout=900, env=env)
     print(proc.stdout[-5000:])
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+
+
+def test_lora_vllm_gpu():
+    """GRPO with LoRA into vLLM: each sync sends the adapters only; vLLM with the adapter equals
+    hf on the merged weights (lora_vllm_gpu.py)."""
+    pytest.importorskip("vllm")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "lora_vllm_gpu.py")],
+                          capture_output=True, text=True, timeout=900, env=env)
+    print(proc.stdout[-5000:])
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]

@@ -60,6 +60,10 @@ def test_lora_adapter_in_vllm_matches_the_merged_weights():
     _run_checks("check_lora.py", timeout=400)
 
 
+def test_grpo_with_lora_syncs_only_the_adapters_to_vllm():
+    _run_checks("check_lora_grpo.py", timeout=700)
+
+
 def test_grpo_with_vllm_rollout_raises_the_reward():
     _run_checks("check_grpo.py", timeout=500)
 

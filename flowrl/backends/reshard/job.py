@@ -10,7 +10,8 @@ and no process lists the others' transfers; ``plan()`` (the whole plan) is for c
 ``job_for_run(cfg)`` derives the job of a GRPO/PPO run: the actor group's layout (``dp`` strategy:
 full HF replicas, tp = pp = 1; ``megatron``: its TP/PP shards) to the rollout group's (``hf``: a
 full model per worker; ``vllm``: its tp shards), each in its backend's ``shard_style``, split
-placement (the groups sit on disjoint workers) over the joint group ``"actor+rollout"``.
+placement (the groups sit on disjoint workers) over the joint group ``"actor+rollout"``; with
+LoRA into ``vllm`` the adapters only (``adapters.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from flowrl.backends.reshard.adapters import AdapterJob, takes_adapters
 from flowrl.comm.joint import JointSpec
 from flowrl.parallel.mesh import ParallelDims
 from flowrl.parallel.reshard_plan import (
@@ -183,11 +185,13 @@ def _model_shape(path: str) -> ModelShape:
     return ModelShape.from_hf_config(path)
 
 
-def job_for_run(cfg: Any, *, timeout_s: float | None = None, colocated: bool = False) -> ReshardJob:
+def job_for_run(cfg: Any, *, timeout_s: float | None = None, colocated: bool = False) -> ReshardJob | AdapterJob:
     """The actor -> rollout job of a run config (``RunConfig``), split placement (``colocated``:
     both layouts on the same processes, the hybrid engine's, placed by ``micro_dp_placement``
     and run over the group's own process group); the storage styles are the backends'
-    ``shard_style`` traits (``flowrl.backends.registry``)."""
+    ``shard_style`` traits (``flowrl.backends.registry``). With LoRA (``model.lora_rank`` > 0)
+    and a generation backend that serves adapters (``vllm``), split placement: an
+    :class:`~flowrl.backends.reshard.adapters.AdapterJob`, the adapters only."""
     from flowrl.backends.registry import GEN_BACKENDS, TRAIN_BACKENDS
 
     actor, rollout = cfg.actor, cfg.rollout
@@ -199,6 +203,15 @@ def job_for_run(cfg: Any, *, timeout_s: float | None = None, colocated: bool = F
                        pp=rollout.pipeline_model_parallel_size)
     dst_style = GEN_BACKENDS.traits(rollout.name)["shard_style"]
     bucket_mb = getattr(rollout, "reshard_bucket_mb", 64)
+    timeout_s = timeout_s if timeout_s is not None else cfg.cluster.timeout_s
+    if cfg.model.lora_rank and not colocated and takes_adapters(rollout.name):
+        # LoRA into an engine that serves adapters: only the adapters travel (adapters.py)
+        from flowrl.models.lora import LoraSpec
+
+        return AdapterJob(model_path=cfg.model.path, lora=LoraSpec.from_config(cfg.model).to_dict(),
+                          src_world_size=src.world_size, dst_world_size=dst.world_size, dst_tp=dst.tp,
+                          wire_dtype=cfg.model.dtype,
+                          joint=JointSpec(JOINT_NAME, "", 0, src.world_size + dst.world_size, timeout_s))
     if colocated:
         return make_job(_model_shape(cfg.model.path), src=src, dst=dst, placement="colocated", src_style=src_style,
                         dst_style=dst_style, transport=getattr(rollout, "reshard_transport", "planned"),
@@ -209,6 +222,5 @@ def job_for_run(cfg: Any, *, timeout_s: float | None = None, colocated: bool = F
         transport=getattr(rollout, "reshard_transport", "planned"),
         bucket_bytes=int(bucket_mb * 2**20) if bucket_mb else None, wire_dtype=cfg.model.dtype,
         # the rendezvous address is filled in by the node (nodes.reshard)
-        joint=JointSpec(JOINT_NAME, "", 0, src.world_size + dst.world_size,
-                        timeout_s if timeout_s is not None else cfg.cluster.timeout_s),
+        joint=JointSpec(JOINT_NAME, "", 0, src.world_size + dst.world_size, timeout_s),
     )

@@ -7,8 +7,9 @@ the whole mini-batch, and replicas stay bit-identical.
 
 With ``lora=`` (``model.lora_rank`` > 0) only peft's adapters train and sit in AdamW; the
 reference policy is the base model in this process (``reference_logprobs``: adapters disabled);
-weights leave merged under the plain model's names (``flowrl.models.lora``); checkpoints hold the
-adapters (the base weights stay ``model.path``'s).
+weights leave merged under the plain model's names (``flowrl.models.lora``; to vLLM the adapters
+leave alone, ``flowrl.backends.reshard.adapters``); checkpoints hold the adapters (the base weights
+stay ``model.path``'s).
 
 Shape letters: B rows, L padded length, T response tokens, H hidden, V vocabulary.
 """
@@ -89,9 +90,9 @@ class TorchDPEngine:
     def _state_named(self) -> dict[str, torch.nn.Parameter]:
         """The parameters a checkpoint holds by name: the adapters with LoRA (the base weights are
         ``model.path``'s, frozen), else every parameter (tied weights once)."""
-        from flowrl.models.lora import is_adapter
+        from flowrl.models.lora import is_trained
 
-        return {n: p for n, p in self.model.named_parameters() if self.lora is None or is_adapter(n)}
+        return {n: p for n, p in self.model.named_parameters() if self.lora is None or is_trained(n)}
 
     def _plain(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Full tensors by the model's own names, LoRA adapters merged into their layers' weights."""

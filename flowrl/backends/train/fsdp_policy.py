@@ -16,8 +16,9 @@ writes its own rows (``fsdp_checkpoint``). Computes on the CPU over gloo.
 LoRA (``lora=``, ``model.lora_rank`` > 0): peft's adapters are injected before sharding (sharded
 with their blocks; the frozen base weights too, FSDP2 handles the mix), AdamW holds only the
 adapters, ``reference_logprobs`` is the base model (adapters disabled), and the weights leave
-merged (``W + s B A``) under the plain model's names, for ``hf`` and vLLM alike (the same
-``reshard_source``: the generation engine never knows about LoRA); checkpoints hold the adapters.
+merged (``W + s B A``) under the plain model's names for ``hf`` (``reshard_source``); vLLM gets the
+adapters alone, gathered by the policy role (``flowrl.backends.reshard.adapters``); checkpoints hold
+the adapters.
 
 Shape letters: T response tokens.
 """
