@@ -96,12 +96,14 @@ class ClusterConfig:
     """Certificate (PEM) of this client, the scheduler and the workers."""
     tls_key: str = ""
     """Private key (PEM) matching tls_cert."""
-    placement: Literal["colocated", "hybrid", "split"] = "colocated"
-    """Without ``pools``: ``colocated`` puts rollout, actor and ref in one pool
-    (actor_rollout_ref), each rank in a worker process of its own; ``hybrid`` (verl's hybrid
-    engine, ActorRolloutRefWorker) gives each rank ONE process holding the trainer, the
-    generation engine and the reference (generation reads the training parameters where the
-    layouts agree); ``split`` gives each group its own pool."""
+    placement: Literal["auto", "colocated", "hybrid", "split"] = "auto"
+    """``hybrid`` (verl's hybrid engine, ActorRolloutRefWorker) gives each rank ONE process
+    holding the trainer, the generation engine and the reference (generation reads the training
+    parameters where the layouts agree); ``colocated`` puts rollout, actor and ref in one pool
+    (actor_rollout_ref), each rank in a worker process of its own; ``split`` gives each group its
+    own pool; ``auto``: hybrid where the run allows it (no staleness or stream mode, the hf
+    engine, equal rank counts, no declared pools, no megatron with a reference), else colocated,
+    decided before any worker starts and printed at start (``placement: hybrid (auto)``)."""
     pools: list[PoolConfig] = field(default_factory=list)
     """Resource pools, e.g. [{name: actor_rollout_ref, groups: [actor, rollout, ref]}]; every
     group must be in exactly one pool."""

@@ -7,8 +7,10 @@ worker ever holds two ranks: the ranks of every collective group need their own 
 actors share one thread per worker and each process has one default ``torch.distributed`` group,
 so two ranks in one process would deadlock at the rendezvous).
 
-- **colocated** (verl's hybrid engine, the default): one pool, ``actor_rollout_ref``, hosts the
-  rollout, actor and reference groups. Its workers are started together, from the same job
+- **auto** (the default): ``hybrid`` when the run allows it, else ``colocated``; resolved from
+  the config alone, before any worker starts (:func:`resolve_placement`, which also says why).
+- **colocated**: one pool, ``actor_rollout_ref``, hosts the rollout, actor and reference groups,
+  each rank in a worker process of its own. Its workers are started together, from the same job
   template (same nodes, same GPUs per job when ``processes`` shares a job), and each group takes
   its own distinct workers of that pool.
 - **hybrid** (verl's hybrid engine, ``ActorRolloutRefWorker``): one pool, ``actor_rollout_ref``,
@@ -64,9 +66,11 @@ def check_pool(pool: Any) -> None:
 
 
 def resolve_pools(cluster: Any, group_sizes: dict[str, int]) -> list[Pool]:
-    """The pools a run needs: ``cluster.pools`` if declared, else one pool (colocated) or one per
-    group (split). Raises :class:`ConfigError` (key ``cluster.pools``) when a group has no pool,
-    sits in two, or a pool is too small for its groups."""
+    """The pools a run needs: ``cluster.pools`` if declared, else one pool (colocated, hybrid) or
+    one per group (split). ``placement=auto`` counts here as colocated, a pool for the groups as
+    given (a run resolves auto first, :func:`resolve_placement`, and fuses the hybrid groups before
+    it asks). Raises :class:`ConfigError` (key ``cluster.pools``) when a group has no pool, sits
+    in two, or a pool is too small for its groups."""
     declared = list(getattr(cluster, "pools", []) or [])
     if not declared:
         placement = getattr(cluster, "placement", "colocated")
@@ -110,42 +114,92 @@ def check_pools_cover(cluster: Any, group_sizes: dict[str, int]) -> None:
     resolve_pools(cluster, group_sizes)
 
 
-def check_placement(cfg: Any) -> None:
-    """The pools against a ``RunConfig``'s groups (:func:`check_pools_cover`), then
-    ``cluster.placement=hybrid`` against the rest (called by it; raises ConfigError naming the
-    key and the fix): one process per rank holds the rollout, actor and reference, so their
-    world sizes agree, nothing overlaps generation with training, the generation engine lives in
-    the process (not vLLM's own), and pools are not declared."""
-    cluster = cfg.cluster
-    check_pools_cover(cluster, cfg.worker_group_sizes)
-    if cluster.placement != "hybrid":
-        return
-    check(not cluster.pools, "cluster.pools", [p.name for p in cluster.pools],
-          "declares pools while cluster.placement=hybrid fuses rollout, actor and ref into one pool itself",
-          "leave cluster.pools empty, or use cluster.placement=colocated")
+@dataclass(frozen=True)
+class _HybridRule:
+    """One thing ``placement=hybrid`` cannot do: the key and value that ask for it, why (the
+    error's words), the fix, and the short reason ``placement=auto`` gives for colocated."""
+
+    key: str
+    value: Any
+    problem: str
+    fix: str
+    auto_reason: str
+
+
+def _hybrid_refusals(cfg: Any) -> list[_HybridRule]:
+    """What in ``cfg`` keeps its rollout, actor and ref from sharing one process per rank, in the
+    order an explicit ``cluster.placement=hybrid`` reports it (empty: hybrid can run it)."""
+    out: list[_HybridRule] = []
+    if cfg.cluster.pools:
+        out.append(_HybridRule(
+            "cluster.pools", [p.name for p in cfg.cluster.pools],
+            "declares pools while cluster.placement=hybrid fuses rollout, actor and ref into one pool itself",
+            "leave cluster.pools empty, or use cluster.placement=colocated", "cluster.pools are declared"))
     sizes = cfg.worker_group_sizes
     actor = sizes["actor"]
     for group, key in (("rollout", "rollout.data_parallel_size"), ("ref", "ref.data_parallel_size")):
-        if group in sizes:
-            check(sizes[group] == actor, key, getattr(cfg, group).data_parallel_size,
-                  f"gives the {group} group {sizes[group]} ranks, the actor has {actor}; cluster.placement=hybrid "
-                  "puts one rank of each in every process",
-                  f"set {group} ranks to {actor} (data_parallel_size * tensor * pipeline sizes), "
-                  "or cluster.placement=colocated")
-    check(cfg.trainer.staleness == 0, "trainer.staleness", cfg.trainer.staleness,
-          "generates ahead while the trainer trains, which cannot overlap in one process per rank "
-          "(cluster.placement=hybrid)",
-          "set cluster.placement=split (rollout on workers of its own), or trainer.staleness=0")
-    check(not ("ref" in sizes and cfg.actor.strategy == "megatron"), "actor.strategy", cfg.actor.strategy,
-          "holds one model-parallel state per process, so the reference cannot share the actor's process "
-          "(cluster.placement=hybrid)", "use cluster.placement=colocated, or no reference (actor.use_kl_loss=false, "
-          "algorithm.use_kl_in_reward=false)")
+        if group in sizes and sizes[group] != actor:
+            out.append(_HybridRule(
+                key, getattr(cfg, group).data_parallel_size,
+                f"gives the {group} group {sizes[group]} ranks, the actor has {actor}; cluster.placement=hybrid "
+                "puts one rank of each in every process",
+                f"set {group} ranks to {actor} (data_parallel_size * tensor * pipeline sizes), "
+                "or cluster.placement=colocated", f"the {group} group has {sizes[group]} ranks, the actor {actor}"))
+    if cfg.trainer.staleness != 0:
+        out.append(_HybridRule(
+            "trainer.staleness", cfg.trainer.staleness,
+            "generates ahead while the trainer trains, which cannot overlap in one process per rank "
+            "(cluster.placement=hybrid)",
+            "set cluster.placement=split (rollout on workers of its own), or trainer.staleness=0",
+            f"trainer.staleness={cfg.trainer.staleness} generates while the trainer trains"))
+    if "ref" in sizes and cfg.actor.strategy == "megatron":
+        out.append(_HybridRule(
+            "actor.strategy", cfg.actor.strategy,
+            "holds one model-parallel state per process, so the reference cannot share the actor's process "
+            "(cluster.placement=hybrid)", "use cluster.placement=colocated, or no reference (actor.use_kl_loss=false, "
+            "algorithm.use_kl_in_reward=false)", "actor.strategy=megatron cannot share its process with a reference"))
     mode = getattr(cfg.trainer, "async_mode", "none")
-    check(mode == "none", "trainer.async_mode", mode,
-          "generates continuously while the trainer trains, which cannot overlap in one process per rank "
-          "(cluster.placement=hybrid)", "set cluster.placement=split, or trainer.async_mode=none")
-    check(cfg.rollout.name == "hf", "rollout.name", cfg.rollout.name,
-          "runs its engine in processes of its own with its own copy of the weights, so it cannot share the "
-          "trainer's process (cluster.placement=hybrid supports the in-process hf engine)",
-          "use cluster.placement=colocated with rollout.free_cache_engine=true (vLLM sleeps while the trainer "
-          "runs), or rollout.name=hf")
+    if mode != "none":
+        out.append(_HybridRule(
+            "trainer.async_mode", mode,
+            "generates continuously while the trainer trains, which cannot overlap in one process per rank "
+            "(cluster.placement=hybrid)", "set cluster.placement=split, or trainer.async_mode=none",
+            f"trainer.async_mode={mode} generates while the trainer trains"))
+    if cfg.rollout.name != "hf":
+        out.append(_HybridRule(
+            "rollout.name", cfg.rollout.name,
+            "runs its engine in processes of its own with its own copy of the weights, so it cannot share the "
+            "trainer's process (cluster.placement=hybrid supports the in-process hf engine)",
+            "use cluster.placement=colocated with rollout.free_cache_engine=true (vLLM sleeps while the trainer "
+            "runs), or rollout.name=hf", f"rollout.name={cfg.rollout.name} runs its own engine"))
+    return out
+
+
+def resolve_placement(cfg: Any) -> tuple[str, str]:
+    """``(placement, why)`` of a ``RunConfig``: ``cluster.placement`` itself when set explicitly
+    (why: ``""``); ``auto`` gives ``("hybrid", "auto")`` when an explicit hybrid would be accepted
+    (:func:`check_placement`), else ``("colocated", "auto: <what hybrid cannot do>; ...")``.
+    Pure: the config alone decides, before any worker starts."""
+    placement = cfg.cluster.placement
+    if placement != "auto":
+        return placement, ""
+    refusals = _hybrid_refusals(cfg)
+    if refusals:
+        return "colocated", "auto: " + "; ".join(r.auto_reason for r in refusals)
+    return "hybrid", "auto"
+
+
+def check_placement(cfg: Any) -> None:
+    """The pools against a ``RunConfig``'s groups (:func:`check_pools_cover`), then an explicit
+    ``cluster.placement=hybrid`` against the rest (called by it; raises ConfigError naming the
+    key and the fix): one process per rank holds the rollout, actor and reference, so their
+    world sizes agree, nothing overlaps generation with training, the generation engine lives in
+    the process (not vLLM's own), and pools are not declared. ``auto`` never refuses: where
+    hybrid would be refused it resolves to colocated (:func:`resolve_placement`)."""
+    check_pools_cover(cfg.cluster, cfg.worker_group_sizes)
+    if cfg.cluster.placement != "hybrid":
+        return
+    refusals = _hybrid_refusals(cfg)
+    if refusals:
+        r = refusals[0]
+        raise ConfigError(r.key, r.value, r.problem, r.fix)

@@ -21,7 +21,7 @@ from flowrl.algos.registries import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_
 from flowrl.config.algorithm import AlgorithmConfig
 from flowrl.config.cluster import ClusterConfig
 from flowrl.config.errors import ConfigError, check
-from flowrl.config.pools import check_placement
+from flowrl.config.pools import check_placement, resolve_placement
 from flowrl.config.roles import (ActorConfig, CriticConfig, ReferenceConfig, RewardModelConfig, RolloutConfig,
                                  check_reference_budget)
 from flowrl.config.sections import DataConfig, ModelConfig, TrainerConfig
@@ -155,6 +155,18 @@ class RunConfig:
     def stream_queue_size(self) -> int:
         """The stream's bound in prompt groups (``trainer.max_queue_size``, 0: ``(staleness + 1) * batch``)."""
         return self.trainer.max_queue_size or (self.trainer.staleness + 1) * self.data.train_batch_size
+
+    @property
+    def placement(self) -> str:
+        """The placement this run starts: ``cluster.placement``, with ``auto`` resolved to
+        ``hybrid`` where the config allows it, else ``colocated`` (``placement_reason`` says why)."""
+        return resolve_placement(self)[0]
+
+    @property
+    def placement_reason(self) -> str:
+        """Why :attr:`placement` (``""`` when ``cluster.placement`` named it): ``"auto"``, or
+        ``"auto: rollout.name=vllm runs its own engine"`` for an auto that could not be hybrid."""
+        return resolve_placement(self)[1]
 
     @property
     def worker_group_sizes(self) -> dict[str, int]:

@@ -22,13 +22,25 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flowrl.config import RunConfig, dump_config
+from flowrl.config import RunConfig, to_dict
 from flowrl.metrics import names
 from flowrl.run import checkpointing
 from flowrl.run.stream import RolloutStream, rollout_idle
 from flowrl.run.weight_sync import PendingSync, RolloutsAhead, lag_metrics
 
 log = logging.getLogger(__name__)
+
+
+def _dump_resolved_config(cfg: RunConfig, path: Path) -> None:
+    """``config.yaml``: ``cfg`` as YAML with the placement it starts (``cluster.placement=auto``
+    written as what it resolved to), under a comment that says why (``# placement: hybrid (auto)``)."""
+    import yaml
+
+    from flowrl.run.topology import describe_placement
+
+    tree = to_dict(cfg)
+    tree["cluster"]["placement"] = cfg.placement
+    path.write_text(f"# {describe_placement(cfg)}\n" + yaml.safe_dump(tree, sort_keys=False))
 
 
 class Run:
@@ -45,7 +57,7 @@ class Run:
         self.cfg = cfg
         self.run_dir = Path(cfg.trainer.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        dump_config(cfg, self.run_dir / "config.yaml")
+        _dump_resolved_config(cfg, self.run_dir / "config.yaml")
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
         self.dataset = PromptDataset(cfg.data.train_files.split(","), self.tokenizer, prompt_key=cfg.data.prompt_key,
                                      max_prompt_length=cfg.data.max_prompt_length,

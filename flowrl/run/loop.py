@@ -24,6 +24,7 @@ from flowrl.metrics.timeline import TIMELINE_FILE
 from flowrl.run.driver import Run
 from flowrl.run.preflight import resolve_inputs
 from flowrl.run.recovery import Recovery
+from flowrl.run.topology import describe_placement
 from flowrl.run import signals
 
 METRICS_FILE = "metrics.jsonl"
@@ -111,6 +112,7 @@ def train(cfg: RunConfig, *, on_step: Callable[[int, dict[str, float]], None] | 
     start = time.perf_counter()
     run = _open_run(cfg)  # dataset, run dir, family and resume checkpoint checked before any worker starts
     first = run.next_step
+    print(describe_placement(run.cfg), flush=True)  # e.g. "placement: hybrid (auto)"
     if run.resume_from is not None:
         print(f"resumed from step {first} ({run.resume_from})", flush=True)
     for name in (METRICS_FILE, TIMELINE_FILE):  # a resumed run rewrites steps >= first

@@ -2,11 +2,13 @@
 
 The family declares its groups (``GroupSpec``: name, role by import string, role kwargs, mesh);
 this module starts exactly that many rank-holding workers (plus the controller), places each
-group on its resource pool and records where the Dask dashboard is (``run_info.json``).
+group on its resource pool (``cfg.placement``: ``cluster.placement`` with ``auto`` resolved) and
+records where the Dask dashboard is (``run_info.json``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,23 +21,33 @@ from flowrl.config import RunConfig
 RUN_INFO_FILE = "run_info.json"
 
 
+def describe_placement(cfg: RunConfig) -> str:
+    """The start line that names the placement and, for ``auto``, why: ``placement: hybrid
+    (auto)``, ``placement: colocated (auto: rollout.name=vllm runs its own engine)``,
+    ``placement: split``."""
+    why = cfg.placement_reason
+    return f"placement: {cfg.placement}" + (f" ({why})" if why else "")
+
+
 def start_groups(cfg: RunConfig, specs: list[GroupSpec], run_dir: Path) -> tuple[Session, dict[str, WorkerGroup]]:
     """A session with one worker process per rank of ``specs`` (cluster kind, pools and network
     from ``cfg.cluster``) and the groups built on it, by name.
 
-    With ``cluster.placement=hybrid`` the rollout, actor and ref specs start as one fused group
+    With ``cfg.placement`` hybrid (``cluster.placement=hybrid``, or ``auto`` where the config
+    allows it) the rollout, actor and ref specs start as one fused group
     (``flowrl.roles.specs.hybrid_specs``) and their names are views of it: ``groups["rollout"]``
     and ``groups["actor"]`` are the same ranks, so the families call them as ever."""
     views: dict = {}
-    if cfg.cluster.placement == "hybrid":
+    cluster = dataclasses.replace(cfg.cluster, placement=cfg.placement)  # auto resolved
+    if cluster.placement == "hybrid":
         from flowrl.cluster.pools import rank_threads
         from flowrl.config.pools import resolve_pools
         from flowrl.roles.specs import hybrid_specs
 
         fused_sizes = {s.name: s.mesh.world_size for s in specs}
-        workers = sum(p.workers for p in resolve_pools(cfg.cluster, fused_sizes))
-        specs, views = hybrid_specs(specs, num_threads=rank_threads(cfg.cluster, workers))
-    session = Session.start(sum(s.mesh.world_size for s in specs), cluster=cfg.cluster,
+        workers = sum(p.workers for p in resolve_pools(cluster, fused_sizes))
+        specs, views = hybrid_specs(specs, num_threads=rank_threads(cluster, workers))
+    session = Session.start(sum(s.mesh.world_size for s in specs), cluster=cluster,
                             group_sizes={s.name: s.mesh.world_size for s in specs}, log_dir=str(run_dir / "slurm"),
                             scratch_dir=str(run_dir / "dask-scratch"))
     try:

@@ -16,30 +16,42 @@ REQUIRED_METRICS = {
 }
 
 
+@pytest.fixture(scope="module", params=["auto", "colocated"])
+def placement(request):
+    """The default placement (auto: hybrid for this config) and the separate-process one."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, tiny_model_dir, addition_data):
-    out = tmp_path_factory.mktemp("grpo") / "run"
+def run_dir(placement, tmp_path_factory, tiny_model_dir, addition_data):
+    out = tmp_path_factory.mktemp(f"grpo-{placement}") / "run"
     cmd = [
         sys.executable, "-m", "flowrl.cli", "train",
         f"model.path={tiny_model_dir}", f"data.train_files={addition_data[0]}",
         "trainer.total_training_steps=3", f"trainer.run_dir={out}",
         "data.train_batch_size=8", "rollout.n=4", "actor.ppo_mini_batch_size=4",  # 2 optimizer steps: old log-probs node on
+        *([f"cluster.placement={placement}"] if placement != "auto" else []),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "done: 3 steps" in proc.stdout
+    started = "placement: hybrid (auto)" if placement == "auto" else f"placement: {placement}"
+    assert started in proc.stdout.splitlines()
     return out
 
 
-def test_run_directory_holds_config_metrics_and_experience(run_dir):
+def test_run_directory_holds_config_metrics_and_experience(run_dir, placement):
     assert (run_dir / "config.yaml").is_file()
+    hybrid = placement == "auto"
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
     for row in rows:
         assert REQUIRED_METRICS <= set(row), REQUIRED_METRICS - set(row)
         # the reshard overlaps the next step's submission: step k reports step k-1's reshard
         assert ("timing_s/reshard" in row) == (row["step"] > 0)
-        if row["step"] > 0:  # dp replicas -> full rollout models: each rollout rank lacks all of it
+        if row["step"] > 0 and hybrid:  # generation reads the training parameters: nothing moves
+            assert row["reshard/bytes"] == row["reshard/bytes_min"] == row["reshard/peak_extra_bytes"] == 0
+        elif row["step"] > 0:  # dp replicas -> full rollout models: each rollout rank lacks all of it
             assert row["reshard/bytes"] == row["reshard/bytes_min"] > 0
             assert row["reshard/peak_extra_bytes"] <= 64 * 2**20
         assert "timing_s/old_log_prob" in row  # ppo_mini_batch_size < train_batch_size
@@ -64,8 +76,13 @@ def test_run_directory_holds_config_metrics_and_experience(run_dir):
             assert abs(sum(firsts)) < 1e-4
 
 
-def test_resolved_config_reloads(run_dir):
+def test_resolved_config_reloads(run_dir, placement):
     from flowrl.config import load_config
 
     cfg = load_config(run_dir / "config.yaml")
     assert cfg.trainer.total_training_steps == 3 and cfg.rollout.n == 4
+    # auto is written as what it resolved to, its reason in the first line
+    hybrid = placement == "auto"
+    assert cfg.cluster.placement == ("hybrid" if hybrid else "colocated")
+    first = (run_dir / "config.yaml").read_text().splitlines()[0]
+    assert first == ("# placement: hybrid (auto)" if hybrid else "# placement: colocated")

@@ -21,6 +21,7 @@ import torch
 
 from flowrl.checkpoint import latest_checkpoint, load_full, load_meta
 from flowrl.config import load_config
+from flowrl.config.pools import HYBRID_GROUP
 from flowrl.run import train
 
 STEPS = 3
@@ -102,7 +103,8 @@ def test_killed_worker_is_replaced_and_the_run_matches_an_uninterrupted_one(
     def watcher() -> None:  # step 2 is held in its reward node (after step 2's checkpoint): kill -9 actor rank 0
         if not _wait_for(gate / "blocked", 300):
             return
-        pid = rank_pids(default_client())[("actor", 0)]
+        # the default placement (auto -> hybrid): actor rank 0 shares its process with rollout and ref rank 0
+        pid = rank_pids(default_client())[(HYBRID_GROUP, 0)]
         os.kill(pid, signal.SIGKILL)
         killed.append(pid)
         time.sleep(0.5)
@@ -115,7 +117,7 @@ def test_killed_worker_is_replaced_and_the_run_matches_an_uninterrupted_one(
     thread.join(timeout=10)
     assert killed, "the watcher never killed a worker"
     assert summary.restarts == 1
-    assert any("restart 1/3" in r.getMessage() and "actor[0]" in r.getMessage() for r in caplog.records)
+    assert any("restart 1/3" in r.getMessage() and f"{HYBRID_GROUP}[0]" in r.getMessage() for r in caplog.records)
     assert summary.steps == STEPS  # step 2's lost attempt is not in the history
     _assert_same_run(run_dir, uninterrupted)
 

@@ -1,5 +1,6 @@
 """Cluster specs, pools and SLURM job settings: loading and validation (no workers started)."""
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -14,10 +15,15 @@ REPO = Path(__file__).parents[2]
 SIZES = {"rollout": 1, "actor": 2, "ref": 1}
 
 
-def test_default_cluster_is_a_loopback_local_cluster_with_one_colocated_pool_and_tls():
+def test_default_cluster_is_a_loopback_local_cluster_with_one_hybrid_pool_and_tls():
     cfg = load_config(None, [])
     assert cfg.cluster.kind == "local" and cfg.cluster.host == "127.0.0.1" and cfg.cluster.tls
-    pools = resolve_pools(cfg.cluster, cfg.worker_group_sizes)
+    assert (cfg.cluster.placement, cfg.placement) == ("auto", "hybrid")
+    # hybrid: 2 processes, each holding a rank of rollout, actor and ref; colocated: one process per rank
+    hybrid = dataclasses.replace(cfg.cluster, placement=cfg.placement)
+    assert resolve_pools(hybrid, cfg.worker_group_sizes) == [Pool(COLOCATED_POOL, 2, ("rollout", "actor", "ref"))]
+    colocated = load_config(None, ["cluster.placement=colocated"])
+    pools = resolve_pools(colocated.cluster, colocated.worker_group_sizes)
     assert pools == [Pool(COLOCATED_POOL, 6, ("rollout", "actor", "ref"))]
 
 

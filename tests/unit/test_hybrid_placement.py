@@ -95,3 +95,99 @@ def test_rank_threads_split_the_cores_between_rank_processes():
     assert rank_threads(ClusterConfig(kind="slurm", slurm=SlurmConfig(cores=8, processes=2)), 6) == 4
     assert rank_threads(ClusterConfig(), 10**6) == 1
     assert rank_threads(ClusterConfig(), 1) >= 1
+
+
+# -- cluster.placement=auto (the default): hybrid where the config allows it, else colocated ---------------------
+
+def _auto(overrides=()):
+    cfg = load_config(None, list(overrides))
+    return cfg.cluster.placement, cfg.placement, cfg.placement_reason
+
+
+def test_the_default_is_auto_and_resolves_to_hybrid():
+    from flowrl.run.topology import describe_placement
+
+    assert _auto() == ("auto", "hybrid", "auto")
+    assert describe_placement(load_config(None, [])) == "placement: hybrid (auto)"
+    # the groups that make hybrid possible without a reference, and with a critic of its own
+    assert _auto(["actor.use_kl_loss=false"])[1:] == ("hybrid", "auto")
+    assert _auto(["algorithm.adv_estimator=gae"])[1:] == ("hybrid", "auto")
+
+
+@pytest.mark.parametrize("overrides, reason", [
+    (["trainer.staleness=1"], "trainer.staleness=1 generates while the trainer trains"),
+    (["trainer.staleness=1", "trainer.async_mode=stream"], "trainer.async_mode=stream generates while the trainer trains"),
+    (["rollout.data_parallel_size=1"], "the rollout group has 1 ranks, the actor 2"),
+    (["ref.data_parallel_size=1"], "the ref group has 1 ranks, the actor 2"),
+    (["actor.strategy=megatron", "actor.data_parallel_size=1", "actor.tensor_model_parallel_size=2"],
+     "actor.strategy=megatron cannot share its process with a reference"),
+    (["rollout.name=vllm"], "rollout.name=vllm runs its own engine"),
+    (["cluster.pools=[{name: a, groups: [actor, rollout, ref]}]"], "cluster.pools are declared"),
+])
+def test_auto_falls_back_to_colocated_naming_what_hybrid_cannot_do(overrides, reason):
+    # each of these is refused by an explicit cluster.placement=hybrid (above); auto never refuses
+    requested, placement, why = _auto(overrides)
+    assert (requested, placement) == ("auto", "colocated")
+    assert why.startswith("auto: ") and reason in why.split("auto: ", 1)[1].split("; ")
+
+
+def test_auto_names_every_reason_and_explicit_placements_stay_as_given():
+    _, placement, why = _auto(["rollout.name=vllm", "trainer.staleness=1"])
+    assert placement == "colocated"
+    assert why == "auto: trainer.staleness=1 generates while the trainer trains; rollout.name=vllm runs its own engine"
+    for explicit in ("colocated", "split", "hybrid"):
+        assert _auto([f"cluster.placement={explicit}"]) == (explicit, explicit, "")
+    assert _auto(["cluster.placement=colocated", "trainer.staleness=1"])[1:] == ("colocated", "")
+
+
+def test_auto_is_resolved_on_each_config_not_kept_from_an_earlier_one():
+    import dataclasses
+
+    cfg = load_config(None, [])
+    assert cfg.placement == "hybrid"
+    ahead = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, staleness=1))  # no error: still auto
+    assert (ahead.cluster.placement, ahead.placement) == ("auto", "colocated")
+
+
+def test_the_run_directory_records_the_resolved_placement_and_why(tmp_path):
+    import yaml
+
+    from flowrl.run.driver import _dump_resolved_config
+
+    for overrides, first_line, written in (([], "# placement: hybrid (auto)", "hybrid"),
+                                           (["rollout.name=vllm"],
+                                            "# placement: colocated (auto: rollout.name=vllm runs its own engine)",
+                                            "colocated"),
+                                           (["cluster.placement=split"], "# placement: split", "split")):
+        path = tmp_path / "config.yaml"
+        _dump_resolved_config(load_config(None, overrides), path)
+        text = path.read_text()
+        assert text.splitlines()[0] == first_line
+        assert yaml.safe_load(text)["cluster"]["placement"] == written
+        assert load_config(path).placement == written  # the saved config loads and starts the same placement
+
+
+def test_the_session_gets_the_resolved_placement(monkeypatch, tmp_path):
+    """``start_groups`` with auto: the rollout, actor and ref specs fused into one group of 2 ranks
+    on 2 workers (hybrid), and ``Session.start`` given the resolved cluster, never ``auto``."""
+    import flowrl.run.topology as topology
+    from flowrl.roles.specs import actor_spec, ref_spec, rollout_spec
+
+    seen = {}
+
+    class FakeSession:
+        @classmethod
+        def start(cls, num_workers, *, cluster, group_sizes, **_):
+            seen.update(num_workers=num_workers, placement=cluster.placement, group_sizes=group_sizes)
+            raise RuntimeError("stop here")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(topology, "Session", FakeSession)
+    for overrides, expected in (([], (2, "hybrid", {HYBRID_GROUP: 2})),
+                                (["trainer.staleness=1"], (6, "colocated", {"rollout": 2, "actor": 2, "ref": 2}))):
+        cfg = load_config(None, overrides)
+        with pytest.raises(RuntimeError, match="stop here"):
+            topology.start_groups(cfg, [rollout_spec(cfg), actor_spec(cfg), ref_spec(cfg)], tmp_path)
+        assert (seen["num_workers"], seen["placement"], seen["group_sizes"]) == expected
