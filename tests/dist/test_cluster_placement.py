@@ -112,8 +112,12 @@ def test_tls_is_the_default_and_a_client_without_the_runs_credentials_is_refused
                               set_as_default=False):
                 pass
 
-        for target, security in strangers:
-            with pytest.raises((OSError, TimeoutError, asyncio.TimeoutError, ValueError, TypeError)):
-                asyncio.run(asyncio.wait_for(connect(target, security), timeout=60))
+        loop = asyncio.new_event_loop()  # not asyncio.run: it leaves the main thread without a current loop
+        try:
+            for target, security in strangers:
+                with pytest.raises((OSError, TimeoutError, asyncio.TimeoutError, ValueError, TypeError)):
+                    loop.run_until_complete(asyncio.wait_for(connect(target, security), timeout=60))
+        finally:
+            loop.close()
         dirs = session.client.run(lambda dask_worker: dask_worker.local_directory)
         assert dirs and all(d.startswith(str(tmp_path / "dask-scratch")) for d in dirs.values()), dirs
