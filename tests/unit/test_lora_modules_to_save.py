@@ -102,3 +102,16 @@ def test_preflight_names_the_missing_module(tiny_model_dir):
         check_lora(cfg, model_path=str(tiny_model_dir))
     ok = load_config(None, [f"model.path={tiny_model_dir}", "model.lora_rank=4", "model.modules_to_save=embed_tokens,norm"])
     check_lora(ok, model_path=str(tiny_model_dir))
+
+
+def test_preflight_names_a_target_that_is_no_linear_layer(tiny_model_dir):
+    from flowrl.backends.train.lora import check_lora
+    from flowrl.config import ConfigError, load_config
+
+    cfg = load_config(None, [f"model.path={tiny_model_dir}", "model.lora_rank=4", "model.target_modules=[q_proj,embed_tokens]"])
+    with pytest.raises(ConfigError) as err:
+        check_lora(cfg, model_path=str(tiny_model_dir))
+    assert err.value.key == "model.target_modules" and "embed_tokens" in str(err.value)
+    assert "q_proj" in err.value.fix and "all-linear" in err.value.fix
+    ok = load_config(None, [f"model.path={tiny_model_dir}", "model.lora_rank=4", "model.target_modules=[q_proj,v_proj]"])
+    check_lora(ok, model_path=str(tiny_model_dir))

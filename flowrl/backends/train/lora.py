@@ -80,20 +80,21 @@ def check_lora(cfg: Any, *, model_path: str | None) -> None:
     if not model_path or not os.path.isfile(os.path.join(model_path, "config.json")):
         return
     if spec.modules_to_save:
-        modules = module_names(model_path)
-        missing = [t for t in spec.modules_to_save if t not in modules]
-        if missing:
-            raise ConfigError("model.modules_to_save", cfg.model.modules_to_save,
-                              f"names no module of {model_path}: {', '.join(missing)}",
-                              f"use some of: {', '.join(sorted(modules))}")
-    if isinstance(spec.target_modules, str):
-        return
-    have = linear_module_names(model_path)
-    missing = [t for t in spec.target_modules if t not in have]
+        _require_names("model.modules_to_save", cfg.model.modules_to_save, spec.modules_to_save,
+                       module_names(model_path), f"names no module of {model_path}", "use some of: ")
+    if not isinstance(spec.target_modules, str):
+        _require_names("model.target_modules", cfg.model.target_modules, spec.target_modules,
+                       linear_module_names(model_path), f"names no linear layer of {model_path}",
+                       "use all-linear, or some of: ")
+
+
+def _require_names(key: str, value: Any, wanted: Any, have: set[str], problem: str, fix: str) -> None:
+    """Raise :class:`~flowrl.config.ConfigError` for ``key`` when a name in ``wanted`` is not in
+    ``have``; the fix lists ``have`` (without container indices such as ``0``)."""
+    missing = [t for t in wanted if t not in have]
     if missing:
-        raise ConfigError("model.target_modules", cfg.model.target_modules,
-                          f"names no linear layer of {model_path}: {', '.join(missing)}",
-                          f"use all-linear, or some of: {', '.join(sorted(have))}")
+        raise ConfigError(key, value, f"{problem}: {', '.join(missing)}",
+                          fix + ", ".join(sorted(n for n in have if not n.isdigit())))
 
 
 def module_names(model_path: str) -> set[str]:
