@@ -34,6 +34,9 @@ class WorkerGroup:
     part: str = ""
     """A view's part of the ranks' role (``cluster.placement=hybrid``: ``"rollout"`` calls
     ``role.rollout.<method>``); empty: the role itself."""
+    shares_weights: bool = False
+    """Every rank generates with its training parameters themselves (the hybrid engine where the
+    layouts agree): a weight sync between views of this group has nothing to move or call."""
 
     @property
     def world_size(self) -> int:
@@ -48,7 +51,7 @@ class WorkerGroup:
         if mesh.world_size != self.world_size:
             raise ValueError(f"view {name!r} of group {self.name!r}: mesh {mesh} has {mesh.world_size} ranks, "
                              f"the group {self.world_size}")
-        return WorkerGroup(name, self.actors, self.addresses, mesh, self.timeout_s, self._counter, part)
+        return WorkerGroup(name, self.actors, self.addresses, mesh, self.timeout_s, self._counter, part, self.shares_weights)
 
     def method(self, name: str) -> str:
         """The rank-side name of role method ``name`` (``part.name`` in a view)."""

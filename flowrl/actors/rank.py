@@ -141,7 +141,8 @@ class RankActor:
         )
         cls = import_string(role_cls)
         self.role = cls(rank=self.rank, world_size=self.world_size, **role_kwargs)
-        return {"pid": os.getpid(), "backend": backend}
+        # a hybrid rank whose generation runs on the training parameters (flowrl.roles.hybrid)
+        return {"pid": os.getpid(), "backend": backend, "shares_weights": bool(getattr(self.role, "shared", False))}
 
     def _teardown(self) -> None:
         import torch.distributed as dist

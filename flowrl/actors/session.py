@@ -54,6 +54,7 @@ class Session:
         self.pool_of: dict[str, str] = {}  # group name -> resource pool its ranks must run on
         self.controller_lost = False  # set when the scheduler removes the controller worker
         self._graph_futures: Any = weakref.WeakSet()  # what submit() started, cancelled if the controller goes
+        self.local_graphs: Any = None  # cluster.controller=driver: flowrl.actors.local_graph.LocalGraphs
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
@@ -76,7 +77,8 @@ class Session:
         """Start (or connect to) a cluster with ``num_workers`` worker processes for groups plus
         one controller worker that runs the graph's node tasks: nodes mostly wait on actors, and
         keeping them (and the tables they pass along) in one process saves a scheduling hop and a
-        worker-to-worker transfer per edge of the graph.
+        worker-to-worker transfer per edge of the graph. With ``cluster.controller=driver`` there
+        is no controller worker: the graphs run in this process (``flowrl.actors.local_graph``).
 
         ``cluster`` (a ClusterConfig) replaces the keyword settings before it: its ``kind``
         picks LocalCluster, SLURM jobs or an existing scheduler (see ``flowrl.cluster``). With
@@ -93,10 +95,15 @@ class Session:
                 startup_timeout_s=startup_timeout_s, low_latency=low_latency,
             )
         pools = resolve_pools(cluster, group_sizes or {"workers": num_workers})
-        handle = start_cluster(cluster, pools, log_dir=log_dir, scratch_dir=scratch_dir)
+        in_driver = cluster.controller == "driver"
+        handle = start_cluster(cluster, pools, log_dir=log_dir, scratch_dir=scratch_dir, controller=not in_driver)
         session = cls(handle.client, handle if handle.kind != "address" else None,
                       timeout_s=cluster.timeout_s, startup_timeout_s=cluster.startup_timeout_s)
         session.handle = handle
+        if in_driver:
+            from flowrl.actors.local_graph import LocalGraphs
+
+            session.local_graphs = LocalGraphs()
         session.pool_of = pool_of(pools) if group_sizes and handle.enforce_pools else {}
         session.controller = handle.controller
         session._used.add(session.controller)
@@ -161,7 +168,7 @@ class Session:
                 for rank, addr in enumerate(addresses)
             ]
             placed.append((spec, addresses, futures))
-        setups, setup_addresses, created = [], [], {}
+        setups, setup_addresses, setup_groups, created = [], [], [], {}
         for spec, addresses, futures in placed:
             actors = [f.result(timeout=self.startup_timeout_s) for f in futures]
             self._used.update(addresses)
@@ -171,12 +178,19 @@ class Session:
             args = (master, spec.role_cls, spec.role_kwargs, spec.backend, self.timeout_s)
             setups += [a.call(0, "_setup", args, {}, self.startup_timeout_s) for a in actors]
             setup_addresses += addresses
-        wait_all(setups, self.startup_timeout_s, f"{'/'.join(names)} setup", setup_addresses)
+            setup_groups += [group] * len(actors)
+        done = wait_all(setups, self.startup_timeout_s, f"{'/'.join(names)} setup", setup_addresses)
+        for group in created.values():  # every rank's generation reads its training parameters (hybrid, same layout)
+            group.shares_weights = all(info.get("shares_weights", False)
+                                       for (info, _), g in zip(done, setup_groups, strict=True) if g is group)
         log.info("groups %s ready in %.1fs", names, time.perf_counter() - start)
         return created
 
     def submit(self, outputs: list[Any]) -> list[Any]:
-        """Start computing delayed outputs (node tasks on the controller); returns futures."""
+        """Start computing delayed outputs (node tasks on the controller worker, or in this process
+        with ``cluster.controller=driver``); returns futures."""
+        if self.local_graphs is not None:  # cluster.controller=driver: Dask's threaded scheduler, here
+            return self.local_graphs.submit(list(outputs), {a.key: a for g in self.groups.values() for a in g.actors})
         pin = {"workers": [self.controller], "allow_other_workers": False} if self.controller else {}
         futures = self.client.compute(list(outputs), **pin)
         self._graph_futures.update(futures)
@@ -199,6 +213,8 @@ class Session:
         collective with a dead peer is not waited for past the teardown's share of the time:
         its process goes when the cluster closes (the nannies kill what does not exit)."""
         deadline = time.monotonic() + timeout
+        if self.local_graphs is not None:
+            self.local_graphs.close()
         self._shutdown_groups(min(TEARDOWN_TIMEOUT_S, timeout / 3))
         if self.client is not None and self.cluster is not None:
             try:  # nannies: a worker that exits now is not restarted (it would dial a closing scheduler)

@@ -282,7 +282,9 @@ def _start_local(cfg: Any, pools: list[Pool], *, controller: bool, scratch_dir: 
     )
     handle = ClusterHandle("local", None, cluster, pools=pools)
     try:
-        handle.client = Client(cluster, timeout=cfg.startup_timeout_s)
+        # direct_to_workers: the driver's actor calls and result fetches go straight to the
+        # worker (Dask's default proxies them through the scheduler: one more hop per call)
+        handle.client = Client(cluster, timeout=cfg.startup_timeout_s, direct_to_workers=True)
         base = dict(cluster.new_spec)
         for pool in pools:
             _scale_pool(cluster, base, {pool.name: 1}, pool.workers, jobs=False)
@@ -408,7 +410,9 @@ def _start_slurm(cfg: Any, pools: list[Pool], *, log_dir: str | Path | None, con
         raise
     handle.install_signal_handlers()  # from the first sbatch on, a SIGTERM cancels the jobs
     try:
-        handle.client = Client(cluster, timeout=cfg.startup_timeout_s)
+        # direct_to_workers: the driver's actor calls and result fetches go straight to the
+        # worker (Dask's default proxies them through the scheduler: one more hop per call)
+        handle.client = Client(cluster, timeout=cfg.startup_timeout_s, direct_to_workers=True)
         base = dict(cluster.new_spec)
         directives = list(kwargs["job_extra_directives"])
         processes = cfg.slurm.processes

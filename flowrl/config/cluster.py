@@ -104,6 +104,13 @@ class ClusterConfig:
     own pool; ``auto``: hybrid where the run allows it (no staleness or stream mode, the hf
     engine, equal rank counts, no declared pools, no megatron with a reference), else colocated,
     decided before any worker starts and printed at start (``placement: hybrid (auto)``)."""
+    controller: Literal["auto", "driver", "worker"] = "auto"
+    """Where an iteration graph's nodes run (they dispatch to the worker groups and wait):
+    ``worker``: a controller worker process of the cluster, through the Dask scheduler (a SLURM
+    run's driver may sit on a login node, away from the workers); ``driver``: Dask's threaded
+    scheduler in the driver process, the nodes calling the rank actors directly (no scheduler
+    round trip per node; no generation ahead: ``trainer.staleness`` 0, no stream mode); ``auto``:
+    ``driver`` for ``kind=local`` runs without generation ahead, else ``worker``."""
     pools: list[PoolConfig] = field(default_factory=list)
     """Resource pools, e.g. [{name: actor_rollout_ref, groups: [actor, rollout, ref]}]; every
     group must be in exactly one pool."""

@@ -112,6 +112,9 @@ class RunConfig:
         t = self.trainer
         key, value = ("trainer.async_mode", t.async_mode) if t.async_mode == "stream" else ("trainer.staleness", t.staleness)
         if t.staleness > 0 or t.async_mode == "stream":
+            check(self.cluster.controller != "driver", "cluster.controller", self.cluster.controller,
+                  f"runs graphs in the driver, which cannot feed one graph's pending output into another ({key}={value} "
+                  "generates ahead)", "set cluster.controller=worker (or auto), or trainer.staleness=0")
             check(not self.rollout.free_cache_engine, key, value,
                   "overlaps generation with the update, but rollout.free_cache_engine=true shares the trainer's devices "
                   "(the engine sleeps while the trainer runs)",
@@ -161,6 +164,16 @@ class RunConfig:
         """The placement this run starts: ``cluster.placement``, with ``auto`` resolved to
         ``hybrid`` where the config allows it, else ``colocated`` (``placement_reason`` says why)."""
         return resolve_placement(self)[0]
+
+    @property
+    def graph_controller(self) -> str:
+        """Where the iteration graphs run (``cluster.controller`` with ``auto`` resolved): ``driver``
+        for a local cluster without generation ahead, else ``worker``."""
+        c, t = self.cluster, self.trainer
+        if c.controller != "auto":
+            return c.controller
+        ahead = t.staleness > 0 or t.async_mode == "stream"
+        return "driver" if c.kind == "local" and not ahead else "worker"
 
     @property
     def placement_reason(self) -> str:

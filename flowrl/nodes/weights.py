@@ -62,8 +62,23 @@ def build_reshard(cfg: Any, actor: WorkerGroup, rollout: WorkerGroup, after: Any
 
     Binds the actor's and then the rollout's next call now, so the rollout's next ``gen`` runs
     after this reshard has written the new weights. The job (``job_for_run``) is derived in the
-    node, where ``model.path`` is readable."""
+    node, where ``model.path`` is readable.
+
+    Views of one hybrid group whose ranks generate with the training parameters themselves
+    (``WorkerGroup.shares_weights``) have nothing to sync: the node calls no rank (the rollout's
+    next call follows the update in the group's one call order) and reports the same metrics as
+    a sync that moved nothing (``reshard/bytes`` 0)."""
+    if same_ranks(actor, rollout) and actor.shares_weights:
+        return node(names.RESHARD, _shared_weights, after, cfg, actor.world_size, step=step)
     return node(names.RESHARD, _reshard_run, actor.bind(), rollout.bind(), after, cfg, step=step)
+
+
+def _shared_weights(after: Any, cfg: Any, world_size: int) -> NodeOut:
+    from flowrl.backends.reshard import job_for_run
+
+    job = job_for_run(cfg, colocated=True)
+    per_process = [{"bytes_received": 0, "bytes_min": job.min_bytes(r), "peak_extra_bytes": 0} for r in range(world_size)]
+    return NodeOut(None, reshard_metrics(per_process, 0.0))
 
 
 def _reshard_run(actor: BoundCall, rollout: BoundCall, after: Any, cfg: Any) -> NodeOut:

@@ -33,13 +33,14 @@ log = logging.getLogger(__name__)
 
 def _dump_resolved_config(cfg: RunConfig, path: Path) -> None:
     """``config.yaml``: ``cfg`` as YAML with the placement it starts (``cluster.placement=auto``
-    written as what it resolved to), under a comment that says why (``# placement: hybrid (auto)``)."""
+    written as what it resolved to, and so ``cluster.controller``), under a comment that says why (``# placement: hybrid (auto)``)."""
     import yaml
 
     from flowrl.run.topology import describe_placement
 
     tree = to_dict(cfg)
     tree["cluster"]["placement"] = cfg.placement
+    tree["cluster"]["controller"] = cfg.graph_controller
     path.write_text(f"# {describe_placement(cfg)}\n" + yaml.safe_dump(tree, sort_keys=False))
 
 

@@ -1,7 +1,8 @@
 """The run's processes: one Dask session sized for the family's worker groups, and the groups.
 
 The family declares its groups (``GroupSpec``: name, role by import string, role kwargs, mesh);
-this module starts exactly that many rank-holding workers (plus the controller), places each
+this module starts exactly that many rank-holding workers (plus the controller worker, unless
+the graphs run in the driver: ``cluster.controller``), places each
 group on its resource pool (``cfg.placement``: ``cluster.placement`` with ``auto`` resolved) and
 records where the Dask dashboard is (``run_info.json``).
 """
@@ -38,7 +39,7 @@ def start_groups(cfg: RunConfig, specs: list[GroupSpec], run_dir: Path) -> tuple
     (``flowrl.roles.specs.hybrid_specs``) and their names are views of it: ``groups["rollout"]``
     and ``groups["actor"]`` are the same ranks, so the families call them as ever."""
     views: dict = {}
-    cluster = dataclasses.replace(cfg.cluster, placement=cfg.placement)  # auto resolved
+    cluster = dataclasses.replace(cfg.cluster, placement=cfg.placement, controller=cfg.graph_controller)  # auto resolved
     if cluster.placement == "hybrid":
         from flowrl.cluster.pools import rank_threads
         from flowrl.config.pools import resolve_pools

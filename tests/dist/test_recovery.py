@@ -125,7 +125,8 @@ def test_killed_worker_is_replaced_and_the_run_matches_an_uninterrupted_one(
 @pytest.mark.timeout(600)
 def test_killed_controller_is_replaced_and_the_run_matches_an_uninterrupted_one(
         tmp_path, tiny_model_dir, addition_data, uninterrupted, caplog, monkeypatch):
-    """kill -9 of the worker that runs the graph's nodes (step 2's reward node is running on it):
+    """kill -9 of the worker that runs the graph's nodes (``cluster.controller=worker``; step 2's
+    reward node is running on it):
     the step's graph is cancelled at once (not left pinned to the dead address), the recovery
     reports ``controller`` and rebuilds, and every step runs exactly once."""
     from distributed import default_client
@@ -146,7 +147,7 @@ def test_killed_controller_is_replaced_and_the_run_matches_an_uninterrupted_one(
     thread.start()
     with caplog.at_level("WARNING", logger="flowrl.run.recovery"):
         summary = train(load_config(None, _args(run_dir, tiny_model_dir, addition_data, GATED,
-                                                "cluster.timeout_s=120")))
+                                                "cluster.timeout_s=120", "cluster.controller=worker")))
     thread.join(timeout=10)
     assert killed, "the watcher never killed the controller"
     assert summary.restarts == 1
