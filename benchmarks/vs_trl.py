@@ -144,24 +144,25 @@ NOTES = [
     "Step time: flowrl timing_s/step (whole iteration graph incl. weight sync trainer->rollout); TRL "
     "on_step_begin->on_step_end callback (generation, reward, advantages, forward/backward, clip, optimizer step). "
     "block_wall_s also counts what happens between steps (logging, prompt loading) for both.",
-    "Threads: TRL one process with torch.set_num_threads(2); flowrl 4 worker processes with 1 thread each "
-    "(2 rollout + 2 actor; generation and update alternate, so at most 2 busy at once).",
+    "Threads: TRL one process with torch.set_num_threads(2); flowrl its defaults: cluster.placement=auto (here "
+    "hybrid: 2 worker processes with 1 thread each, each holding trainer and generator on the same module) and "
+    "cluster.controller=auto (here driver: the iteration graph runs on Dask's threaded scheduler in the driver, "
+    "which calls the rank actors directly).",
     "Sampling differs between the two (different RNG streams), so response lengths differ slightly; "
     "generated tokens/s accounts for that. Tokens count every sampled token up to and including EOS.",
     "large scale: the saved 10m model has EOS pushed down (suppress_eos: +2.0 on embedding feature 0 of every "
     "token, -2.0 for EOS; tied embeddings) so responses run to 64 tokens on both sides. Random-init models never "
     "earn a reward, so advantages are 0; both still run the full forward/backward/optimizer step.",
     "While one framework runs, the other waits: TRL blocked on its stdin (no CPU), flowrl's idle Dask "
-    "cluster (scheduler, nannies, 4 workers) ticking at ~0.1-0.2 of a core (blocks[].idle_cores), which TRL's "
+    "cluster (scheduler, nannies, workers) ticking at ~0.1-0.2 of a core (blocks[].idle_cores), which TRL's "
     "turns have to share.",
     "Shared machine: other users' processes compete for the 2 cores. Under contention a 2-thread OpenMP process "
     "(TRL) loses more than two 1-thread processes (flowrl), because each parallel region waits for its slower "
     "thread. blocks[].foreign_cores is the average number of cores other work kept busy during a turn (from "
     "/proc/stat minus both frameworks' process trees); 'quiet' statistics keep turns with at most "
     f"{QUIET_FOREIGN_CORES} such cores. Ratios from quiet turns are the reference.",
-    "flowrl does work TRL does not: it keeps the sampled tokens' log-probs from generation (output_logits) and "
-    "copies the trainer's weights to the rollout workers every step. TRL decodes every row until the longest "
-    "finishes; flowrl's two rollout workers each stop at their own longest row.",
+    "flowrl does work TRL does not: it keeps the sampled tokens' log-probs from generation (output_logits). "
+    "TRL decodes every row until the longest finishes; flowrl's decode retires finished rows.",
 ]
 
 
