@@ -139,6 +139,9 @@ NOTES = [
     "flowrl trains in fp32 and never recomputes activations, CPU bf16 matmuls are not faster here, and "
     "checkpointing would add a forward pass to TRL's update. Constant learning rate (TRL defaults to linear decay; "
     "no effect on time).",
+    "Grid cells: flowrl forms update micro-batches by a token budget (actor.use_dynamic_bsz, "
+    "ppo_max_token_len_per_gpu 16384) and computes each prompt once per group of rollout.n rows "
+    "(actor.use_prefix_grouper, verl's key; off by default in both). TRL has neither.",
     "Loss: TRL loss_type 'dapo' (token mean over the batch's completion tokens) = flowrl token-mean with one "
     "mini-batch; TRL scale_rewards 'group' = flowrl GRPO std normalisation.",
     "Step time: flowrl timing_s/step (whole iteration graph incl. weight sync trainer->rollout); TRL "
@@ -256,8 +259,9 @@ def flowrl_overrides(spec: dict[str, Any]) -> list[str]:
         f"trainer.run_dir={spec['run_dir']}",
         "trainer.progress=false",
         "trainer.save_experience=false",
-    ] + ([  # token-budget micro-batches, packed (issue 14); one decode call per rollout rank
+    ] + ([  # token-budget micro-batches, packed, each prompt once per group (issue 14); one decode call per rollout rank
         "actor.use_dynamic_bsz=true", f"actor.ppo_max_token_len_per_gpu={s['token_budget']}",
+        "actor.use_prefix_grouper=true",
         f"rollout.micro_batch_size={max(s['num_prompts'] * s['group_size'] // 2, 1)}",
     ] if s.get("token_budget") else [])
 

@@ -58,16 +58,34 @@ def torch_dtype(name: str) -> "torch.dtype":
     return table[name]
 
 
-def model_kwargs(inputs: "Padded", device: "torch.device") -> dict[str, "torch.Tensor"]:
-    """A transformers model's keyword inputs for padded rows (attention mask) or packed lines
-    (per-sequence ``position_ids``, no mask: transformers builds the block-causal mask)."""
+def model_kwargs(inputs: "Padded", device: "torch.device", attn_implementation: str = "sdpa") -> dict[str, "torch.Tensor"]:
+    """A transformers model's keyword inputs for padded rows (attention mask), packed lines
+    (per-sequence ``position_ids``, no mask: transformers builds the block-causal mask) or
+    shared-prompt lines (a ready 4D mask, which transformers passes through as-is: a bool
+    ``[B, 1, L, L]`` for ``sdpa``, an additive float one for ``eager``; ``attn_implementation``
+    is the model's ``config._attn_implementation``)."""
     # no KV cache: training forwards never reuse it, and transformers reads packed position ids only without one
     kwargs: dict = {"input_ids": inputs.input_ids_BL.to(device), "use_cache": False}
     if inputs.attention_mask_BL is not None:
         kwargs["attention_mask"] = inputs.attention_mask_BL.to(device)
     if inputs.position_ids_BL is not None:
         kwargs["position_ids"] = inputs.position_ids_BL.to(device)
+    if inputs.block_mask_BLL is not None:
+        kwargs["attention_mask"] = block_attention_mask(inputs.block_mask_BLL, attn_implementation).to(device)
     return kwargs
+
+
+def block_attention_mask(mask_BLL: "torch.Tensor", attn_implementation: str) -> "torch.Tensor":
+    """The 4D mask an attention implementation takes for a bool ``mask_BLL`` (True: attend)."""
+    import torch
+
+    if attn_implementation == "sdpa":
+        return mask_BLL[:, None]
+    if attn_implementation == "eager":  # added to the scores (float32: promotes bf16 scores before softmax)
+        additive = torch.zeros(mask_BLL.shape, dtype=torch.float32)
+        return additive.masked_fill_(~mask_BLL, torch.finfo(torch.float32).min)[:, None]
+    raise ValueError(f"use_prefix_grouper=true (actor, ref or critic) needs attn_implementation sdpa or eager, "
+                     f"the model has {attn_implementation!r}; fix: load it with sdpa, or set use_prefix_grouper=false")
 
 
 def eos_token_ids(model_dir: str) -> list[int]:

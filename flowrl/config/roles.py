@@ -48,11 +48,22 @@ def check_token_budget(section, keys: tuple[str, ...], dynamic: bool, name: str)
           f"(and log_prob_use_dynamic_bsz=false), or {name}.strategy=dp or fsdp")
 
 
+def check_prefix_grouper(section, name: str) -> None:
+    """Shared-prompt forwards (``use_prefix_grouper``) are built for the torch strategies only."""
+    check(not (section.use_prefix_grouper and section.strategy == "megatron"), "use_prefix_grouper", True,
+          f"{name}.strategy=megatron computes every row's prompt (it has no shared-prompt layout)",
+          f"set {name}.use_prefix_grouper=false, or {name}.strategy=dp or fsdp")
+
+
 def check_reference_budget(ref, actor) -> None:
-    """The reference runs on ``actor.strategy``: token-budget forwards need a torch strategy."""
+    """The reference runs on ``actor.strategy``: token-budget and shared-prompt forwards need a
+    torch strategy."""
     check(not (ref.log_prob_use_dynamic_bsz and actor.strategy == "megatron"), "ref.log_prob_use_dynamic_bsz", True,
           "the reference runs on actor.strategy=megatron, which forms micro-batches by rows",
           "set ref.log_prob_use_dynamic_bsz=false, or actor.strategy=dp or fsdp")
+    check(not (ref.use_prefix_grouper and actor.strategy == "megatron"), "ref.use_prefix_grouper", True,
+          "the reference runs on actor.strategy=megatron, which has no shared-prompt layout",
+          "set ref.use_prefix_grouper=false, or actor.strategy=dp or fsdp")
 
 
 @dataclass(kw_only=True)
@@ -199,6 +210,11 @@ class ActorConfig(ParallelFields):
     """The old-log-prob pass by token count too (verl's ``rollout.log_prob_use_dynamic_bsz``)."""
     log_prob_max_token_len_per_gpu: int = 16384
     """Real tokens per old-log-prob micro-batch on one rank, with ``log_prob_use_dynamic_bsz``."""
+    use_prefix_grouper: bool = False
+    """Compute a prompt once for its consecutive rows (a GRPO group of ``rollout.n`` samples) in the
+    update and the old-log-prob pass (verl's key): the prompt, then each row's response, under a
+    block attention mask. Same log-probs and gradients; fewer positions computed. Works with and
+    without ``use_dynamic_bsz``; dp and fsdp strategies only."""
     policy_loss: str = "vanilla"
     """Registered policy loss: ``vanilla`` (PPO clip with dual clip) or ``gspo``."""
     clip_ratio_low: float = 0.2
@@ -245,6 +261,7 @@ class ActorConfig(ParallelFields):
         check_positive("ppo_epochs", self.ppo_epochs, "use 1")
         check_token_budget(self, ("ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu"),
                            self.use_dynamic_bsz or self.log_prob_use_dynamic_bsz, "actor")
+        check_prefix_grouper(self, "actor")
         check(self.ulysses_sequence_parallel_size == 1, "ulysses_sequence_parallel_size",
               self.ulysses_sequence_parallel_size, "Ulysses sequence parallelism is not built in flowrl",
               "set actor.ulysses_sequence_parallel_size=1 (shard with actor.strategy=fsdp or megatron)")
@@ -276,6 +293,9 @@ class ReferenceConfig(ParallelFields):
     """Forward micro-batches by token count, sequences packed (verl's key)."""
     log_prob_max_token_len_per_gpu: int = 16384
     """Real tokens per forward micro-batch on one rank, with ``log_prob_use_dynamic_bsz``."""
+    use_prefix_grouper: bool = False
+    """Compute a prompt once for its consecutive rows in the reference forward (as
+    ``actor.use_prefix_grouper``; the reference runs on ``actor.strategy``: dp or fsdp only)."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """How the reference shards under ``actor.strategy=fsdp`` (verl's ``fsdp_config``)."""
 
@@ -312,6 +332,9 @@ class CriticConfig(ParallelFields):
     """Real tokens per update micro-batch on one rank, with ``use_dynamic_bsz`` (verl's default)."""
     forward_max_token_len_per_gpu: int = 32768
     """Real tokens per value-forward micro-batch on one rank, with ``use_dynamic_bsz``."""
+    use_prefix_grouper: bool = False
+    """Compute a prompt once for its consecutive rows in value forwards and updates (as
+    ``actor.use_prefix_grouper``; dp and fsdp strategies only)."""
     ppo_epochs: int = 1
     """Passes of the critic over each batch."""
     cliprange_value: float = 0.5
@@ -337,6 +360,7 @@ class CriticConfig(ParallelFields):
         check_positive("forward_micro_batch_size_per_gpu", self.forward_micro_batch_size_per_gpu, "use e.g. 256")
         check_positive("ppo_epochs", self.ppo_epochs, "use 1")
         check_token_budget(self, ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu"), self.use_dynamic_bsz, "critic")
+        check_prefix_grouper(self, "critic")
         check_positive("cliprange_value", self.cliprange_value, "use 0.5")
         check_one_of("loss_agg_mode", self.loss_agg_mode, AGG_MODES.names())
 

@@ -99,6 +99,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
        nearest="actor.ppo_micro_batch_size_per_gpu", accept=_OFF),
     _k(f"{AR}.actor.use_dynamic_bsz", "map", "actor.use_dynamic_bsz", default=False),
     _k(f"{AR}.actor.ppo_max_token_len_per_gpu", "map", "actor.ppo_max_token_len_per_gpu", default=16384),
+    _k(f"{AR}.actor.use_prefix_grouper", "map", "actor.use_prefix_grouper"),  # verl: False, and not with use_dynamic_bsz
     _k(f"{AR}.rollout.log_prob_use_dynamic_bsz", "map", "actor.log_prob_use_dynamic_bsz"),
     _k(f"{AR}.rollout.log_prob_max_token_len_per_gpu", "map", "actor.log_prob_max_token_len_per_gpu"),
     # lr_scheduler_type, lr_warmup_steps(_ratio), min_lr_ratio, num_cycles map by the actor.* prefix

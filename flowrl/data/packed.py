@@ -9,6 +9,12 @@ hold as many rows as fit ``max_tokens`` real tokens, and :meth:`PackedBatch.mode
 several sequences into each line (``position_ids`` restart at 0 per sequence: transformers builds
 the block-causal mask from them), so compute follows real tokens (``token_layout.py``).
 
+With shared prompts (``actor.use_prefix_grouper``; :meth:`PackedBatch.with_shared_prompts`) each
+run of consecutive rows with the same prompt (a GRPO group) is one segment (split where dense
+attention over it would cost more than the shared prompt saves), the prompt computed once, its rows' responses after it under a block
+attention mask; segments are packed into lines as above, with or without a token budget.
+Micro-batches (which rows, how many) do not change.
+
 Shape letters: B rows, L padded length (prompt + response), T response tokens of all rows,
 P prompt tokens of all rows, B1 = B + 1 offsets.
 """
@@ -32,6 +38,14 @@ class Padded:
     row_T: "torch.Tensor"  # row of each response token
     pos_T: "torch.Tensor"  # position of each response token in its padded row
     position_ids_BL: "torch.Tensor | None" = None  # packed lines: positions restart per sequence
+    block_mask_BLL: "torch.Tensor | None" = None
+    """Shared prompts: which key each query attends to (bool, True: attend); replaces the mask."""
+    pred_T: "torch.Tensor | None" = None
+    """Position whose hidden state predicts each response token (in row ``row_T``); None: ``pos_T - 1``."""
+
+    def __post_init__(self) -> None:
+        if self.pred_T is None:
+            self.pred_T = self.pos_T - 1  # rows and packed lines: the previous position predicts a token
 
     @property
     def num_slots(self) -> int:
@@ -48,6 +62,8 @@ class PackedBatch:
     token_fields: dict[str, "torch.Tensor"] = field(default_factory=dict)  # flat, aligned with response_T
     token_budget: int = 0
     """> 0: micro-batches by real tokens (at most this many, at least one row) and packed lines."""
+    shared_prompts: bool = False
+    """Consecutive rows with the same prompt compute it once (``token_layout.shared_prompt_lines``)."""
 
     @classmethod
     def from_table(cls, table: "pa.Table", token_fields: tuple[str, ...] = ()) -> "PackedBatch":
@@ -80,6 +96,7 @@ class PackedBatch:
             self.response_cu_B1[start : stop + 1] - r0,
             {k: v[r0:r1] for k, v in self.token_fields.items()},
             self.token_budget,
+            self.shared_prompts,
         )
 
     @property
@@ -91,6 +108,10 @@ class PackedBatch:
         """The same rows, split by real tokens and packed (``max_tokens`` > 0) or by rows (0)."""
         return replace(self, token_budget=max_tokens)
 
+    def with_shared_prompts(self, on: bool = True) -> "PackedBatch":
+        """The same rows and micro-batches; :meth:`model_inputs` computes each group's prompt once (``on``)."""
+        return replace(self, shared_prompts=on)
+
     def select(self, rows_B: "torch.Tensor") -> "PackedBatch":
         """The rows ``rows_B`` (indices, in that order) as a new batch (copies)."""
         from flowrl.data.token_layout import gather_rows
@@ -98,7 +119,7 @@ class PackedBatch:
         prompt, prompt_cu = gather_rows(self.prompt_P, self.prompt_cu_B1, rows_B)
         response, response_cu = gather_rows(self.response_T, self.response_cu_B1, rows_B)
         fields = {k: gather_rows(v, self.response_cu_B1, rows_B)[0] for k, v in self.token_fields.items()}
-        return PackedBatch(prompt, prompt_cu, response, response_cu, fields, self.token_budget)
+        return PackedBatch(prompt, prompt_cu, response, response_cu, fields, self.token_budget, self.shared_prompts)
 
     def micro_batches(self, rows_per_micro_batch: int, min_count: int = 1) -> Iterator["PackedBatch"]:
         """Consecutive rows: ``rows_per_micro_batch`` each, or with a token budget as many as fit
@@ -114,8 +135,16 @@ class PackedBatch:
         for start in range(0, self.num_rows, rows_per_micro_batch):
             yield self.rows(start, min(start + rows_per_micro_batch, self.num_rows))
 
-    def model_inputs(self, pad_id: int) -> Padded:
-        """What an engine feeds the model: packed lines with a token budget, else padded rows."""
+    def model_inputs(self, pad_id: int, pair_cost: float = 0.0) -> Padded:
+        """What an engine feeds the model: shared-prompt segments packed into lines (``pair_cost``:
+        an attention pair's cost against a position's, for where to split long groups; 0: never),
+        else packed lines with a token budget, else padded rows."""
+        if self.shared_prompts:
+            from flowrl.data.token_layout import shared_prompt_lines
+
+            ids, positions, mask, row_T, pos_T, pred_T = shared_prompt_lines(
+                self.prompt_P, self.prompt_cu_B1, self.response_T, self.response_cu_B1, pad_id, pair_cost)
+            return Padded(ids, None, row_T, pos_T, positions, block_mask_BLL=mask, pred_T=pred_T)
         if self.token_budget > 0:
             from flowrl.data.token_layout import packed_lines
 

@@ -53,7 +53,7 @@ class CriticRole:
     def compute_values(self, table: pa.Table, column: str = "values") -> pa.Table:
         """A one-column table: the value of every response token of ``table``."""
         budget = self.cfg.forward_max_token_len_per_gpu if self.cfg.use_dynamic_bsz else 0
-        batch = PackedBatch.from_table(table).with_token_budget(budget)
+        batch = PackedBatch.from_table(table).with_token_budget(budget).with_shared_prompts(self.cfg.use_prefix_grouper)
         values_T = self.engine.forward_values(batch, micro_batch_size=self.cfg.forward_micro_batch_size_per_gpu)
         return pa.table({column: experience.list_column(values_T, batch.response_cu_B1, experience.TOKEN_FLOATS)})
 
@@ -77,6 +77,7 @@ class CriticRole:
                                max_response_length=self.response_length, denominator=denominator)
 
         mini = mini.with_token_budget(cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else 0)
+        mini = mini.with_shared_prompts(cfg.use_prefix_grouper)
         return self.engine.train_step_values(mini, micro_batch_size=cfg.ppo_micro_batch_size_per_gpu, loss_fn=loss_fn)
 
     # ----------------------------------------------------------------- state

@@ -75,7 +75,7 @@ class PolicyRole:
 
     # ----------------------------------------------------------------- nodes
     def compute_logprobs(self, table: pa.Table, column: str = "old_logprobs") -> pa.Table:
-        batch = PackedBatch.from_table(table).with_token_budget(self._log_prob_budget)
+        batch = self._log_prob_batch(table)
         logp_T, _ = self.engine.forward_logprobs(
             batch, micro_batch_size=self.cfg.ppo_micro_batch_size_per_gpu, temperature=self.temperature
         )
@@ -84,15 +84,16 @@ class PolicyRole:
     def compute_ref_logprobs(self, table: pa.Table, column: str = "ref_logprobs") -> pa.Table:
         """With LoRA (``model.lora_rank`` > 0): the reference policy's log-probs, those of the base
         model with the adapters disabled, in this process (no reference group, no second copy)."""
-        batch = PackedBatch.from_table(table).with_token_budget(self._log_prob_budget)
+        batch = self._log_prob_batch(table)
         logp_T = self.engine.reference_logprobs(batch, micro_batch_size=self.ref_micro_batch_size,
                                                 temperature=self.temperature)
         return pa.table({column: experience.list_column(logp_T, batch.response_cu_B1, experience.TOKEN_FLOATS)})
 
-    @property
-    def _log_prob_budget(self) -> int:
-        """Tokens per log-prob micro-batch (``log_prob_use_dynamic_bsz``), 0: by rows."""
-        return self.cfg.log_prob_max_token_len_per_gpu if self.cfg.log_prob_use_dynamic_bsz else 0
+    def _log_prob_batch(self, table: pa.Table) -> PackedBatch:
+        """``table`` for a log-prob pass: micro-batches by ``log_prob_max_token_len_per_gpu`` tokens
+        (``log_prob_use_dynamic_bsz``) or by rows, each group's prompt once (``use_prefix_grouper``)."""
+        budget = self.cfg.log_prob_max_token_len_per_gpu if self.cfg.log_prob_use_dynamic_bsz else 0
+        return PackedBatch.from_table(table).with_token_budget(budget).with_shared_prompts(self.cfg.use_prefix_grouper)
 
     def update(self, table: pa.Table, mini_batch_rows: int) -> dict[str, float]:
         """``ppo_epochs`` passes over this rank's share, one optimizer step per mini-batch of
@@ -118,7 +119,7 @@ class PolicyRole:
 
         budget = self.cfg.ppo_max_token_len_per_gpu if self.cfg.use_dynamic_bsz else 0
         return self.engine.train_step(
-            mini.with_token_budget(budget),
+            mini.with_token_budget(budget).with_shared_prompts(self.cfg.use_prefix_grouper),
             micro_batch_size=self.cfg.ppo_micro_batch_size_per_gpu,
             loss_fn=loss_fn,
             temperature=self.temperature,

@@ -21,6 +21,7 @@ class ReferenceRole:
         micro_batch_size: int = 256,
         temperature: float = 1.0,
         max_token_len: int = 0,
+        prefix_grouper: bool = False,
         engine_kwargs: dict | None = None,
     ) -> None:
         self.rank = rank
@@ -29,10 +30,11 @@ class ReferenceRole:
         self.micro_batch_size = micro_batch_size
         self.temperature = temperature
         self.max_token_len = max_token_len  # > 0: micro-batches by tokens, packed (log_prob_use_dynamic_bsz)
+        self.prefix_grouper = prefix_grouper  # each group's prompt once (ref.use_prefix_grouper)
 
     def compute_logprobs(self, table: pa.Table, column: str = "ref_logprobs") -> pa.Table:
         """A one-column table: ``column`` for each row of ``table``."""
-        batch = PackedBatch.from_table(table).with_token_budget(self.max_token_len)
+        batch = PackedBatch.from_table(table).with_token_budget(self.max_token_len).with_shared_prompts(self.prefix_grouper)
         logp_T, _ = self.engine.forward_logprobs(batch, micro_batch_size=self.micro_batch_size, temperature=self.temperature)
         array = experience.list_column(logp_T, batch.response_cu_B1, experience.TOKEN_FLOATS)
         return pa.table({column: array})

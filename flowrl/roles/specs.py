@@ -108,6 +108,7 @@ def ref_spec(cfg: Any) -> GroupSpec:
         {"model_dir": cfg.model.path, "strategy": strategy, "dtype": cfg.model.dtype,
          "temperature": cfg.rollout.logprob_temperature, "micro_batch_size": cfg.ref.log_prob_micro_batch_size_per_gpu,
          "max_token_len": cfg.ref.log_prob_max_token_len_per_gpu if cfg.ref.log_prob_use_dynamic_bsz else 0,
+         "prefix_grouper": cfg.ref.use_prefix_grouper,
          "engine_kwargs": _train_engine_kwargs(cfg.ref, strategy)},
         _mesh(cfg.ref),
     )

@@ -34,3 +34,26 @@ def test_update_raises_logprobs_of_positive_advantage_and_lowers_negative(tiny_m
     # token-mean of -adv * ratio with balanced advantages: (2 - 2 + 2 - 2) / 8 = 0
     assert abs(metrics["actor/pg_loss"]) < 1e-6
     assert torch.isfinite(torch.tensor(metrics["actor/grad_norm"]))
+
+
+def test_dp_engine_steps_with_fused_adamw_and_the_same_update_as_the_plain_one(tiny_model_dir):
+    """The dp engine's AdamW runs torch's fused kernel on CPU tensors; after three steps on the
+    same gradients its parameters match the plain (for-loop) AdamW's to rounding."""
+    from flowrl.backends.train.dp_policy import TorchDPEngine, adamw
+
+    engine = TorchDPEngine(str(tiny_model_dir), lr=1e-2, weight_decay=0.1)
+    assert engine.optimizer.param_groups[0]["fused"] is True
+    params = list(engine.model.parameters())
+    copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    plain = torch.optim.AdamW(copies, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.999), eps=1e-8)
+    assert not plain.param_groups[0]["fused"]
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        for p, c in zip(params, copies):
+            p.grad = torch.randn(p.shape, generator=gen)
+            c.grad = p.grad.clone()
+        engine.optimizer.step()
+        plain.step()
+    assert max(float((p - c).abs().max()) for p, c in zip(params, copies)) < 1e-6
+    frozen = adamw([torch.nn.Parameter(torch.zeros(2, dtype=torch.int64), requires_grad=False)], lr=1e-3)
+    assert not frozen.param_groups[0]["fused"]  # not a floating point tensor: the plain kernel

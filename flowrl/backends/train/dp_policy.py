@@ -30,6 +30,19 @@ if TYPE_CHECKING:
     from flowrl.models.lora import LoraSpec
 
 
+FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def adamw(params: list[torch.nn.Parameter], **kwargs: Any) -> torch.optim.AdamW:
+    """torch's AdamW, with its fused kernel where every parameter is a plain CPU or CUDA tensor:
+    one pass over each tensor instead of a dozen (measured on a 9.5M-parameter model, one
+    thread: 9 ms a step against 51 ms), the same update to rounding (2e-7 after 20 steps)."""
+    params = list(params)
+    fused = bool(params) and all(type(p.data) is torch.Tensor and p.device.type in ("cpu", "cuda")
+                                 and p.dtype in FUSED_DTYPES for p in params)
+    return torch.optim.AdamW(params, fused=fused or None, **kwargs)
+
+
 class TorchDPEngine:
     device = torch.device("cpu")
     """Where the model computes (the dp backend: the CPU; batches and results stay on the host)."""
@@ -60,9 +73,7 @@ class TorchDPEngine:
         self.optimizer = None
         if trainable:
             self.model.train()
-            self.optimizer = torch.optim.AdamW(
-                self._trainable_parameters(), lr=lr, weight_decay=weight_decay, betas=betas, eps=eps
-            )
+            self.optimizer = adamw(self._trainable_parameters(), lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
         else:
             self.model.eval()
             self.model.requires_grad_(False)
@@ -144,12 +155,22 @@ class TorchDPEngine:
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         return mbs if int(count) == len(mbs) else list(batch.micro_batches(micro_batch_size, int(count)))
 
+    @property
+    def pair_cost(self) -> float:
+        """An attention query-key pair's cost against a position's linear layers (shared-prompt
+        layouts split long groups by it; ``token_layout.PAIR_COST_PER_HIDDEN``)."""
+        from flowrl.data.token_layout import PAIR_COST_PER_HIDDEN
+
+        hidden = getattr(self.model.config, "hidden_size", 0)
+        return PAIR_COST_PER_HIDDEN / hidden if hidden else 0.0
+
     def _forward(self, mb: PackedBatch, *, temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        padded, dev = mb.model_inputs(self.pad_id), self.device
+        padded, dev = mb.model_inputs(self.pad_id, self.pair_cost), self.device
         self.slots_computed += padded.num_slots
-        hidden_BLH = self.model.get_decoder()(**model_kwargs(padded, dev)).last_hidden_state
-        # Logits only where a response token is predicted: position pos-1 predicts token pos.
-        hidden_TH = hidden_BLH[padded.row_T.to(dev), (padded.pos_T - 1).to(dev)]
+        kwargs = model_kwargs(padded, dev, self.model.config._attn_implementation)
+        hidden_BLH = self.model.get_decoder()(**kwargs).last_hidden_state
+        # Logits only where a response token is predicted: at pred_T (pos - 1 unless prompts are shared).
+        hidden_TH = hidden_BLH[padded.row_T.to(dev), padded.pred_T.to(dev)]
         logits_TV = self.model.get_output_embeddings()(hidden_TH).float()
         if temperature != 1.0:
             logits_TV = logits_TV / temperature

@@ -4,7 +4,8 @@ model family, data parallel over torch.distributed like ``TorchDPEngine``.
 The model is ``AutoModelForTokenClassification(num_labels=1)`` loaded from a causal-LM directory
 (as verl and TRL build their critics): the backbone's weights come from the checkpoint, the
 one-output ``score`` head is new. The value of response token ``t`` is read at the position that
-predicts it (``pos - 1``: the state before the token is emitted), as verl slices its values.
+predicts it (``pos - 1``, or ``Padded.pred_T`` with shared prompts: the state before the token is
+emitted), as verl slices its values.
 Gradients reduce once per optimizer step, with losses normalised by global counts, as in
 ``dp_policy``.
 
@@ -35,10 +36,10 @@ class TorchDPValueEngine(TorchDPEngine):
             transformers.logging.set_verbosity(verbosity)
 
     def _values(self, mb: PackedBatch) -> torch.Tensor:
-        padded, dev = mb.model_inputs(self.pad_id), self.device
+        padded, dev = mb.model_inputs(self.pad_id, self.pair_cost), self.device
         self.slots_computed += padded.num_slots
-        scores_BL1 = self.model(**model_kwargs(padded, dev)).logits
-        return scores_BL1[padded.row_T.to(dev), (padded.pos_T - 1).to(dev), 0].float().cpu()
+        scores_BL1 = self.model(**model_kwargs(padded, dev, self.model.config._attn_implementation)).logits
+        return scores_BL1[padded.row_T.to(dev), padded.pred_T.to(dev), 0].float().cpu()
 
     @torch.no_grad()
     def forward_values(self, batch: PackedBatch, *, micro_batch_size: int) -> torch.Tensor:
