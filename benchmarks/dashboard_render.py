@@ -1,9 +1,11 @@
 """First render of the dashboard in headless Chromium, for synthetic runs of 60 and 1,000 steps
-(and two 1,000-step runs overlaid), and the metric filter at 1,000 steps. The run directories are
-written without training (tests/flowrl_testing/synthetic_run.py: a default GRPO run's ~50 metric
-keys).
+(and two 1,000-step runs overlaid), and the metric filter at 1,000 steps; exported, and served
+live at 1,000 steps. The run directories are written without training
+(tests/flowrl_testing/synthetic_run.py: a default GRPO run's ~50 metric keys).
 
     python benchmarks/dashboard_render.py [--repeats 3] [--out benchmarks/results/dashboard_render.json]
+    python benchmarks/dashboard_render.py --pages live1000 --out /tmp/before.json   # older code on PYTHONPATH
+    python benchmarks/dashboard_render.py --baseline /tmp/before.json               # stored as "baseline"
 
 Each page is exported once (``flowrl dashboard RUN --export``) and opened ``--repeats`` times in a
 fresh browser. Per page, in seconds since the navigation started:
@@ -20,14 +22,25 @@ frame after the figures were shown or hidden, with the number of figures left sh
 ``--filter-timeout`` seconds is reported as null. To compare with another version of the code,
 run this file with that version first on ``PYTHONPATH`` (the page is built by whichever
 ``flowrl`` imports).
+
+The live page (``live1000``): per open a fresh server process (``make_server``, as ``flowrl
+dashboard RUN`` starts it: the first session pays whatever the process has not loaded yet), the
+same browser numbers from the navigation's start (the page sets the same marks), and the server's
+seconds: ``server_start_s`` (process start to accepting), ``first_doc_s`` (the session's document
+built, before the first page is sent), ``pull_doc_s`` (serializing it for the browser) and
+``deferred_s`` (building the figures sent after the first paint; 0 when there are none).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import queue
+import re
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -46,6 +59,7 @@ except ImportError:  # a baseline tree (PYTHONPATH=...) from before the split
     export_html = dashboard.export_html
 
 FIRST_PAINT_JS = "(performance.getEntriesByName('flowrl:first-paint')[0] || {}).startTime || null"
+ALL_METRICS_JS = "performance.getEntriesByName('flowrl:all-metrics').length > 0"
 FILTER = "actor/"
 
 
@@ -71,24 +85,25 @@ def open_once(page: Path, *, with_filter: bool, filter_timeout_s: float) -> dict
         out = {"first_paint_s": round(first_ms / 1000, 3), "all_drawn_s": round(all_ms / 1000, 3),
                "browser_cpu_s": round(cpu_s, 2)}
         if with_filter:
-            for name, text in (("filter_s", FILTER), ("unfilter_s", "")):
-                browser.evaluate(filter_js(text))
-                try:
-                    res = browser.wait_for("window.__flowrl_filter", timeout_s=filter_timeout_s, poll_s=0.05)
-                except TimeoutError:
-                    out[name] = None
-                    break
-                out[name] = round(res["ms"] / 1000, 3)
-                out[name.replace("_s", "_shown")] = res["shown"]
+            run_filter(browser, out, filter_timeout_s)
     return out
 
 
-def measure(runs: list[Path], out: Path, repeats: int, *, with_filter: bool, filter_timeout_s: float) -> dict:
-    start = time.perf_counter()
-    export_html(runs if len(runs) > 1 else runs[0], out)
-    export_s = time.perf_counter() - start
-    opens = [open_once(out, with_filter=with_filter, filter_timeout_s=filter_timeout_s) for _ in range(repeats)]
-    result = {"export_s": round(export_s, 2), "html_mb": round(out.stat().st_size / 2**20, 2), "opens": opens}
+def run_filter(browser: Chromium, out: dict, filter_timeout_s: float) -> None:
+    """Type the filter, then clear it; seconds and figures shown into ``out`` (None: timed out)."""
+    for name, text in (("filter_s", FILTER), ("unfilter_s", "")):
+        browser.evaluate(filter_js(text))
+        try:
+            res = browser.wait_for("window.__flowrl_filter", timeout_s=filter_timeout_s, poll_s=0.05)
+        except TimeoutError:
+            out[name] = None
+            break
+        out[name] = round(res["ms"] / 1000, 3)
+        out[name.replace("_s", "_shown")] = res["shown"]
+
+
+def medians(result: dict) -> dict:
+    opens = result["opens"]
     for key in opens[0]:
         values = [o.get(key) for o in opens]
         if all(isinstance(v, (int, float)) for v in values):
@@ -98,14 +113,165 @@ def measure(runs: list[Path], out: Path, repeats: int, *, with_filter: bool, fil
     return result
 
 
+def measure(runs: list[Path], out: Path, repeats: int, *, with_filter: bool, filter_timeout_s: float) -> dict:
+    start = time.perf_counter()
+    export_html(runs if len(runs) > 1 else runs[0], out)
+    export_s = time.perf_counter() - start
+    opens = [open_once(out, with_filter=with_filter, filter_timeout_s=filter_timeout_s) for _ in range(repeats)]
+    return medians({"export_s": round(export_s, 2), "html_mb": round(out.stat().st_size / 2**20, 2), "opens": opens})
+
+
+# ----------------------------------------------------------------- the live server
+def serve_timed(runs: list[str]) -> None:
+    """The ``--serve-live`` child: ``make_server`` on a free port, printing ``URL <url>`` once it
+    accepts and a ``TIMES {...}`` line per session event (what the module docstring names). The
+    timings wrap the page's classes, so they work on older code too."""
+    from bokeh.application.handlers.function import FunctionHandler
+    from bokeh.document import Document
+
+    import flowrl.metrics.dashboard_server as server_mod
+
+    def say(kind: str, **values: float) -> None:
+        print(f"TIMES {json.dumps({'kind': kind, **{k: round(v, 3) for k, v in values.items()}})}", flush=True)
+
+    base = server_mod.Dashboard
+
+    class Timed(base):  # type: ignore[misc, valid-type]
+        def build_deferred(self, *args, **kwargs):
+            t0 = time.perf_counter()
+            more = super().build_deferred(*args, **kwargs)
+            say("deferred", deferred_s=time.perf_counter() - t0)
+            return more
+
+    make_doc = FunctionHandler.modify_document
+
+    def timed_make_doc(self, doc):  # the session's document, built before the first page is sent
+        t0 = time.perf_counter()
+        out = make_doc(self, doc)
+        say("first_doc", first_doc_s=time.perf_counter() - t0)
+        return out
+
+    FunctionHandler.modify_document = timed_make_doc
+    server_mod.Dashboard = Timed
+    to_json = Document.to_json
+
+    def timed_to_json(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = to_json(self, *args, **kwargs)
+        say("pull_doc", pull_doc_s=time.perf_counter() - t0)
+        return out
+
+    Document.to_json = timed_to_json
+    start = time.perf_counter()
+    server = server_mod.make_server(runs if len(runs) > 1 else runs[0], port=0)
+    server.start()
+    say("start", make_server_s=time.perf_counter() - start)
+    print(f"URL http://127.0.0.1:{server.port}/", flush=True)
+    server.io_loop.start()
+
+
+class LiveServer:
+    """A ``--serve-live`` child process; ``url`` once it accepts; ``times()`` what it printed."""
+
+    def __init__(self, runs: list[Path], timeout_s: float = 180) -> None:
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve-live", *map(str, runs)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: [self.lines.put(line) for line in self.proc.stdout], daemon=True).start()
+        self.seen: list[str] = []
+        start = time.monotonic()
+        deadline = start + timeout_s
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                self.close()
+                raise TimeoutError(f"no server URL within {timeout_s}s: {''.join(self.seen)[-3000:]}") from None
+            self.seen.append(line)
+            match = re.match(r"URL (http://\S+)", line)
+            if match:
+                self.url = match.group(1)
+                self.start_s = round(time.monotonic() - start, 3)  # process start to accepting
+                break
+
+    def times(self) -> dict:
+        """Per kind, the sum of the seconds the server reported (``deferred``: over its calls)."""
+        while True:
+            try:
+                self.seen.append(self.lines.get_nowait())
+            except queue.Empty:
+                break
+        out: dict[str, float] = {}
+        for line in self.seen:
+            if line.startswith("TIMES "):
+                entry = json.loads(line[6:])
+                entry.pop("kind")
+                for key, value in entry.items():
+                    out[key] = round(out.get(key, 0.0) + value, 3)
+        return {"server_start_s": self.start_s, **out}
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=15)
+
+
+def open_live_once(runs: list[Path], *, filter_timeout_s: float) -> dict:
+    server = LiveServer(runs)
+    try:
+        with Chromium(timeout_s=120) as browser:
+            cpu0 = process_tree_cpu_s(browser._proc.pid)
+            browser.open(server.url)
+            first_ms = float(browser.wait_for(FIRST_PAINT_JS, timeout_s=600, poll_s=0.02))
+            browser.wait_for(ALL_METRICS_JS, timeout_s=600, poll_s=0.02)
+            all_ms = float(browser.wait_for(RENDERED_MS_JS, timeout_s=600, poll_s=0.02))
+            cpu_s = process_tree_cpu_s(browser._proc.pid) - cpu0
+            out = {"first_paint_s": round(first_ms / 1000, 3), "all_drawn_s": round(all_ms / 1000, 3),
+                   "browser_cpu_s": round(cpu_s, 2)}
+            time.sleep(0.5)  # the last deferred call's line
+            out.update(server.times())
+            run_filter(browser, out, filter_timeout_s)
+    finally:
+        server.close()
+    return out
+
+
+def measure_live(runs: list[Path], repeats: int, *, filter_timeout_s: float) -> dict:
+    opens = [open_live_once(runs, filter_timeout_s=filter_timeout_s) for _ in range(repeats)]
+    return medians({"export_s": None, "html_mb": None, "opens": opens})
+
+
+def code_version() -> dict:
+    """Which flowrl built the pages: its checkout, commit, and whether it had changes on top."""
+    root = Path(dashboard.__file__).parents[2]
+
+    def git(*cmd: str) -> str:
+        proc = subprocess.run(["git", "-C", str(root), *cmd], capture_output=True, text=True, timeout=30)
+        return proc.stdout.strip() if proc.returncode == 0 else "?"
+
+    return {"path": str(root), "commit": git("rev-parse", "--short", "HEAD"),
+            "dashboard_modified": bool(git("status", "--porcelain", "--", "flowrl/metrics"))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--pages", default="60,1000,2x1000", help="comma-separated: 60, 1000, 2x1000")
+    parser.add_argument("--pages", default="60,1000,2x1000,live1000",
+                        help="comma-separated: 60, 1000, 2x1000 (exported), live1000 (served)")
     parser.add_argument("--filter-timeout", type=float, default=120.0,
                         help="seconds before a filter step counts as null")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "dashboard_render.json"))
+    parser.add_argument("--baseline", default=None,
+                        help="a results JSON of this script run with older code, kept under 'baseline' in --out")
+    parser.add_argument("--serve-live", nargs="+", default=None, help=argparse.SUPPRESS)  # the server child
     args = parser.parse_args()
+    if args.serve_live:
+        serve_timed(args.serve_live)
+        return
     wanted = set(args.pages.split(","))
     print(f"flowrl.metrics.dashboard from {dashboard.__file__}", flush=True)
     results = {}
@@ -115,12 +281,16 @@ def main() -> None:
         tok = r60 / "tokenizer"
         r1k = write_synthetic_run(tmp / "r1000", 1000, seed=1, tokenizer_dir=tok)
         r1k_b = write_synthetic_run(tmp / "r1000b", 1000, seed=2, lift=0.3, tokenizer_dir=tok)
-        pages = (("60", "60 steps", [r60]), ("1000", "1000 steps", [r1k]), ("2x1000", "2 x 1000 steps", [r1k, r1k_b]))
+        pages = (("60", "60 steps", [r60]), ("1000", "1000 steps", [r1k]), ("2x1000", "2 x 1000 steps", [r1k, r1k_b]),
+                 ("live1000", "live 1000 steps", [r1k]))
         for tag, name, runs in pages:
             if tag not in wanted:
                 continue
-            results[name] = measure(runs, tmp / f"{tag}.html", args.repeats, with_filter=tag == "1000",
-                                    filter_timeout_s=args.filter_timeout)
+            if tag.startswith("live"):
+                results[name] = measure_live(runs, args.repeats, filter_timeout_s=args.filter_timeout)
+            else:
+                results[name] = measure(runs, tmp / f"{tag}.html", args.repeats, with_filter=tag == "1000",
+                                        filter_timeout_s=args.filter_timeout)
             print(name, json.dumps(results[name]), flush=True)
 
     def cell(r: dict, key: str) -> str:
@@ -132,11 +302,15 @@ def main() -> None:
             return f"> {args.filter_timeout:.0f}"
         return f"{median(values):.3g} ({min(values):.3g}-{max(values):.3g})"
 
-    rows = [[name, *(cell(r, k) for k in ("first_paint_s", "all_drawn_s", "browser_cpu_s", "filter_s", "unfilter_s")),
+    rows = [[name, *(cell(r, k) for k in ("first_paint_s", "all_drawn_s", "browser_cpu_s", "filter_s", "unfilter_s",
+                                          "first_doc_s", "pull_doc_s", "deferred_s")),
              r["export_s"], r["html_mb"]] for name, r in results.items()]
     print(table(["page", "first paint s", "all drawn s", "browser CPU s", f"filter '{FILTER}' s", "clear filter s",
-                 "export s", "HTML MiB"], rows))
-    write_json({"machine": machine_info(), "results": results}, args.out)
+                 "server doc s", "pull doc s", "deferred s", "export s", "HTML MiB"], rows))
+    out = {"machine": machine_info(), "code": code_version(), "results": results}
+    if args.baseline:
+        out["baseline"] = json.loads(Path(args.baseline).read_text())
+    write_json(out, args.out)
 
 
 if __name__ == "__main__":

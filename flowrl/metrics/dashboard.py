@@ -15,7 +15,11 @@ First render: the page paints the header, the overview and the step section firs
 of the throughput and reshard panels and of the all-metrics sections (most of the page's figures)
 are attached after that first paint, a panel or section per browser task (:data:`ATTACH_JS` on
 the document's ``document_ready``, :meth:`Dashboard.document`), so the page is readable and
-answers input while they draw. Figures sit in wrapping :class:`bokeh.models.Pane` s, not Bokeh
+answers input while they draw. A live server's session goes further (``defer``): its first page
+carries no figure of those panels at all (building them takes seconds at 1,000 steps); the server
+builds them after the browser reports the page drawn (Bokeh's ``DocumentReady``), a few panes per
+tick of its event loop, and the browser attaches each pane as it arrives, the metric filter
+applied (:data:`LIVE_ATTACH_JS`). Figures sit in wrapping :class:`bokeh.models.Pane` s, not Bokeh
 layouts: each figure is then its own layout root, so attaching a section lays out its figures
 only (in a Bokeh row any change lays out every figure of the page again). The metric filter
 (:data:`FILTER_JS`) takes the figures it hides out of their pane, so they cost nothing until
@@ -35,32 +39,26 @@ in the browser (a ``CustomJS`` that copies the chosen step's rows into the shown
 
 from __future__ import annotations
 
+import contextlib
 import html
-import math
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from flowrl.metrics import names
 from flowrl.metrics.dashboard_figures import FigureMaker, RunSource, flat_span, run_color, stable_color
-from flowrl.metrics.dashboard_js import ATTACH_JS, FILTER_JS, PICK_STEP_JS, SHOW_SAMPLE_JS
+from flowrl.metrics.dashboard_js import (ATTACH_JS, FILTER_JS, FIRST_PAINT_JS, LIVE_ATTACH_JS, PICK_STEP_JS,
+                                         SHOW_SAMPLE_JS)
+from flowrl.metrics.dashboard_step import NODE_ORDER, gantt, header_html, samples_table, timeline_columns
 from flowrl.metrics.groups import RESHARD_GROUP, THROUGHPUT_GROUP, group_metrics, headline_keys, keys_of
-from flowrl.metrics.run_reader import SAMPLE_COLUMNS, SAMPLE_DATA_COLUMNS, Changes, RunReader, run_labels
+from flowrl.metrics.run_reader import SAMPLE_DATA_COLUMNS, Changes, RunReader, run_labels
 from flowrl.metrics.timeline import overlapping_rows
 
 __all__ = ["NODE_ORDER", "Dashboard", "flat_span", "stable_color"]
-# The graph nodes of the built-in families, in the order they run: each keeps its colour in every
-# run and every step; another node gets one from its name's hash (the same in every run).
-NODE_ORDER = ("collect", "gen", "gen_baseline", "val_gen", "reward", "rm_score", "reward_baseline",
-              "val_reward", "overlong", "combine_rewards", "old_log_prob", "ref", "values", "kl_in_reward",
-              "adv", "rollout_corr", "critic_warmup", "update_critic", "update_actor", "rollout_sleep",
-              "val_report")
 NO_RESHARD = "no reshard metrics yet"
 #: Panels whose figures a lazy page attaches after its first paint (the overview paints first).
 LAZY_PANELS = ("throughput", "reshard", "metric")
-NO_TIMELINE = "no timeline.jsonl yet (written by flowrl's trainer after each step)"
 
 
 class Dashboard:
@@ -70,9 +68,12 @@ class Dashboard:
     :meth:`attach_all` before showing :attr:`layout` on its own."""
 
     def __init__(self, run_dir: str | Path | RunReader | list, *, max_samples: int = 64, live: bool = False,
-                 lazy: bool = True) -> None:
+                 lazy: bool = True, defer: bool = False) -> None:
         """``lazy``: the figures of :data:`LAZY_PANELS` are attached in the browser after the first
-        paint (:meth:`document` wires it; :meth:`attach_all` attaches them at once)."""
+        paint (:meth:`document` wires it; :meth:`attach_all` attaches them at once). ``defer``
+        (a live server's session; implies ``lazy``): those figures are not even built before the
+        first page is sent, but by :meth:`build_deferred`, a few panes per call, which
+        :meth:`document` runs once the browser has drawn the page."""
         runs = list(run_dir) if isinstance(run_dir, (list, tuple)) else [run_dir]
         if not runs:
             raise ValueError("no run directories; fix: pass at least one trainer.run_dir")
@@ -80,7 +81,8 @@ class Dashboard:
         self.reader = self.readers[0]
         self.labels = run_labels([r.run_dir for r in self.readers])
         self.live = live
-        self.lazy = lazy
+        self.lazy = lazy or defer
+        self.defer = defer
         for reader in self.readers:
             reader.refresh()
         self._keys = self._all_keys()
@@ -89,6 +91,7 @@ class Dashboard:
         self._titles: dict[str, Any] = {}
         self._section_panes: dict[str, Any] = {}  # group -> Pane(title, grid)
         self._panes: list[tuple[Any, list[Any]]] = []  # each metric figure's pane, and its figures, in page order
+        self._pending: dict[tuple[str, tuple[str, ...]], Any] = {}  # deferred panes not built yet, in page order
         self._make_sources()
         self._make_widgets()
         self._link_step_selector()
@@ -137,9 +140,9 @@ class Dashboard:
         self.maker = FigureMaker([RunSource(label, run_color(i), src) for i, (label, src)
                                   in enumerate(zip(self.labels, self.metric_srcs))], self.x_range, self.smoothing)
         self.maker.link_slider()
-        self.gantt, self.gantt_note = self._gantt()
+        self.gantt, self.gantt_note = gantt(self.tl_shown)
         self.table_note = Div(text="", name="samples_note")
-        self.table = self._table()
+        self.table = samples_table(self.smp_shown)
         self.selected_text = Div(text="<i>click a row to read the whole prompt and the response, turn by turn</i>",
                                  name="sample_detail", sizing_mode="stretch_width")
         self.overview = row(name="overview")
@@ -166,12 +169,15 @@ class Dashboard:
             src.js_on_change("streaming", callback)
         self.smp_shown.selected.js_on_change("indices", CustomJS(args=dict(src=self.smp_shown, div=self.selected_text),
                                                                  code=SHOW_SAMPLE_JS))
-        # the filter walks [section, title, grid, figures] per all-metrics section, the attaching every lazy
-        # pane (both set by _build_metric_panels)
+        # the filter walks [section, title, grid] per all-metrics section (the grid's tags: its
+        # figures), the attaching every lazy pane (both set by _build_metric_panels)
         self.filter_callback = CustomJS(args=dict(filter=self.metric_filter, sections=[]), code=FILTER_JS)
         self.metric_filter.js_on_change("value_input", self.filter_callback)
         self.all_metrics.js_on_change("children", self.filter_callback)  # new sections (live) come in filtered
         self.attach_callback = CustomJS(args=dict(panes=[]), code=ATTACH_JS)
+        # a deferred page: each pane the server fills (its tags) is attached in the browser; panes
+        # (set by _build_metric_panels): the deferred ones, all filled = the page is complete
+        self.live_attach_callback = CustomJS(args=dict(filter_cb=self.filter_callback, panes=[]), code=LIVE_ATTACH_JS)
 
     def _layout(self) -> Any:
         from bokeh.layouts import column, row
@@ -202,18 +208,7 @@ class Dashboard:
 
     def _fill_timeline(self) -> None:
         rows = [(label, r) for label, reader in zip(self.labels, self.readers) for r in reader.timeline]
-        self.tl_all.data = {
-            "run": [label for label, _ in rows],
-            "step": [r["step"] for _, r in rows],
-            "node": [r["node"] for _, r in rows],
-            "start": [r["start"] for _, r in rows],
-            "end": [r["end"] for _, r in rows],
-            "duration": [r["end"] - r["start"] for _, r in rows],
-            "label": [f"{r['end'] - r['start']:.3g}s" for _, r in rows],
-            "color": [stable_color(r["node"], NODE_ORDER) for _, r in rows],
-            "origin": [math.nan if r.get("origin") is None else r["origin"] for _, r in rows],
-            "alpha": [1.0] * len(rows),
-        }
+        self.tl_all.data = timeline_columns(rows)
         self.gantt_note.visible = not rows
 
     def _sample_rows(self, reader: RunReader, label: str, steps: list[int]) -> dict[str, list]:
@@ -269,53 +264,9 @@ class Dashboard:
         reader = self.readers[self.labels.index(run)] if run is not None else self.reader
         label = run if run is not None else self.labels[0]
         rows = overlapping_rows(reader.timeline, step) if step is not None else []
-        return {
-            "run": [label] * len(rows),
-            "step": [r["step"] for r in rows],
-            "node": [r["node"] for r in rows],
-            "start": [r["start"] for r in rows],
-            "end": [r["end"] for r in rows],
-            "duration": [r["end"] - r["start"] for r in rows],
-            "label": [f"{r['end'] - r['start']:.3g}s" for r in rows],
-            "color": [stable_color(r["node"].split(" (step ")[0], NODE_ORDER) for r in rows],
-            "origin": [math.nan if r.get("origin") is None else r["origin"] for r in rows],
-            "alpha": [1.0 if r["step"] == step else 0.45 for r in rows],
-        }
+        return timeline_columns([(label, r) for r in rows], step=step)
 
     # ----------------------------------------------------------------- panels
-    def _gantt(self) -> tuple[Any, Any]:
-        from bokeh.models import Div, FactorRange, HoverTool, LabelSet
-        from bokeh.plotting import figure
-
-        fig = figure(title="node timeline", y_range=FactorRange(factors=["(none)"]), height=300,
-                     sizing_mode="stretch_width", tools="xpan,xwheel_zoom,reset,save", toolbar_location="above",
-                     name="timeline", x_axis_label="seconds since the step was submitted")
-        # the colour is a column (stable_color), so nodes that first appear after the page was
-        # built get theirs too
-        bars = fig.hbar(y="node", left="start", right="end", height=0.6, source=self.tl_shown,
-                        fill_color="color", fill_alpha="alpha", line_color=None, name="timeline_bars")
-        fig.add_layout(LabelSet(x="end", y="node", text="label", source=self.tl_shown, x_offset=4, y_offset=-6,
-                                text_font_size="8pt"))
-        fig.add_tools(HoverTool(renderers=[bars], tooltips=[("node", "@node"), ("start", "@start{0.000}s"),
-                                                            ("end", "@end{0.000}s"), ("took", "@duration{0.000}s")]))
-        # no x_range.start = 0: with trainer.staleness a step's generation ran before the step was
-        # submitted (negative start), and the next step's ran during this step's update
-        return fig, Div(text=f"<i>{NO_TIMELINE}</i>", name="timeline_note", visible=False)
-
-    def _table(self) -> Any:
-        from bokeh.models import DataTable, NumberFormatter, TableColumn
-
-        widths = {"step": 40, "uid": 60, "group": 45, "data_source": 110, "prompt": 260, "response": 360,
-                  "ground_truth": 90, "score": 55, "response_length": 60, "advantage": 70, "num_turns": 45,
-                  "tool_calls": 45}
-        titles = {"num_turns": "turns", "tool_calls": "tool calls", "response_length": "length"}
-        fmt = {"score": NumberFormatter(format="0.000"), "advantage": NumberFormatter(format="0.000")}
-        columns = [TableColumn(field=k, title=titles.get(k, k.replace("_", " ")), width=widths[k],
-                               **({"formatter": fmt[k]} if k in fmt else {}))
-                   for k in SAMPLE_COLUMNS]
-        return DataTable(source=self.smp_shown, columns=columns, height=320, sizing_mode="stretch_width",
-                         index_position=None, name="samples", selectable=True)
-
     def _curve(self, key: str, panel: str) -> Any:
         """One metric's figure, made once and reused when the panels are laid out again (a new
         key appeared): building a Bokeh figure costs tens of milliseconds."""
@@ -342,18 +293,24 @@ class Dashboard:
         (``overview``, ``throughput``, ``reshard``, ``metric`` for the all-metrics sections). The
         pane of a panel in :data:`LAZY_PANELS` starts empty on a lazy page (:data:`ATTACH_JS`
         fills it after the first paint): its ``tags`` hold its figures meanwhile (so they are in the
-        document, and the filter reaches them). Appends the pane and its figures to ``panes``."""
+        document, and the filter reaches them). On a deferred page its figures are not built yet:
+        its tags stay empty until :meth:`build_deferred`. Appends the pane and its figures to ``panes``."""
         from bokeh.models import Pane
 
-        figs = [self._curve(k, panel) for k in keys]
         cache_key = (panel, tuple(keys))
         pane = self._grids.get(cache_key)
+        first = not self._panes
+        deferred = cache_key in self._pending or (pane is None and self.defer and first and panel in LAZY_PANELS)
+        figs = [] if deferred else [self._curve(k, panel) for k in keys]
         if pane is None:  # unchanged sections keep their models: the browser keeps their views
-            empty = self.lazy and panel in LAZY_PANELS and not self._panes
+            empty = self.lazy and panel in LAZY_PANELS and first
             # as many figures a line as the window is wide, none clipped
             pane = self._grids[cache_key] = Pane(elements=[] if empty else figs, tags=figs, name=f"grid:{panel}",
                                                  styles={"display": "flex", "flex-wrap": "wrap", "gap": "4px",
                                                          "width": "100%"})
+            if deferred:
+                self._pending[cache_key] = pane
+                pane.js_on_change("tags", self.live_attach_callback)
         panes.append((pane, figs))
         return pane
 
@@ -364,6 +321,43 @@ class Dashboard:
             shown = [fig for fig in figs if fig.visible]
             if list(pane.elements) != shown:
                 pane.elements = shown
+
+    def build_deferred(self, budget_s: float = 0.25) -> bool:
+        """Build the figures of the next deferred panes (in page order, at least one, more while
+        ``budget_s`` seconds are not spent) and attach them, the metric filter applied with the
+        text the browser last sent (its :data:`LIVE_ATTACH_JS` filters again, should the text have
+        changed meanwhile); returns whether panes are left. Does nothing and returns False on a
+        page without deferred panes.
+
+        The server attaches them, not the browser: a change the browser makes comes back to the
+        server, and every change of the document's model graph walks the whole graph again (a
+        tenth of a second at 1,000 steps, seconds for a page's panes on a busy machine). Here it
+        is walked once per call, and each new figure sent once (:func:`_batched`)."""
+        built: list[tuple[Any, list[Any]]] = []
+        start = time.perf_counter()
+        while self._pending and (not built or time.perf_counter() - start < budget_s):
+            cache_key, pane = next(iter(self._pending.items()))
+            del self._pending[cache_key]
+            panel, keys = cache_key
+            built.append((pane, [self._curve(k, panel) for k in keys]))
+        if not built:
+            return False
+        figures = {id(pane): figs for pane, figs in built}
+        self._panes = [(p, figures.get(id(p), f)) for p, f in self._panes]
+        text = (self.metric_filter.value_input or self.metric_filter.value or "").strip().lower()
+        sections = {id(grid): (section, title) for section, title, grid in self.filter_callback.args["sections"]}
+        doc = self.layout.document
+        with _batched(doc):
+            for pane, figs in built:
+                shown = [fig for fig in figs if _filter_shows(fig, text)]
+                for fig in figs:
+                    fig.visible = fig in shown
+                if id(pane) in sections:  # as FILTER_JS: a section with no figure left is hidden, title too
+                    for model in (*sections[id(pane)], pane):
+                        model.visible = bool(shown)
+                pane.elements = shown
+                pane.tags = figs  # last: its change runs LIVE_ATTACH_JS in the browser
+        return bool(self._pending)
 
     def _build_metric_panels(self) -> None:
         from bokeh.models import Div, Pane
@@ -378,7 +372,7 @@ class Dashboard:
         reshard = keys_of(RESHARD_GROUP, keys)
         self.reshard.children = [self._grid(reshard, "reshard", panes)] if reshard else \
             [Div(text=f"<i>{NO_RESHARD}</i>", name="reshard_note")]
-        sections = []  # [section, title, grid, figures] per all-metrics section
+        sections = []  # [section, title, grid] per all-metrics section
         for group, group_keys in group_metrics(keys).items():
             title = self._titles.get(group)
             if title is None:
@@ -392,36 +386,61 @@ class Dashboard:
                 section.js_on_change("elements", self.filter_callback)  # a new grid (live) comes in filtered
             if list(section.elements) != [title, grid]:
                 section.elements = [title, grid]
-            sections.append([section, title, grid, panes[-1][1]])
+            sections.append([section, title, grid])
         first = not self._panes
         self._panes = panes
+        if first and self._pending:
+            self.live_attach_callback.args = dict(self.live_attach_callback.args, panes=list(self._pending.values()))
         if not first:  # new keys while the page is open: their figures show at once
+            self._drop_pending({id(pane) for pane, _ in panes})
             self.attach_all()
         self.all_metrics.children = [section for section, *_ in sections] or [Div(text="<i>no metrics yet</i>")]
         self.filter_callback.args = dict(self.filter_callback.args, sections=sections)
         self.attach_callback.args = dict(panes=[pane for pane, _ in self._panes])
         self._keys = keys
 
+    def _drop_pending(self, shown: set[int]) -> None:
+        """Forget the deferred panes a rebuild took off the page (``shown``: ids of the panes left);
+        the browser then waits for the others only."""
+        kept = {k: p for k, p in self._pending.items() if id(p) in shown}
+        if len(kept) < len(self._pending):
+            self._pending = kept
+            left = [p for p in self.live_attach_callback.args["panes"] if id(p) in shown]
+            self.live_attach_callback.args = dict(self.live_attach_callback.args, panes=left)
+
     def _set_header(self) -> None:
-        updated = time.strftime("%H:%M:%S") if self.live else "static export " + time.strftime("%Y-%m-%d %H:%M")
-        if not self.several:
-            self.header.text = ("<h1 style='margin:4px 0'>flowrl run</h1>"
-                                + _run_line(self.reader, dask=True) + f"<div>updated {updated}</div>")
-            return
-        lines = "".join(f"<li><span style='color:{run_color(i)};font-weight:bold'>&#9632; {html.escape(label)}</span> "
-                        f"{_run_line(r, dask=False)}</li>" for i, (label, r) in enumerate(zip(self.labels, self.readers)))
-        self.header.text = (f"<h1 style='margin:4px 0'>flowrl: {len(self.readers)} runs</h1>"
-                            f"<ul style='margin:2px 0'>{lines}</ul><div>updated {updated}</div>")
+        self.header.text = header_html(self.readers, self.labels, live=self.live)
 
     def document(self, doc: Any = None) -> Any:
         """``doc`` (a new Bokeh ``Document`` if None) with the dashboard as its root, and the lazy
-        panes filled once the browser has painted it (``document_ready``: :data:`ATTACH_JS`)."""
+        panes filled once the browser has painted it (``document_ready``: :data:`ATTACH_JS`). On a
+        deferred page (a server's session), the server builds their figures then instead, a few
+        panes per tick of its event loop (:meth:`build_deferred`), so the session answers between
+        them and the browser paints each batch as it comes."""
         from bokeh.document import Document
+        from bokeh.events import DocumentReady
+        from bokeh.models import CustomJS
 
         doc = Document() if doc is None else doc
         doc.title = f"flowrl: {', '.join(self.labels)}"
         doc.add_root(self.layout)
-        doc.js_on_event("document_ready", self.attach_callback)
+        if not self._pending:
+            doc.js_on_event("document_ready", self.attach_callback)
+            return doc
+        doc.js_on_event("document_ready", CustomJS(code=FIRST_PAINT_JS))
+
+        def build_next() -> None:
+            if self.build_deferred():
+                doc.add_next_tick_callback(build_next)
+
+        started = []
+
+        def on_ready(_: Any) -> None:
+            if self._pending and not started:  # once: a reconnected browser reports ready again
+                started.append(True)
+                doc.add_next_tick_callback(build_next)
+
+        doc.on_event(DocumentReady, on_ready)
         return doc
 
     def show_in_notebook(self) -> None:
@@ -455,33 +474,27 @@ class Dashboard:
         if any(c.any for c in found):
             self._set_steps()
         self._set_header()
-        return _merged(found)
+        return Changes.merged(found)
 
 
-def _run_line(r: RunReader, *, dask: bool) -> str:
-    """A run's header line: directory, model, algorithm, steps, last score (and the Dask link)."""
-    cfg = r.config
-    model = (cfg.get("model") or {}).get("path", "?")
-    algo = (cfg.get("algorithm") or {}).get("adv_estimator", "?")
-    total = (cfg.get("trainer") or {}).get("total_training_steps", "?")
-    steps = sorted(r.metrics)
-    score = r.metrics[steps[-1]].get(names.SCORE_MEAN) if steps else None
-    text = (f"<div><code>{html.escape(str(r.run_dir))}</code></div>"
-            f"<div>model <code>{html.escape(str(model))}</code> &middot; {html.escape(str(algo))} &middot; "
-            f"<b>{len(steps)}</b> / {html.escape(str(total))} steps logged"
-            + (f" &middot; last {names.SCORE_MEAN} <b>{score:.4f}</b>" if isinstance(score, (int, float)) and math.isfinite(score) else ""))
-    if dask:
-        link = r.dask_dashboard
-        text += " &middot; " + (f"<a href='{html.escape(link)}' target='_blank' id='dask-dashboard'>Dask dashboard</a>" if link
-                                else "Dask dashboard: not recorded (set cluster.dashboard=true)")
-    note = f" &middot; {html.escape(r.tokenizer_note)}" if r.tokenizer_note else ""
-    return text + note + "</div>"
+@contextlib.contextmanager
+def _batched(doc: Any) -> Any:
+    """Changes of ``doc`` (None: no document, nothing to do) made in the block, the model graph
+    walked once at its end and the changes sent to the browser after that: frozen alone, the
+    graph would not know the block's new models yet, and every change referring to one would
+    send the model whole again."""
+    if doc is None:
+        yield
+        return
+    doc.hold("combine")
+    try:
+        with doc.models.freeze():
+            yield
+    finally:
+        doc.unhold()
 
 
-def _merged(found: list[Changes]) -> Changes:
-    if len(found) == 1:
-        return found[0]
-    return Changes(metrics_reset=any(c.metrics_reset for c in found),
-                   new_metric_rows=[row for c in found for row in c.new_metric_rows],
-                   timeline_changed=any(c.timeline_changed for c in found),
-                   new_sample_steps=sorted({s for c in found for s in c.new_sample_steps}))
+def _filter_shows(fig: Any, text: str) -> bool:
+    """Whether the metric filter (lower-cased ``text``) shows ``fig``, as :data:`FILTER_JS` decides:
+    an all-metrics figure (``metric:<key>``) whose key contains the text; any other figure."""
+    return not fig.name.startswith("metric:") or text in fig.name[len("metric:"):].lower()

@@ -103,8 +103,13 @@ class FigureMaker:
 
     def figure(self, key: str, panel: str, n_points: int) -> Any:
         """``key``'s figure in ``panel``, named ``<panel>:<key>``: per run a faint raw line and
-        the smoothed line (equal while the smoothing is 0), a legend when there are several runs."""
-        from bokeh.models import CustomJSTransform, HoverTool
+        the smoothed line (equal while the smoothing is 0), a legend when there are several runs.
+
+        Each glyph is one model: its renderer's selection and mute looks are left to BokehJS
+        (``"auto"``), not copies of the glyph as ``figure.line`` makes (nothing on the page selects
+        or mutes; two thirds fewer glyph models to build, send and deserialize)."""
+        from bokeh.core.properties import value
+        from bokeh.models import CustomJSTransform, HoverTool, Legend, LegendItem, Line, Scatter
         from bokeh.transform import transform
 
         fig = self._blank(key, panel)
@@ -115,25 +120,22 @@ class FigureMaker:
         for run in self.runs:
             color = run.color if several else stable_color(key)
             src = run.source
-            fig.line("step", transform(key, raw_t), source=src, line_width=1, color=color, alpha=0.25)
-            legend = {"legend_label": run.label} if several else {}
-            line = fig.line("step", transform(key, smooth_t), source=src, line_width=2, color=color, **legend)
+            fig.add_glyph(src, Line(x="step", y=transform(key, raw_t), line_width=1, line_color=color, line_alpha=0.25))
+            line = fig.add_glyph(src, Line(x="step", y=transform(key, smooth_t), line_width=2, line_color=color),
+                                 name=run.label)
             if n_points <= MARKERS_UP_TO and not several:
-                fig.scatter("step", transform(key, raw_t), source=src, size=4, color=color)
+                fig.add_glyph(src, Scatter(x="step", y=transform(key, raw_t), size=4, line_color=color, fill_color=color))
             hover_lines.append(line)
         field = f"@{{{key}}}"
         fig.add_tools(HoverTool(renderers=hover_lines, tooltips=[("run", "$name"), ("step", "@step"), (key, field + "{%.4g}")]
                                 if several else [("step", "@step"), (key, field + "{%.4g}")],
                                 formatters={field: "printf"}, mode="vline"))
-        for line, run in zip(hover_lines, self.runs):
-            line.name = run.label
         if several:
-            fig.legend.location = "top_left"
-            fig.legend.label_text_font_size = "7pt"
-            fig.legend.background_fill_alpha = 0.6
-            fig.legend.padding = fig.legend.spacing = 1
-            fig.legend.glyph_height = fig.legend.label_height = 10
-            fig.legend.click_policy = "hide"
+            legend = Legend(items=[LegendItem(label=value(run.label), renderers=[line])
+                                   for run, line in zip(self.runs, hover_lines)],
+                            location="top_left", label_text_font_size="7pt", background_fill_alpha=0.6, padding=1,
+                            spacing=1, glyph_height=10, label_height=10, click_policy="hide")
+            fig.add_layout(legend, "center")
         return fig
 
     def _blank(self, key: str, panel: str) -> Any:

@@ -68,8 +68,8 @@ table.view.change.emit();
 table_note.text = n_rows ? `step ${step}: ${n_rows} samples` : `step ${step}: no experience Parquet`;
 """
 
-# The metric filter (args: filter, the TextInput; sections, [section, title, grid, figures] per
-# all-metrics section, section a Pane holding the title and the grid, a Pane of the figures):
+# The metric filter (args: filter, the TextInput; sections, [section, title, grid] per all-metrics
+# section, section a Pane holding the title and the grid, a Pane whose tags hold its figures):
 # shows the figures (named "metric:<key>") whose key contains the typed text and hides the others,
 # and hides a section (its title too) when none of its figures is left. A figure leaving the grid
 # (its view dropped) before its ``visible`` flips to false, and flipping to true before it joins
@@ -81,7 +81,9 @@ table_note.text = n_rows ? `step ${step}: ${n_rows} samples` : `step ${step}: no
 FILTER_JS = """
 const text = (filter.value_input ?? filter.value ?? "").trim().toLowerCase();
 const shows = (fig) => fig.name.slice(7).toLowerCase().includes(text);
-for (const [section, title, grid, figs] of sections) {
+for (const [section, title, grid] of sections) {
+  const figs = grid.tags;
+  if (!figs.length) continue;  // a deferred section the server has not built yet: LIVE_ATTACH_JS filters it
   const keep = figs.filter(shows);
   const any = keep.length > 0;
   if (!any && section.visible) section.visible = false;  // hidden first: the title's flip lays out nothing shown
@@ -114,6 +116,30 @@ function next() {
   setTimeout(next, 0);
 }
 setTimeout(next, 0);
+"""
+
+# A live server's page (the document's "document_ready"): the server builds the deferred panes'
+# figures now (flowrl.metrics.dashboard.Dashboard.build_deferred), the mark says the page is drawn.
+FIRST_PAINT_JS = """
+performance.mark("flowrl:first-paint");
+"""
+
+# A live server's session filled a deferred pane's tags with its figures (cb_obj: the pane; args:
+# filter_cb, the metric filter's CustomJS, and panes, every deferred pane). The server attached
+# them too, filtered with the text it had last heard of: an all-metrics grid goes through the
+# filter again (a no-op unless the text changed meanwhile), another pane is filled if it is still
+# empty; marks "flowrl:all-metrics" once every deferred pane has its figures.
+LIVE_ATTACH_JS = """
+const done = () => {
+  if (panes.every((p) => p.tags.length > 0) && !performance.getEntriesByName("flowrl:all-metrics").length)
+    performance.mark("flowrl:all-metrics");
+};
+if (cb_obj.name === "grid:metric") {
+  filter_cb.execute(filter_cb).then(done);
+} else {
+  if (cb_obj.elements.length === 0) cb_obj.elements = cb_obj.tags.filter((fig) => fig.visible);
+  done();
+}
 """
 
 # Shows the clicked sample row's whole prompt and its response as a conversation: each turn of

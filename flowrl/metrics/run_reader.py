@@ -43,6 +43,16 @@ class Changes:
     def any(self) -> bool:
         return self.metrics_reset or bool(self.new_metric_rows) or self.timeline_changed or bool(self.new_sample_steps)
 
+    @staticmethod
+    def merged(found: list["Changes"]) -> "Changes":
+        """What several runs' refreshes found, as one."""
+        if len(found) == 1:
+            return found[0]
+        return Changes(metrics_reset=any(c.metrics_reset for c in found),
+                       new_metric_rows=[row for c in found for row in c.new_metric_rows],
+                       timeline_changed=any(c.timeline_changed for c in found),
+                       new_sample_steps=sorted({s for c in found for s in c.new_sample_steps}))
+
 
 class RunReader:
     """The files of one run directory, read incrementally.
@@ -167,6 +177,12 @@ class RunReader:
             return None
         table = table.slice(0, self.max_samples)
         return sample_columns(table, step, self._decoder())
+
+    def load_tokenizer(self) -> None:
+        """Load the tokenizer the samples are decoded with now, not at the first refresh that
+        finds a step's Parquet: importing transformers takes seconds, and the tokenizer is kept
+        for every later reader of the same model (a server calls this before its first session)."""
+        self._decoder()
 
     def _decoder(self) -> Any:
         if not self.decode:

@@ -34,8 +34,11 @@ pytestmark = [
 
 ARTIFACTS = Path(os.environ.get("FLOWRL_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts"))
 DOC = "Bokeh.documents[0]"
+# ... and every figure in the page: the live server builds the lower panels' figures after the
+# first paint, the export attaches them then (both set this mark once they are all in)
 READY_JS = (f"window.Bokeh && Bokeh.documents.length > 0 && {DOC}.get_model_by_name('samples_shown') !== null"
-            f" && {DOC}.get_model_by_name('samples_shown').data.step.length > 0")
+            f" && {DOC}.get_model_by_name('samples_shown').data.step.length > 0"
+            " && performance.getEntriesByName('flowrl:all-metrics').length > 0")
 
 
 @pytest.fixture(scope="module")

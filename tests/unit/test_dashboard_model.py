@@ -115,6 +115,38 @@ def test_dashboard_panels_step_selector_and_live_update(run_dir):
     assert not any(NO_RESHARD in getattr(m, "text", "") for m in dash.reshard.children)
 
 
+def test_deferred_page_builds_the_lower_panels_after_the_first_page(run_dir):
+    """A live server's session (``defer=True``): the first page holds the overview's figures
+    only; ``build_deferred`` builds the others into their panes' tags (the browser attaches
+    them), and a key that appears meanwhile gets its figure at once."""
+    pytest.importorskip("bokeh")
+    from flowrl.metrics.dashboard import Dashboard
+
+    def figure_names(dash):
+        return {m.name for m in dash.layout.references() if type(m).__name__ == "figure"}
+
+    dash = Dashboard(run_dir, live=True, defer=True)
+    first = figure_names(dash)
+    assert "overview:critic/score/mean" in first and not [n for n in first if n.split(":")[0] in ("metric", "throughput")]
+    grids = [m for m in dash.layout.references() if getattr(m, "name", "") == "grid:metric"]
+    assert grids and all(g.tags == [] and g.elements == [] for g in grids)
+    write_step(run_dir, 2, extra={"reshard/bytes": 1024.0})  # a new key before the deferred build
+    dash.update()
+    assert "metric:reshard/bytes" in figure_names(dash)  # built at once, not deferred
+    calls = 1
+    while dash.build_deferred(budget_s=0.0):  # one pane per call
+        calls += 1
+    assert calls > 2 and not dash.build_deferred()
+    names = figure_names(dash)
+    for key in ("critic/score/mean", "actor/pg_loss", "timing_s/gen", "reshard/bytes"):
+        assert f"metric:{key}" in names
+    assert "throughput:perf/throughput" in names
+    # each grid's figures wait in its tags for the browser (LIVE_ATTACH_JS), which the filter reads
+    sections = dash.filter_callback.args["sections"]
+    assert all(grid.tags for _, _, grid in sections)
+    assert all(p.tags for p in dash.live_attach_callback.args["panes"])
+
+
 def test_export_is_one_self_contained_file(run_dir, tmp_path):
     pytest.importorskip("bokeh")
     from flowrl.metrics.dashboard_server import export_html
