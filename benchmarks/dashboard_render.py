@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "dist"), str(ROOT / "benchmarks")]
 
 from _common import machine_info, median, process_tree_cpu_s, table, write_json  # noqa: E402
-from chromium_cdp import RENDERED_MS_JS, Chromium  # noqa: E402
+from chromium_cdp import RENDERED_MS_JS, Chromium, stop_process  # noqa: E402
 from flowrl_testing.synthetic_run import write_synthetic_run  # noqa: E402
 
 import flowrl.metrics.dashboard as dashboard  # noqa: E402
@@ -211,13 +211,7 @@ class LiveServer:
         return {"server_start_s": self.start_s, **out}
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=15)
+        stop_process(self.proc)
 
 
 def open_live_once(runs: list[Path], *, filter_timeout_s: float) -> dict:

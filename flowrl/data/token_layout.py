@@ -113,6 +113,15 @@ def line_capacity(lengths: list[int]) -> int:
     return best
 
 
+def _empty_lines(lengths: list[int], pad_id: int) -> tuple[torch.Tensor, ...]:
+    """Lines for sequences of ``lengths`` (``assign_lines`` at ``line_capacity``): each sequence's
+    line and offset, and the lines' ``input_ids_RC`` (all ``pad_id``) and ``position_ids_RC`` (0)."""
+    line_of, offset_of, capacity = assign_lines(lengths, line_capacity(lengths))
+    num_lines = max(line_of, default=-1) + 1
+    return (torch.tensor(line_of, dtype=torch.long), torch.tensor(offset_of, dtype=torch.long),
+            torch.full((num_lines, capacity), pad_id, dtype=torch.long), torch.zeros((num_lines, capacity), dtype=torch.long))
+
+
 def packed_lines(prompt_P: torch.Tensor, prompt_cu_B1: torch.Tensor, response_T: torch.Tensor,
                  response_cu_B1: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, ...]:
     """Sequences (prompt then response) packed into lines: ``(input_ids_RC, position_ids_RC,
@@ -120,12 +129,7 @@ def packed_lines(prompt_P: torch.Tensor, prompt_cu_B1: torch.Tensor, response_T:
     response token (in flat order), as ``PackedBatch.padded`` does for padded rows."""
     prompt_len_B = prompt_cu_B1.diff()
     response_len_B = response_cu_B1.diff()
-    lengths = (prompt_len_B + response_len_B).tolist()
-    line_of, offset_of, capacity = assign_lines(lengths, line_capacity(lengths))
-    num_lines = max(line_of, default=-1) + 1
-    line_B, offset_B = torch.tensor(line_of, dtype=torch.long), torch.tensor(offset_of, dtype=torch.long)
-    input_ids_RC = torch.full((num_lines, capacity), pad_id, dtype=torch.long)
-    position_ids_RC = torch.zeros((num_lines, capacity), dtype=torch.long)
+    line_B, offset_B, input_ids_RC, position_ids_RC = _empty_lines((prompt_len_B + response_len_B).tolist(), pad_id)
 
     def place(values: torch.Tensor, cu_B1: torch.Tensor, len_B: torch.Tensor, start_B: torch.Tensor):
         line = torch.repeat_interleave(line_B, len_B)
@@ -238,14 +242,9 @@ def shared_prompt_lines(prompt_P: torch.Tensor, prompt_cu_B1: torch.Tensor, resp
     num_segments = first_S.numel()
     plen_S = plen_B[first_S]
     rsum_S = torch.zeros(num_segments, dtype=torch.long).index_add_(0, seg_B, rlen_B)
-    lengths = (plen_S + rsum_S).tolist()
-    line_of, offset_of, capacity = assign_lines(lengths, line_capacity(lengths))
-    num_lines = max(line_of, default=-1) + 1
-    line_S, offset_S = torch.tensor(line_of, dtype=torch.long), torch.tensor(offset_of, dtype=torch.long)
-    input_ids_RC = torch.full((num_lines, capacity), pad_id, dtype=torch.long)
-    position_ids_RC = torch.zeros((num_lines, capacity), dtype=torch.long)
-    segment_RC = torch.full((num_lines, capacity), -1, dtype=torch.long)  # -1: padding
-    owner_RC = torch.full((num_lines, capacity), -1, dtype=torch.long)  # the row of a response token, -1: prompt
+    line_S, offset_S, input_ids_RC, position_ids_RC = _empty_lines((plen_S + rsum_S).tolist(), pad_id)
+    segment_RC = torch.full(input_ids_RC.shape, -1, dtype=torch.long)  # -1: padding
+    owner_RC = torch.full(input_ids_RC.shape, -1, dtype=torch.long)  # the row of a response token, -1: prompt
 
     # the prompt of each segment: its first row's prompt tokens
     p_start_S = (prompt_cu_B1[:-1] - prompt_cu_B1[0]).long()[first_S]

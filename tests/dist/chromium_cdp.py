@@ -198,13 +198,7 @@ class Chromium:
         if self._ws is not None:
             self._ws.close()
             self._ws = None
-        if self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(timeout=10)
+        stop_process(self._proc, timeout_s=10)
         self._loop.close()
         shutil.rmtree(self._profile, ignore_errors=True)
 
@@ -213,3 +207,14 @@ class Chromium:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def stop_process(proc: subprocess.Popen, *, timeout_s: float = 15) -> None:
+    """End ``proc`` if it still runs: SIGTERM, then SIGKILL after ``timeout_s`` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout_s)

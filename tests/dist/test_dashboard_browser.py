@@ -23,7 +23,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from chromium_cdp import DOM_PROBE_JS, Chromium, chromium_binary  # tests/dist/chromium_cdp.py
+from chromium_cdp import DOM_PROBE_JS, Chromium, chromium_binary, stop_process  # tests/dist/chromium_cdp.py
 from flowrl.data import experience as ex
 
 pytestmark = [
@@ -89,13 +89,7 @@ class DashboardServer:
             raise TimeoutError(f"no dashboard URL within {timeout_s}s: {''.join(self.output)}") from None
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=15)
+        stop_process(self.proc)
 
 
 def metric_keys(run_dir: Path) -> set[str]:
