@@ -6,6 +6,7 @@
     flowrl config --from-verl [verl.yaml] [verl.key=value ...]  the flowrl form of a verl command line
     flowrl parallel-plan --model 7B --gpus 64 ...    rank (dp, tp, pp) layouts for a model
     flowrl reshard-plan --train tp=4,pp=2 --gen tp=2  the transfers from training to generation shards
+    flowrl devices [CONFIG.yaml] [key=value ...] [--gpus-per-node N --nodes M]  each rank's node, GPUs, backend, dtype
     flowrl export-hf CHECKPOINT OUT_DIR [--config-dir DIR] [--merge-lora | --adapter-only]  a checkpoint as a transformers directory
     flowrl dashboard RUN_DIR... [--port P] [--export out.html]  the per-step dashboard of runs (127.0.0.1)
     flowrl --version
@@ -135,6 +136,12 @@ def cmd_reshard_plan(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_devices(args: argparse.Namespace) -> int:
+    from flowrl.run.devices_cli import run
+
+    return run(args)
+
+
 def cmd_dashboard(args: argparse.Namespace) -> int:
     from flowrl.metrics.dashboard_cli import run
 
@@ -203,6 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_reshard_arguments(p)
     p.set_defaults(func=cmd_reshard_plan)
+
+    p = sub.add_parser("devices", help="the device plan: each rank's node, GPUs, backend and dtype (no GPU needed)")
+    from flowrl.run.devices_cli import add_arguments as add_devices_arguments
+
+    add_devices_arguments(p)
+    p.set_defaults(func=cmd_devices)
 
     p = sub.add_parser("export-hf", help="write a flowrl checkpoint as a transformers directory (from_pretrained loads it)")
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint directory, e.g. <run_dir>/checkpoints/step_00000010")

@@ -1,0 +1,106 @@
+"""The device plan (flowrl.parallel.device_plan, flowrl.config.devices): every rank's node, GPUs,
+local rank, backend and dtype over fake inventories; pure, no GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from flowrl.config import ConfigError, load_config
+from flowrl.config.devices import device_plan, slurm_inventory
+from flowrl.parallel.device_plan import (CPU_BACKEND, GPU_BACKEND, DevicePlanError, GroupLayout, Inventory,
+                                         plan_devices)
+
+
+def _sizes(n: int, **extra: str) -> list[str]:
+    return [f"actor.data_parallel_size={n}", f"rollout.data_parallel_size={n}", f"ref.data_parallel_size={n}",
+            *(f"{k}={v}" for k, v in extra.items())]
+
+
+def _gpu_sets(plan, group: str) -> list[tuple[int, tuple[int, ...]]]:
+    return [(r.node, r.gpus) for r in plan.group(group)]
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 8])
+def test_one_node_every_rank_its_own_gpu_shared_by_colocated_roles(gpus):
+    plan = device_plan(load_config(None, _sizes(gpus)), Inventory(gpus_per_node=gpus))
+    for group in ("actor", "rollout", "ref"):
+        # rank r of every colocated group on GPU r: distinct within a group, shared across groups
+        assert _gpu_sets(plan, group) == [(0, (r,)) for r in range(gpus)]
+        assert {r.backend for r in plan.group(group)} == {GPU_BACKEND}
+    assert [r.local_rank for r in plan.group("actor")] == list(range(gpus))
+    assert plan.of("actor", gpus - 1).environment() == {"LOCAL_RANK": str(gpus - 1), "CUDA_VISIBLE_DEVICES": str(gpus - 1)}
+    assert plan.of("actor", 0).device == "cuda:0"
+
+
+def test_bf16_on_gpu_fp32_on_cpu_unless_named():
+    layouts = [GroupLayout(name="actor", world_size=2, pool="p", size_key="actor.data_parallel_size", size_value=2)]
+    assert {r.dtype for r in plan_devices(Inventory(gpus_per_node=2), layouts).ranks} == {"bfloat16"}
+    assert {r.dtype for r in plan_devices(Inventory(gpus_per_node=0), layouts).ranks} == {"float32"}
+    assert {r.dtype for r in plan_devices(Inventory(gpus_per_node=2), layouts, dtype="float32").ranks} == {"float32"}
+
+
+def test_cpu_plan_is_gloo_without_devices():
+    plan = device_plan(load_config(None, []), Inventory(gpus_per_node=0))
+    assert {r.backend for r in plan.ranks} == {CPU_BACKEND}
+    assert all(r.gpus == () and r.device == "cpu" and "CUDA_VISIBLE_DEVICES" not in r.environment() for r in plan.ranks)
+    assert plan.gpus_used() == set()
+
+
+def test_split_pools_take_disjoint_gpus():
+    plan = device_plan(load_config(None, _sizes(2, **{"cluster.placement": "split"})), Inventory(gpus_per_node=8))
+    # pools in the order the run starts them, actor first: actor 0-1, rollout 2-3, ref 4-5
+    assert _gpu_sets(plan, "actor") == [(0, (0,)), (0, (1,))]
+    assert _gpu_sets(plan, "rollout") == [(0, (2,)), (0, (3,))]
+    assert _gpu_sets(plan, "ref") == [(0, (4,)), (0, (5,))]
+    used = [g for r in plan.ranks for g in r.gpus]
+    assert len(used) == len(set(used)) == 6
+
+
+def test_hybrid_and_colocated_share_the_same_gpus():
+    for placement in ("hybrid", "colocated"):
+        plan = device_plan(load_config(None, _sizes(4, **{"cluster.placement": placement})), Inventory(gpus_per_node=4))
+        assert plan.gpus_used() == {(0, g) for g in range(4)}
+        assert _gpu_sets(plan, "actor") == _gpu_sets(plan, "rollout") == _gpu_sets(plan, "ref")
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_vllm_replica_of_tp_t_gets_t_gpus(tp):
+    over = ["rollout.name=vllm", f"rollout.tensor_model_parallel_size={tp}", f"rollout.data_parallel_size={8 // tp}",
+            "actor.data_parallel_size=8", "ref.data_parallel_size=8"]
+    plan = device_plan(load_config(None, over), Inventory(gpus_per_node=8))
+    engines = [r for r in plan.group("rollout") if r.rank % tp == 0]
+    assert [r.gpus for r in engines] == [tuple(range(k * tp, (k + 1) * tp)) for k in range(8 // tp)]
+    # the replica's other ranks stage tensors on their own GPU, inside the replica's set
+    for r in plan.group("rollout"):
+        if r.rank % tp:
+            assert r.gpus == (r.rank,) and r.rank in engines[r.rank // tp].gpus
+
+
+def test_two_nodes_of_eight_on_slurm():
+    cfg = load_config(None, _sizes(16, **{"cluster.kind": "slurm", "cluster.slurm.gpus_per_job": 8,
+                                          "cluster.slurm.processes": 8, "cluster.slurm.cores": 16}))
+    inv = slurm_inventory(cfg)
+    assert (inv.nodes, inv.gpus_per_node) == (2, 8)
+    plan = device_plan(cfg, inv)
+    assert _gpu_sets(plan, "actor") == [(r // 8, (r % 8,)) for r in range(16)]
+    assert [r.local_rank for r in plan.group("actor")] == [r % 8 for r in range(16)]
+    assert len(plan.gpus_used()) == 16
+
+
+def test_more_ranks_than_gpus_is_refused_naming_the_key_and_the_fix():
+    with pytest.raises(ConfigError) as err:
+        device_plan(load_config(None, _sizes(2)), Inventory(gpus_per_node=1))
+    assert err.value.key == "actor.data_parallel_size" and err.value.value == 2
+    assert "set actor.data_parallel_size to at most 1" in str(err.value)
+    with pytest.raises(ConfigError, match="ref.data_parallel_size"):  # split: 2 + 2 + 2 > 4
+        device_plan(load_config(None, _sizes(2, **{"cluster.placement": "split"})), Inventory(gpus_per_node=4))
+
+
+def test_a_replica_never_straddles_nodes():
+    layouts = [GroupLayout(name="actor", world_size=2, pool="a", size_key="actor.data_parallel_size", size_value=2),
+               GroupLayout(name="rollout", world_size=4, pool="b", size_key="rollout.data_parallel_size",
+                           size_value=1, engine_span=4)]
+    with pytest.raises(DevicePlanError, match="nodes 0 and 1"):  # the rollout pool starts at slot 2 of 4
+        plan_devices(Inventory(nodes=2, gpus_per_node=4), layouts)
+    with pytest.raises(DevicePlanError, match="more than a node's 2"):
+        plan_devices(Inventory(nodes=4, gpus_per_node=2), layouts[1:])
