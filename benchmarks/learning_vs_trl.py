@@ -113,7 +113,7 @@ def prepare(workdir: Path, *, warmup_target: float | None = 0.4, seed: int = 0, 
         key["max_warmup_steps"] = max_warmup_steps
     if record_path.exists() and (record := json.loads(record_path.read_text()))["key"] == key:
         return record
-    from flowrl.data.arithmetic import make_addition_rows, split_pairs
+    from flowrl.tasks.arithmetic import make_addition_rows, split_pairs
     from flowrl.models.char_tokenizer import build_char_tokenizer
     from flowrl.models.tiny import build_tiny_model, count_parameters
     from flowrl.models.warmup import WarmupConfig, warm_up
@@ -135,7 +135,7 @@ def prepare(workdir: Path, *, warmup_target: float | None = 0.4, seed: int = 0, 
 
 def heldout_rows() -> list[dict]:
     """The 256 held-out prompts (test split: pairs never in a train file or the warm-up)."""
-    from flowrl.data.arithmetic import make_addition_rows
+    from flowrl.tasks.arithmetic import make_addition_rows
 
     return make_addition_rows(NUM_HELDOUT, 0, "test")
 
@@ -145,7 +145,7 @@ def write_train_parquet(path: Path, seed: int, num_rows: int) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from flowrl.data.arithmetic import make_addition_rows, split_pairs
+    from flowrl.tasks.arithmetic import make_addition_rows, split_pairs
 
     pool = make_addition_rows(len(split_pairs("train")), 1000 + seed, "train")
     rows = [pool[i % len(pool)] for i in range(num_rows)]

@@ -172,7 +172,7 @@ NOTES = [
 # --------------------------------------------------------------------------- inputs
 def prepare_inputs(scale: Scale, common: Common, workdir: Path) -> tuple[Path, Path]:
     """Save the random-init model + tokenizer and write the prompt parquet; return (model_dir, train.parquet)."""
-    from flowrl.data.arithmetic import write_addition_parquet
+    from flowrl.tasks.arithmetic import write_addition_parquet
     from flowrl.models.char_tokenizer import build_char_tokenizer
     from flowrl.models.tiny import TINY_PRESETS, build_tiny_model
 

@@ -40,7 +40,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def addition_data(tmp_path_factory) -> tuple[Path, Path]:
-    from flowrl.data.arithmetic import write_addition_parquet
+    from flowrl.tasks.arithmetic import write_addition_parquet
 
     return write_addition_parquet(tmp_path_factory.mktemp("addition"), 256, 32, 0)
 

@@ -1,11 +1,14 @@
 """The pure algorithm core: advantage estimators, policy losses, KL estimators, loss aggregation.
 
 Pure torch, no I/O. Token-level tensors are flat over the rows of a batch with ``cu_seqlens_B1``
-offsets (see ``aggregate.py``). Each extension point is a ``flowrl.registry.Registry`` in
-``registries.py`` (torch-free): adding an estimator or a loss means registering one function.
+offsets (see ``aggregate.py``). Each extension point is a ``flowrl.registry.Registry`` of the
+torch-free catalogue ``flowrl.catalog.algos``: adding an estimator or a loss means registering
+one function.
 
-The names below load on first use (PEP 562), so ``import flowrl.algos.registries`` (the config
-does) imports no torch; ``from flowrl.algos import grpo_advantages`` imports the torch module.
+The face: the catalogue's registries and decorators are plain imports (torch-free); the names of
+the torch modules (each module's ``__all__``) load on first use (PEP 562), because this package's
+``__init__`` also runs for ``import flowrl.algos.registries``, which must import no torch.
+``from flowrl.algos import grpo_advantages`` imports the torch modules.
 """
 
 from __future__ import annotations
@@ -13,60 +16,34 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_HOMES: dict[str, str] = {
-    "ADVANTAGE_ESTIMATORS": "flowrl.algos.registries",
-    "AGG_MODES": "flowrl.algos.registries",
-    "KL_CONTROLLERS": "flowrl.algos.registries",
-    "KL_ESTIMATORS": "flowrl.algos.registries",
-    "POLICY_LOSSES": "flowrl.algos.registries",
-    "register_kl_estimator": "flowrl.algos.registries",
-    "register_policy_loss": "flowrl.algos.registries",
-    "AdvantageInputs": "flowrl.algos.advantages",
-    "Estimator": "flowrl.algos.advantages",
-    "broadcast_rows": "flowrl.algos.advantages",
-    "gae_advantages": "flowrl.algos.advantages",
-    "grpo_advantages": "flowrl.algos.advantages",
-    "masked_whiten": "flowrl.algos.advantages",
-    "register_estimator": "flowrl.algos.advantages",
-    "reinforce_plus_plus_advantages": "flowrl.algos.advantages",
-    "reinforce_plus_plus_baseline_advantages": "flowrl.algos.advantages",
-    "remax_advantages": "flowrl.algos.advantages",
-    "resolve_estimator": "flowrl.algos.advantages",
-    "rloo_advantages": "flowrl.algos.advantages",
-    "row_scores": "flowrl.algos.advantages",
-    "agg_denominator": "flowrl.algos.aggregate",
-    "agg_loss": "flowrl.algos.aggregate",
-    "masked_mean": "flowrl.algos.aggregate",
-    "segment_ids": "flowrl.algos.aggregate",
-    "segment_sum": "flowrl.algos.aggregate",
-    "kl_abs": "flowrl.algos.kl",
-    "kl_k1": "flowrl.algos.kl",
-    "kl_k2": "flowrl.algos.kl",
-    "kl_k3": "flowrl.algos.kl",
-    "AdaptiveKLController": "flowrl.algos.kl_control",
-    "FixedKLController": "flowrl.algos.kl_control",
-    "kl_penalty_rewards": "flowrl.algos.kl_control",
-    "make_kl_controller": "flowrl.algos.kl_control",
-    "entropy_from_logits": "flowrl.algos.logprobs",
-    "logprobs_from_logits": "flowrl.algos.logprobs",
-    "gspo_policy_loss": "flowrl.algos.policy_loss",
-    "vanilla_policy_loss": "flowrl.algos.policy_loss",
-    "explained_variance": "flowrl.algos.value",
-    "value_loss": "flowrl.algos.value",
-}
-"""Exported name -> the module that defines it."""
+from flowrl.catalog.algos import (ADVANTAGE_ESTIMATORS, AGG_MODES, KL_CONTROLLERS, KL_ESTIMATORS, POLICY_LOSSES,
+                                  register_kl_estimator, register_policy_loss)
 
-__all__ = sorted(_HOMES)
+TORCH_MODULES = ("advantages", "aggregate", "kl", "kl_control", "logprobs", "policy_loss", "value")
+"""The modules whose ``__all__`` this face exports on first use (they import torch)."""
+
+__all__ = ["ADVANTAGE_ESTIMATORS", "AGG_MODES", "KL_CONTROLLERS", "KL_ESTIMATORS", "POLICY_LOSSES",
+           "register_kl_estimator", "register_policy_loss"]
+"""The torch-free names; the torch modules' names come on top (``dir(flowrl.algos)`` lists them)."""
+
+
+def _torch_names() -> dict[str, Any]:
+    """Every name of the torch modules' ``__all__`` -> its object (imports them: torch)."""
+    found: dict[str, Any] = {}
+    for short in TORCH_MODULES:
+        module = importlib.import_module(f"flowrl.algos.{short}")
+        found.update({n: getattr(module, n) for n in module.__all__})
+    return found
 
 
 def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'flowrl.algos' has no attribute {name!r}")
-    module = importlib.import_module(home)
-    globals().update({n: getattr(module, n) for n, h in _HOMES.items() if h == home})
-    return globals()[name]
+    if not name.startswith("__"):
+        torch_names = _torch_names()
+        if name in torch_names:
+            globals().update(torch_names)
+            return torch_names[name]
+    raise AttributeError(f"module 'flowrl.algos' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOMES))
+    return sorted(set(globals()) | set(_torch_names()))

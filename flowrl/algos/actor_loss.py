@@ -19,8 +19,8 @@ from typing import Any, Callable, Mapping
 from torch import Tensor
 
 from flowrl.algos import agg_denominator, agg_loss, value_loss
-from flowrl.algos.registries import AGG_MODES
-from flowrl.metrics import names
+from flowrl.catalog import metric_names as names
+from flowrl.catalog.algos import AGG_MODES
 
 __all__ = ["ActorLoss", "actor_loss", "critic_loss"]
 

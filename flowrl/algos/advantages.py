@@ -11,7 +11,7 @@ whether it needs a per-row reward baseline (``inputs.reward_baseline_B``, ReMax'
 response score), so a graph knows which nodes to build. Call the ``Estimator`` (it checks its
 inputs are there) or its ``fn``.
 
-Built-ins are registered by import string in ``flowrl/algos/registries.py`` (with their traits,
+Built-ins are registered by import string in ``flowrl/catalog/algos.py`` (with their traits,
 so the config reads them without torch). Adding an estimator is one decorated function; the
 config (``algorithm.adv_estimator``) and the graphs find it by name::
 
@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from flowrl.algos.aggregate import segment_ids, segment_sum
-from flowrl.algos.registries import ADVANTAGE_ESTIMATORS
+from flowrl.catalog.algos import ADVANTAGE_ESTIMATORS
 from flowrl.registry import import_string
 
 __all__ = [
@@ -139,7 +139,7 @@ class Estimator:
 
 def register_estimator(name: str, *, needs_values: bool = False, needs_baseline: bool = False):
     """Decorator: register ``fn`` as ``Estimator(fn, needs_values, needs_baseline)`` under
-    ``name`` in ``ADVANTAGE_ESTIMATORS`` (``flowrl.algos.registries``); returns ``fn``, which also
+    ``name`` in ``ADVANTAGE_ESTIMATORS`` (``flowrl.catalog.algos``); returns ``fn``, which also
     carries the two traits as attributes, so a config naming it by import string reads them."""
 
     def decorator(fn: EstimatorFn) -> EstimatorFn:

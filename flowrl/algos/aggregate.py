@@ -11,7 +11,7 @@ data-parallel ranks adds up to exactly the loss of the whole batch:
 The caller computes the local count with ``agg_denominator``, sums it over micro-batches and ranks
 (an all-reduce), and passes the result. Gradients are then summed, never averaged, across ranks.
 
-The modes are registered in ``AGG_MODES`` (``flowrl/algos/registries.py``); each is one function
+The modes are registered in ``AGG_MODES`` (``flowrl/catalog/algos.py``); each is one function
 ``mode(masked_T, keep_T, cu_seqlens_B1, max_response_length) -> (total, local count)`` over the
 values with masked tokens zeroed, and its trait ``counts`` says what ``agg_denominator`` counts.
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from flowrl.algos.registries import AGG_MODES
+from flowrl.catalog.algos import AGG_MODES
 
 __all__ = [
     "agg_denominator",

@@ -6,7 +6,7 @@ Numbers follow verl's ``kl_penalty``; ``kl``, ``mse`` and ``low_var_kl`` are ver
 k2 and k3. A name with a ``+`` suffix (``k1+``, ``abs+``, ``k3+``, ``low_var_kl+``, ...) is verl's
 straight-through form: the value of the named estimator, the gradient of k2 (whose expected
 gradient is the true KL's, which k1's and k3's are not). The names are registered in
-``KL_ESTIMATORS`` (``flowrl/algos/registries.py``).
+``KL_ESTIMATORS`` (``flowrl/catalog/algos.py``).
 
 Shape letters: T = tokens of all rows together.
 """

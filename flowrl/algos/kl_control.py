@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from flowrl.algos.aggregate import segment_sum
-from flowrl.algos.registries import KL_CONTROLLERS, KL_ESTIMATORS
+from flowrl.catalog.algos import KL_CONTROLLERS, KL_ESTIMATORS
 
 __all__ = [
     "AdaptiveKLController",

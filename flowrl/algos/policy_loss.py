@@ -9,7 +9,7 @@ Every loss has one signature::
 a dict of detached 0-d tensors, means over the valid tokens of this call: ``pg_clipfrac``,
 ``ppo_kl`` (mean of ``old_logp - logp``) and ``pg_clipfrac_lower``. Numbers follow verl's
 ``compute_policy_loss_vanilla`` and ``compute_policy_loss_gspo``. The names are registered in
-``POLICY_LOSSES`` (``flowrl/algos/registries.py``).
+``POLICY_LOSSES`` (``flowrl/catalog/algos.py``).
 
 Shape letters: T = tokens of all rows together, B = rows, B1 = B + 1 offsets (see aggregate.py).
 """
@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from flowrl.algos.aggregate import masked_mean, segment_ids, segment_sum
-from flowrl.metrics import names
+from flowrl.catalog import metric_names as names
 
 __all__ = ["PolicyLossFn", "gspo_policy_loss", "vanilla_policy_loss"]
 

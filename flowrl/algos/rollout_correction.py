@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from flowrl.algos.aggregate import masked_mean, segment_ids, segment_sum
-from flowrl.metrics import names
+from flowrl.catalog import metric_names as names
 
 __all__ = ["RolloutCorrection", "apply_to_advantages", "rollout_importance_weights"]
 

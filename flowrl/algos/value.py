@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from flowrl.algos.aggregate import masked_mean
-from flowrl.metrics import names
+from flowrl.catalog import metric_names as names
 
 __all__ = ["explained_variance", "value_loss"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from flowrl.algos.registries import FILTER_METRICS, KL_CONTROLLERS
+from flowrl.catalog.algos import FILTER_METRICS, KL_CONTROLLERS
 from flowrl.config.errors import check, check_one_of, check_positive
 
 

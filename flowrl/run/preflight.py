@@ -105,11 +105,11 @@ def _inputs(cfg: RunConfig) -> tuple[str, str, str]:
         missing = "data.train_files" if model_path else "model.path"
         raise ConfigError(missing, "", "is empty while the other of model.path / data.train_files is set",
                           "set both, or neither for the embedded default task")
-    from flowrl.data.default_task import prepare_default_task
+    from flowrl.tasks.default_task import prepare_default_task
 
     cache = Path(cfg.trainer.cache_dir) if cfg.trainer.cache_dir else default_cache_dir()
-    if cfg.rollout.multi_turn.enable:  # the embedded agentic task (flowrl.data.agent_task)
-        from flowrl.data.agent_task import prepare_agent_task
+    if cfg.rollout.multi_turn.enable:  # the embedded agentic task (flowrl.tasks.agent_task)
+        from flowrl.tasks.agent_task import prepare_agent_task
 
         task = prepare_agent_task(cache / "agent_task", seed=cfg.trainer.seed)
     else:

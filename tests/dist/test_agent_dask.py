@@ -33,7 +33,7 @@ def prompts() -> pa.Table:
 def model_dir(tmp_path_factory):
     """A tiny llama with the agent task's tokenizer (tool answers render as ``\\n=<answer>\\n``)
     and its weights edited towards EOS, so random turns end early."""
-    from flowrl.data.agent_task import build_agent_tokenizer
+    from flowrl.tasks.agent_task import build_agent_tokenizer
     from flowrl_testing.agents import bias_towards_eos
     from flowrl.models.tiny import build_tiny_model
 

@@ -50,7 +50,7 @@ def _steady(row):  # what is not a time (nor the previous step's weight sync, wh
 
 @pytest.fixture(scope="module")
 def default_task():
-    from flowrl.data.default_task import prepare_default_task
+    from flowrl.tasks.default_task import prepare_default_task
     from flowrl.run import default_cache_dir
 
     return prepare_default_task(default_cache_dir() / "default_task")

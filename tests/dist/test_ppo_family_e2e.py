@@ -36,7 +36,7 @@ def _rows(run_dir):
 @pytest.fixture(scope="module")
 def default_task():
     # The cache `flowrl train` itself uses: built once (about 15 s on an idle core), then reused.
-    from flowrl.data.default_task import prepare_default_task
+    from flowrl.tasks.default_task import prepare_default_task
     from flowrl.run import default_cache_dir
 
     return prepare_default_task(default_cache_dir() / "default_task")

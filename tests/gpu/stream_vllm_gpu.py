@@ -34,7 +34,7 @@ def main() -> int:
 
     from flowrl.config import load_config
     from flowrl.data import experience as ex
-    from flowrl.data.default_task import prepare_default_task
+    from flowrl.tasks.default_task import prepare_default_task
     from flowrl.run import train
 
     tmp = Path(tempfile.mkdtemp(prefix="flowrl-stream-gpu-"))

@@ -3,8 +3,8 @@ score, and a (very short) build whose directory round-trips through AutoTokenize
 
 from __future__ import annotations
 
-from flowrl.data.agent_task import (AgentTask, build_agent_tokenizer, compute_score, demonstration, make_rows,
-                                    prepare_agent_task, tool_call_text)
+from flowrl.tasks.agent_task import (AgentTask, build_agent_tokenizer, compute_score, demonstration, make_rows,
+                                     prepare_agent_task, tool_call_text)
 
 
 def test_rows_are_disjoint_between_splits_and_seeded():

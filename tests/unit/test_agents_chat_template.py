@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from flowrl.config import load_config
-from flowrl.data.agent_task import build_agent_tokenizer
+from flowrl.tasks.agent_task import build_agent_tokenizer
 from flowrl.data.prompts import PromptDataset, render_prompt
 
 # The shape of Qwen2.5's template, in short: with tools, a block listing each tool's JSON first.

@@ -12,7 +12,7 @@ from flowrl.agents.loop import AgentSettings, ChatCodec, run_agent_loop
 from flowrl.agents.parsers import hermes
 from flowrl.agents.runner import ToolRunner
 from flowrl.agents.tools import Tool, resolve_tools
-from flowrl.data.agent_task import build_agent_tokenizer
+from flowrl.tasks.agent_task import build_agent_tokenizer
 
 TOK = build_agent_tokenizer()
 CODEC = ChatCodec(TOK)

@@ -11,7 +11,7 @@ from flowrl.agents.loop import Trajectory
 from flowrl.config import ConfigError, load_config
 from flowrl.config.multi_turn import MultiTurnConfig
 from flowrl.data import experience as ex
-from flowrl.data.agent_task import DATA_SOURCE, build_agent_tokenizer
+from flowrl.tasks.agent_task import DATA_SOURCE, build_agent_tokenizer
 from flowrl_testing.agents import Where
 
 TOK = build_agent_tokenizer()
@@ -43,11 +43,11 @@ def test_the_reward_node_adds_tool_reward_to_the_reward_functions_score(tmp_path
     table = pa.table({"data_source": [DATA_SOURCE] * 3, "ground_truth": ["408"] * 3,
                       "response_ids": ex.from_lists(responses, ex.TOKEN_IDS),
                       "tool_reward": pa.array([0.5, 0.25, 0.0], pa.float32())})
-    out = reward(table, str(tmp_path), "flowrl.data.agent_task:compute_score").value
+    out = reward(table, str(tmp_path), "flowrl.tasks.agent_task:compute_score").value
     # exact match 1, 0, 1 plus tool rewards 0.5, 0.25, 0
     assert out.column("score").to_pylist() == [1.5, 0.25, 1.0]
     assert [r[-1] for r in out.column("token_rewards").to_pylist()] == [1.5, 0.25, 1.0]
-    plain = reward(table.drop_columns(["tool_reward"]), str(tmp_path), "flowrl.data.agent_task:compute_score").value
+    plain = reward(table.drop_columns(["tool_reward"]), str(tmp_path), "flowrl.tasks.agent_task:compute_score").value
     assert plain.column("score").to_pylist() == [1.0, 0.0, 1.0]  # single-turn tables: the function alone
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from flowrl.data.arithmetic import (
+from flowrl.tasks.arithmetic import (
     DATA_SOURCE,
     make_addition_rows,
     split_pairs,

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from flowrl.data.default_task import prepare_default_task
+from flowrl.tasks.default_task import prepare_default_task
 from flowrl.models import warmup as warmup_module
 from flowrl.models.char_tokenizer import build_char_tokenizer
 from flowrl.models.tiny import TINY_PRESETS, build_tiny_model, count_parameters, tiny_preset

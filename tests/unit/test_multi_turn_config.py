@@ -41,4 +41,4 @@ def test_the_shipped_agent_config_loads():
 
     cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "agent_calculator.yaml", [])
     assert cfg.rollout.multi_turn.enable and cfg.rollout.multi_turn.tools == ["calculator"]
-    assert cfg.algorithm.reward_fn == "flowrl.data.agent_task:compute_score"
+    assert cfg.algorithm.reward_fn == "flowrl.tasks.agent_task:compute_score"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flowrl.data.default_task import prepare_default_task
+from flowrl.tasks.default_task import prepare_default_task
 
 STEPS = 12
 

@@ -16,7 +16,7 @@ import torch
 
 from flowrl.backends.generate.hf import HFGenerator
 from flowrl.config import load_config
-from flowrl.data.default_task import prepare_default_task
+from flowrl.tasks.default_task import prepare_default_task
 from flowrl.models.lora import LoraSpec, is_adapter
 from flowrl.run import Run, resolve_inputs
 from flowrl_testing import lora_adapters

@@ -12,7 +12,7 @@ The score (:func:`compute_score`) is exact match of the last line of the respons
 (supervised, on such demonstrations, loss on the model's tokens only) stops once answers sampled
 at temperature 1.0 through the real agent loop reach ``target_sampled_accuracy``: a policy that
 knows the format but often garbles a call, which RL then sharpens. ``prepare_agent_task(root)``
-builds and caches it like :func:`flowrl.data.default_task.prepare_default_task`; the run builds it
+builds and caches it like :func:`flowrl.tasks.default_task.prepare_default_task`; the run builds it
 when ``rollout.multi_turn.enable`` is set and no model or data is given
 (``configs/agent_calculator.yaml``).
 """

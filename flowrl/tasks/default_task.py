@@ -101,7 +101,7 @@ def _build(
     num_eval_rows: int, key: dict,
 ) -> None:
     """Build a complete task into the (empty) directory ``out``."""
-    from flowrl.data.arithmetic import make_addition_rows, split_pairs, write_addition_parquet
+    from flowrl.tasks.arithmetic import make_addition_rows, split_pairs, write_addition_parquet
     from flowrl.models.char_tokenizer import build_char_tokenizer
     from flowrl.models.tiny import build_tiny_model, tiny_preset
     from flowrl.models.warmup import evaluate_accuracy, torch_threads, warm_up
