@@ -1,19 +1,22 @@
 """What roles may call on an engine: the Protocols every backend implements, and the value types
 they share (``SamplingParams``, the dtype table).
 
-Three kinds of engines, each registered by name in :mod:`flowrl.backends.registry`:
+Three kinds of engines, each registered by name with its spec in :mod:`flowrl.catalog.backends`:
 
 * :class:`TrainEngine` (``actor.strategy`` / ``ref.strategy``: ``dp``, ``megatron``): log-probs of
   packed responses, PPO-style optimizer steps with a caller's loss, the weights for a reshard, an
-  HF export. Checkpoints come in two kinds, named by the backend's ``checkpoint`` trait:
+  HF export. Checkpoints come in two kinds, named by the backend spec's ``checkpoint`` field:
   ``"full"`` engines implement :class:`FullCheckpointEngine` (the role writes the full state),
   ``"sharded"`` ones :class:`ShardedCheckpointEngine` (every rank writes its own chunks).
 * :class:`ValueEngine` (``critic.strategy``: ``dp``, ``megatron``): the PPO critic's values and
   value-loss steps.
 * :class:`GenerateEngine` (``rollout.name``: ``hf``, ``vllm``): sampling, teacher-forced
   log-probs, weight loads, colocated sleep / wake-up. A reshard writes into it either in place
-  (:class:`ReshardTarget`, backend trait ``reshard="in_place"``) or through staging tensors
-  assembled and loaded with ``load_hf_state`` (``reshard="staged"``).
+  (:class:`ReshardTarget`, spec field ``reshard=ReshardMode.IN_PLACE``) or through staging tensors
+  assembled and loaded with ``load_hf_state`` (``ReshardMode.STAGED``).
+
+Optional abilities, which roles test with ``isinstance`` before using them, are the small
+runtime-checkable Protocols at the end (:class:`HasGenerationModule`, :class:`ReportsStats`, ...).
 
 Nothing here imports torch at module level; :func:`torch_dtype` imports it when called.
 
@@ -23,7 +26,7 @@ Shape letters: T flat response tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, runtime_checkable
 
 from flowrl.config.sections import DTYPES  # the model.dtype names every engine accepts
 
@@ -31,9 +34,16 @@ if TYPE_CHECKING:
     import torch
 
     from flowrl.data.packed import PackedBatch, Padded
+    from flowrl.models.lora import LoraSpec
 
 __all__ = [
     "DTYPES",
+    "ComputesReferenceLogprobs",
+    "HasGenerationModule",
+    "HasLora",
+    "HasModel",
+    "HasOptimizer",
+    "ReportsStats",
     "FullCheckpointEngine",
     "GenerateEngine",
     "ReshardSource",
@@ -136,12 +146,16 @@ ValueLossFn = Callable[["torch.Tensor", "PackedBatch"], tuple["torch.Tensor", di
 
 
 # ----------------------------------------------------------------------------- engines
+@runtime_checkable
 class TrainEngine(Protocol):
     """One rank of a policy (trainable) or reference (frozen, ``trainable=False``) model.
 
     Built as ``cls(model_dir, *, trainable, dtype, lr, weight_decay, betas, eps, grad_clip, seed,
     **engine_kwargs)`` (the frozen reference gets only ``trainable`` and ``dtype``), the extra
-    keyword arguments from the backend's ``engine_kwargs`` trait."""
+    keyword arguments from the backend spec's ``engine_kwargs``."""
+
+    optimizer: Any
+    """The optimizer (its ``param_groups`` carry the rate the role schedules); None when frozen."""
 
     def forward_logprobs(self, batch: "PackedBatch", *, micro_batch_size: int, temperature: float = 1.0,
                          with_entropy: bool = False) -> tuple["torch.Tensor", "torch.Tensor | None"]:
@@ -193,9 +207,13 @@ class ShardedCheckpointEngine(Protocol):
         """Every rank: read this rank's chunks of a checkpoint saved under any layout; the optimizer step."""
 
 
+@runtime_checkable
 class ValueEngine(Protocol):
     """One rank of a value model (the PPO critic), built as ``cls(model_dir, *, dtype, lr,
     weight_decay, betas, eps, grad_clip, seed, **engine_kwargs)``."""
+
+    optimizer: Any
+    """The optimizer (its ``param_groups`` carry the rate the role schedules)."""
 
     def forward_values(self, batch: "PackedBatch", *, micro_batch_size: int) -> "torch.Tensor":
         """The value of every response token, flat ``_T`` (float32)."""
@@ -217,6 +235,7 @@ class ValueEngine(Protocol):
         """Release what the engine holds; may do nothing."""
 
 
+@runtime_checkable
 class GenerateEngine(Protocol):
     """One generation engine (a replica's tp rank 0 holds it), built as ``cls(model_dir, *,
     dtype, **engine_kwargs)``."""
@@ -244,3 +263,54 @@ class GenerateEngine(Protocol):
 
     def close(self) -> None:
         """Stop the engine (its processes, if any); may do nothing."""
+
+
+# ----------------------------------------------------------------------------- optional abilities
+@runtime_checkable
+class HasModel(Protocol):
+    """An engine whose live module(s) a role may read (memory accounting, LoRA adapters)."""
+
+    model: Any
+    """A ``torch.nn.Module``, or a list of them (megatron's virtual pipeline chunks)."""
+
+
+@runtime_checkable
+class HasOptimizer(Protocol):
+    """A trainable engine: ``optimizer`` (its ``param_groups`` carry the learning rate the role
+    schedules; None for a frozen engine)."""
+
+    optimizer: Any
+
+
+@runtime_checkable
+class HasLora(Protocol):
+    """An engine that may train LoRA adapters: ``lora`` its settings, None when every weight trains."""
+
+    lora: "LoraSpec | None"
+
+
+@runtime_checkable
+class ComputesReferenceLogprobs(Protocol):
+    """A policy engine that computes the reference log-probs itself (LoRA: the base model with
+    the adapters disabled, no reference group)."""
+
+    def reference_logprobs(self, batch: "PackedBatch", *, micro_batch_size: int,
+                           temperature: float = 1.0) -> "torch.Tensor":
+        """Response-token log-probs of the reference policy, flat ``_T``."""
+
+
+@runtime_checkable
+class HasGenerationModule(Protocol):
+    """A train engine whose live HF module an in-process generation engine may generate with
+    (the hybrid placement's shared layout)."""
+
+    def generation_module(self) -> "torch.nn.Module | None":
+        """The full HF module, or None when this rank does not hold one."""
+
+
+@runtime_checkable
+class ReportsStats(Protocol):
+    """A generation engine that counts its last decode: ``last_stats`` (``slots``: positions
+    computed, ``tokens``: real tokens fed), None before the first ``generate``."""
+
+    last_stats: Any

@@ -1,9 +1,10 @@
 """Pre-flight checks of the chosen backends, on the driver, before any worker starts.
 
-Driven by the traits of :mod:`flowrl.backends.registry`, so nothing here names a backend: each
+Driven by the specs of :mod:`flowrl.catalog.backends`, so nothing here names a backend: each
 backend's own ``preflight`` function checks its layouts against the model (and that its package
-is installed), its ``checkpointable`` function says when its state cannot be checkpointed, and a
-value backend without a ``checkpoint`` kind refuses critic checkpoints. For the defaults (``dp``,
+is installed), its ``checkpoint_blockers`` (and optional ``checkpointable`` function) say when its
+state cannot be checkpointed, and a value backend without a ``checkpoint`` kind refuses critic
+checkpoints. For the defaults (``dp``,
 ``hf``) nothing is imported beyond the registry.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flowrl.backends.registry import GEN_BACKENDS, TRAIN_BACKENDS, VALUE_BACKENDS
+from flowrl.catalog.backends import GEN_BACKENDS, TRAIN_BACKENDS, VALUE_BACKENDS, checkpoint_problem
 from flowrl.config import ConfigError, RunConfig
 from flowrl.registry import import_string
 
@@ -27,7 +28,7 @@ def check_backends(cfg: RunConfig, *, model_path: str) -> None:
     the actor's (and reference's) layout, the critic's layout and checkpoint support, the
     checkpoints ``trainer.save_freq`` asks for, the generation backend's installation. Raises
     :class:`~flowrl.config.ConfigError` naming the key, the value and the fix."""
-    _call(TRAIN_BACKENDS.traits(cfg.actor.strategy)["preflight"], cfg, model_path=model_path)
+    _call(TRAIN_BACKENDS.spec(cfg.actor.strategy).preflight, cfg, model_path=model_path)
     check_model_options(cfg, model_path=model_path)
     if cfg.needs_critic:
         _check_critic(cfg, cfg.critic.model_path or model_path)
@@ -40,14 +41,13 @@ def check_model_options(cfg: RunConfig, *, model_path: str | None = None) -> Non
     """``model.*`` options the chosen backend does not build are refused: LoRA (backends without a
     ``lora`` trait; with one, its check of ``model.target_modules`` against ``model_path``),
     gradient checkpointing (backends without a ``model_kwargs`` trait)."""
-    m = cfg.model
+    m, spec = cfg.model, TRAIN_BACKENDS.spec(cfg.actor.strategy)
     if m.lora_rank > 0:
-        lora_check = TRAIN_BACKENDS.traits(cfg.actor.strategy).get("lora")
-        if lora_check is None:
+        if not spec.trains_adapters:
             raise ConfigError("model.lora_rank", m.lora_rank, f"actor.strategy={cfg.actor.strategy} does not build LoRA",
                               "set actor.strategy=fsdp (or dp), or model.lora_rank=0")
-        _call(lora_check, cfg, model_path=model_path)
-    if m.enable_gradient_checkpointing and TRAIN_BACKENDS.traits(cfg.actor.strategy).get("model_kwargs") is None:
+        _call(spec.lora, cfg, model_path=model_path)
+    if m.enable_gradient_checkpointing and spec.model_kwargs is None:
         raise ConfigError("model.enable_gradient_checkpointing", True,
                           f"actor.strategy={cfg.actor.strategy} does not take it",
                           "set actor.strategy=fsdp, or model.enable_gradient_checkpointing=false")
@@ -56,7 +56,8 @@ def check_model_options(cfg: RunConfig, *, model_path: str | None = None) -> Non
 def check_checkpointable(cfg: RunConfig, key: str, value: Any) -> None:
     """Refuse, as a mistake in ``key`` (= ``value``), a run whose actor state cannot be
     checkpointed (``trainer.save_freq`` > 0, or resuming: ``trainer.resume_mode``)."""
-    problem = _call(TRAIN_BACKENDS.traits(cfg.actor.strategy)["checkpointable"], cfg.actor)
+    spec = TRAIN_BACKENDS.spec(cfg.actor.strategy)
+    problem = checkpoint_problem(spec, cfg.actor) or _call(spec.checkpointable, cfg.actor)
     if problem is not None:
         reason, fix = problem
         raise ConfigError(key, value, reason, fix)
@@ -65,15 +66,15 @@ def check_checkpointable(cfg: RunConfig, key: str, value: Any) -> None:
 def check_rollout_backend(rollout: Any, *, model_path: str | None = None) -> None:
     """The generation backend ``rollout.name`` is installed and usable here (a ``RolloutConfig``),
     and, given ``model_path``, runs that model (e.g. its attention head size)."""
-    _call(GEN_BACKENDS.traits(rollout.name)["preflight"], rollout, model_path=model_path)
+    _call(GEN_BACKENDS.spec(rollout.name).preflight, rollout, model_path=model_path)
 
 
 def _check_critic(cfg: RunConfig, model_path: str) -> None:
     """The critic's backend: checkpoints (when it has none yet: no ``trainer.save_freq`` and no
     resume path) and its own checks against the critic's model."""
     name = cfg.critic.strategy
-    traits = VALUE_BACKENDS.traits(name)
-    if traits["checkpoint"] is None:
+    spec = VALUE_BACKENDS.spec(name)
+    if spec.checkpoint is None:
         if cfg.trainer.save_freq > 0:
             raise ConfigError("trainer.save_freq", cfg.trainer.save_freq, f"with critic.strategy={name}: critic "
                               f"checkpoints are not supported for the {name} critic yet",
@@ -82,4 +83,4 @@ def _check_critic(cfg: RunConfig, model_path: str) -> None:
             raise ConfigError("trainer.resume_mode", cfg.trainer.resume_mode, f"with critic.strategy={name}: "
                               f"the {name} critic cannot be restored from a checkpoint yet",
                               "set trainer.resume_mode=disable, or critic.strategy=dp")
-    _call(traits["preflight"], cfg, model_path=model_path)
+    _call(spec.preflight, cfg, model_path=model_path)

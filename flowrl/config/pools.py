@@ -31,6 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from flowrl.catalog.backends import GEN_BACKENDS, TRAIN_BACKENDS, either
 from flowrl.config.errors import ConfigError, check
 
 #: Worker resource of the one worker that runs graph nodes (not a rank of any group).
@@ -152,12 +153,13 @@ def _hybrid_refusals(cfg: Any) -> list[_HybridRule]:
             "(cluster.placement=hybrid)",
             "set cluster.placement=split (rollout on workers of its own), or trainer.staleness=0",
             f"trainer.staleness={cfg.trainer.staleness} generates while the trainer trains"))
-    if "ref" in sizes and cfg.actor.strategy == "megatron":
+    if "ref" in sizes and not TRAIN_BACKENDS.spec(cfg.actor.strategy).shares_process:
         out.append(_HybridRule(
             "actor.strategy", cfg.actor.strategy,
             "holds one model-parallel state per process, so the reference cannot share the actor's process "
             "(cluster.placement=hybrid)", "use cluster.placement=colocated, or no reference (actor.use_kl_loss=false, "
-            "algorithm.use_kl_in_reward=false)", "actor.strategy=megatron cannot share its process with a reference"))
+            "algorithm.use_kl_in_reward=false)",
+            f"actor.strategy={cfg.actor.strategy} cannot share its process with a reference"))
     mode = getattr(cfg.trainer, "async_mode", "none")
     if mode != "none":
         out.append(_HybridRule(
@@ -165,13 +167,14 @@ def _hybrid_refusals(cfg: Any) -> list[_HybridRule]:
             "generates continuously while the trainer trains, which cannot overlap in one process per rank "
             "(cluster.placement=hybrid)", "set cluster.placement=split, or trainer.async_mode=none",
             f"trainer.async_mode={mode} generates while the trainer trains"))
-    if cfg.rollout.name != "hf":
+    if not GEN_BACKENDS.spec(cfg.rollout.name).in_process:
+        in_process = either(GEN_BACKENDS.names_where(lambda s: s.in_process))
         out.append(_HybridRule(
             "rollout.name", cfg.rollout.name,
             "runs its engine in processes of its own with its own copy of the weights, so it cannot share the "
-            "trainer's process (cluster.placement=hybrid supports the in-process hf engine)",
+            f"trainer's process (cluster.placement=hybrid supports the in-process {in_process} engine)",
             "use cluster.placement=colocated with rollout.free_cache_engine=true (vLLM sleeps while the trainer "
-            "runs), or rollout.name=hf", f"rollout.name={cfg.rollout.name} runs its own engine"))
+            f"runs), or rollout.name={in_process}", f"rollout.name={cfg.rollout.name} runs its own engine"))
     return out
 
 

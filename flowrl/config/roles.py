@@ -2,7 +2,8 @@
 reference policy, the critic and the reward model; each with its mesh sizes.
 
 Backend names (``rollout.name``, ``actor.strategy``, ``critic.strategy``) are checked against
-``flowrl.backends.registry``; loss aggregation modes against ``flowrl.algos.registries``.
+the backend catalogue (``flowrl.catalog.backends``), and the sections against the chosen backend's
+capabilities there (never its name); loss aggregation modes against ``flowrl.algos.registries``.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from flowrl.algos.registries import AGG_MODES
-from flowrl.backends.registry import GEN_BACKENDS, TRAIN_BACKENDS, VALUE_BACKENDS
+from flowrl.catalog.algos import AGG_MODES
+from flowrl.catalog.backends import (GEN_BACKENDS, TRAIN_BACKENDS, VALUE_BACKENDS, BackendRegistry, ParallelAxis,
+                                     either)
 from flowrl.config.errors import check, check_one_of, check_positive
 from flowrl.config.fsdp import FSDPConfig
 from flowrl.config.multi_turn import MultiTurnConfig
@@ -39,31 +41,39 @@ class ParallelFields:
             check(isinstance(value, int) and value >= 1, name, value, "must be an integer >= 1", f"set {name}=1")
 
 
-def check_token_budget(section, keys: tuple[str, ...], dynamic: bool, name: str) -> None:
-    """Token budgets are positive; token-budget micro-batches need a torch strategy (dp, fsdp)."""
+def _with(registry: BackendRegistry, capability: str) -> str:
+    """The backends of ``registry`` whose spec has ``capability`` true, for a fix: "dp or fsdp"."""
+    return either(registry.names_where(lambda spec: getattr(spec, capability)))
+
+
+def check_token_budget(section, keys: tuple[str, ...], dynamic: bool, name: str,
+                       registry: BackendRegistry = TRAIN_BACKENDS) -> None:
+    """Token budgets are positive; token-budget micro-batches need a backend with a ``token_budget``
+    (``registry``: the section's kind of backend)."""
     for key in keys:
         check_positive(key, getattr(section, key), "use e.g. 16384")
-    check(not dynamic or section.strategy != "megatron", "use_dynamic_bsz", True,
-          f"{name}.strategy=megatron forms its micro-batches by rows", f"set {name}.use_dynamic_bsz=false "
-          f"(and log_prob_use_dynamic_bsz=false), or {name}.strategy=dp or fsdp")
+    check(not dynamic or registry.spec(section.strategy).token_budget, "use_dynamic_bsz", True,
+          f"{name}.strategy={section.strategy} forms its micro-batches by rows", f"set {name}.use_dynamic_bsz=false "
+          f"(and log_prob_use_dynamic_bsz=false), or {name}.strategy={_with(registry, 'token_budget')}")
 
 
-def check_prefix_grouper(section, name: str) -> None:
-    """Shared-prompt forwards (``use_prefix_grouper``) are built for the torch strategies only."""
-    check(not (section.use_prefix_grouper and section.strategy == "megatron"), "use_prefix_grouper", True,
-          f"{name}.strategy=megatron computes every row's prompt (it has no shared-prompt layout)",
-          f"set {name}.use_prefix_grouper=false, or {name}.strategy=dp or fsdp")
+def check_prefix_grouper(section, name: str, registry: BackendRegistry = TRAIN_BACKENDS) -> None:
+    """Shared-prompt forwards (``use_prefix_grouper``) need a backend with ``shared_prompts``."""
+    check(not section.use_prefix_grouper or registry.spec(section.strategy).shared_prompts, "use_prefix_grouper", True,
+          f"{name}.strategy={section.strategy} computes every row's prompt (it has no shared-prompt layout)",
+          f"set {name}.use_prefix_grouper=false, or {name}.strategy={_with(registry, 'shared_prompts')}")
 
 
 def check_reference_budget(ref, actor) -> None:
-    """The reference runs on ``actor.strategy``: token-budget and shared-prompt forwards need a
-    torch strategy."""
-    check(not (ref.log_prob_use_dynamic_bsz and actor.strategy == "megatron"), "ref.log_prob_use_dynamic_bsz", True,
-          "the reference runs on actor.strategy=megatron, which forms micro-batches by rows",
-          "set ref.log_prob_use_dynamic_bsz=false, or actor.strategy=dp or fsdp")
-    check(not (ref.use_prefix_grouper and actor.strategy == "megatron"), "ref.use_prefix_grouper", True,
-          "the reference runs on actor.strategy=megatron, which has no shared-prompt layout",
-          "set ref.use_prefix_grouper=false, or actor.strategy=dp or fsdp")
+    """The reference runs on ``actor.strategy``: token-budget and shared-prompt forwards need its
+    ``token_budget`` and ``shared_prompts``."""
+    spec, strategy = TRAIN_BACKENDS.spec(actor.strategy), actor.strategy
+    check(not ref.log_prob_use_dynamic_bsz or spec.token_budget, "ref.log_prob_use_dynamic_bsz", True,
+          f"the reference runs on actor.strategy={strategy}, which forms micro-batches by rows",
+          f"set ref.log_prob_use_dynamic_bsz=false, or actor.strategy={_with(TRAIN_BACKENDS, 'token_budget')}")
+    check(not ref.use_prefix_grouper or spec.shared_prompts, "ref.use_prefix_grouper", True,
+          f"the reference runs on actor.strategy={strategy}, which has no shared-prompt layout",
+          f"set ref.use_prefix_grouper=false, or actor.strategy={_with(TRAIN_BACKENDS, 'shared_prompts')}")
 
 
 @dataclass(kw_only=True)
@@ -154,17 +164,18 @@ class RolloutConfig(ParallelFields):
         check_positive("response_length", self.response_length, "use e.g. 8 for the addition task, 512 for GSM8K")
         check_positive("micro_batch_size", self.micro_batch_size, "use e.g. 256")
         check_positive("max_num_batched_tokens", self.max_num_batched_tokens, "use 8192 (verl's default)")
-        check(self.max_num_batched_tokens >= self.micro_batch_size or self.name != "vllm", "max_num_batched_tokens",
-              self.max_num_batched_tokens, f"must be >= rollout.micro_batch_size={self.micro_batch_size} (vLLM's "
-              "max_num_seqs)", f"use e.g. {max(8192, self.micro_batch_size)}")
-        if self.name == "hf":
+        spec = GEN_BACKENDS.spec(self.name)
+        check(self.max_num_batched_tokens >= self.micro_batch_size or not spec.owns("max_num_batched_tokens"),
+              "max_num_batched_tokens", self.max_num_batched_tokens, f"must be >= rollout.micro_batch_size="
+              f"{self.micro_batch_size} (vLLM's max_num_seqs)", f"use e.g. {max(8192, self.micro_batch_size)}")
+        if not spec.supports(ParallelAxis.TP):
             check(
                 self.tensor_model_parallel_size == 1 and self.pipeline_model_parallel_size == 1,
                 "tensor_model_parallel_size",
                 self.tensor_model_parallel_size,
-                "the hf backend runs one full model per worker",
+                f"the {self.name} backend runs one full model per worker",
                 "set rollout.tensor_model_parallel_size=1 and rollout.pipeline_model_parallel_size=1, "
-                "or use rollout.name=vllm",
+                f"or use rollout.name={either(GEN_BACKENDS.names_where(lambda s: s.supports(ParallelAxis.TP)))}",
             )
 
     @property
@@ -176,12 +187,13 @@ class RolloutConfig(ParallelFields):
     def _check_vllm_fields(self) -> None:
         check(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", self.gpu_memory_utilization,
               "must be in (0, 1]", "use 0.5 (colocated with the trainer) or 0.9 (a GPU of its own)")
-        check(not self.free_cache_engine or self.name == "vllm", "free_cache_engine", self.free_cache_engine,
-              f"releases a vLLM engine's memory; rollout.name={self.name} has none",
-              "set rollout.free_cache_engine=false, or use rollout.name=vllm")
-        if self.name == "vllm":
+        spec = GEN_BACKENDS.spec(self.name)
+        check(not self.free_cache_engine or spec.sleeps, "free_cache_engine", self.free_cache_engine,
+              f"releases a sleeping engine's memory; rollout.name={self.name} cannot sleep",
+              f"set rollout.free_cache_engine=false, or use rollout.name={_with(GEN_BACKENDS, 'sleeps')}")
+        if spec.supports(ParallelAxis.TP) and not spec.supports(ParallelAxis.PP):
             check(self.pipeline_model_parallel_size == 1, "pipeline_model_parallel_size",
-                  self.pipeline_model_parallel_size, "the vllm backend runs one engine per replica with "
+                  self.pipeline_model_parallel_size, f"the {self.name} backend runs one engine per replica with "
                   "tensor parallelism only", "set rollout.pipeline_model_parallel_size=1 (use "
                   "rollout.tensor_model_parallel_size to split the model)")
 
@@ -216,7 +228,8 @@ class ActorConfig(ParallelFields):
     block attention mask. Same log-probs and gradients; fewer positions computed. Works with and
     without ``use_dynamic_bsz``; dp and fsdp strategies only."""
     policy_loss: str = "vanilla"
-    """Registered policy loss: ``vanilla`` (PPO clip with dual clip) or ``gspo``."""
+    """Registered policy loss: ``vanilla`` (PPO clip with dual clip) or ``gspo``; or
+    ``package.module:function`` of your own (``flowrl.catalog.algos.POLICY_LOSSES``' signature)."""
     clip_ratio_low: float = 0.2
     """PPO clip range below 1."""
     clip_ratio_high: float = 0.2
@@ -233,7 +246,8 @@ class ActorConfig(ParallelFields):
     kl_loss_coef: float = 0.001
     """Weight of the KL loss."""
     kl_loss_type: str = "low_var_kl"
-    """KL estimator: k1, abs, k2 (mse), k3 (low_var_kl)."""
+    """KL estimator: k1, abs, k2 (mse), k3 (low_var_kl); or ``package.module:function``
+    ``fn(logp_T, ref_logp_T) -> kl_T``."""
     virtual_pipeline_model_parallel_size: int = 1
     """Model chunks per pipeline stage (> 1: megatron's interleaved 1F1B schedule)."""
     use_distributed_optimizer: bool = False
@@ -248,12 +262,14 @@ class ActorConfig(ParallelFields):
         check_one_of("strategy", self.strategy, TRAIN_BACKENDS.names())
         vpp = self.virtual_pipeline_model_parallel_size
         check(isinstance(vpp, int) and vpp >= 1, "virtual_pipeline_model_parallel_size", vpp, "must be an integer >= 1", "use 1")
+        spec = TRAIN_BACKENDS.spec(self.strategy)
         if vpp > 1:
             check(
-                self.strategy == "megatron" and self.pipeline_model_parallel_size > 1,
+                spec.supports(ParallelAxis.VPP) and self.pipeline_model_parallel_size > 1,
                 "virtual_pipeline_model_parallel_size",
                 vpp,
-                "needs actor.strategy=megatron and actor.pipeline_model_parallel_size > 1",
+                f"needs actor.strategy={either(TRAIN_BACKENDS.names_where(lambda s: s.supports(ParallelAxis.VPP)))} "
+                "and actor.pipeline_model_parallel_size > 1",
                 "set both, or virtual_pipeline_model_parallel_size=1",
             )
         check_positive("ppo_mini_batch_size", self.ppo_mini_batch_size, "use data.train_batch_size for one step per batch")
@@ -271,15 +287,23 @@ class ActorConfig(ParallelFields):
             check(0 <= value < 10, name, value, "must be in [0, 10)", f"use {name}=0.2")
         check(self.clip_ratio_c > 1, "clip_ratio_c", self.clip_ratio_c, "must be > 1", "use 3.0")
         check(self.kl_loss_coef >= 0, "kl_loss_coef", self.kl_loss_coef, "must be >= 0", "use 0.001")
-        if self.strategy == "dp":
-            check(not self.use_distributed_optimizer, "use_distributed_optimizer", True,
-                  "is a megatron option", "set actor.strategy=megatron or use_distributed_optimizer=false")
+        self._check_backend_keys(spec)
+
+    def _check_backend_keys(self, spec) -> None:
+        """Keys owned by other backends, and mesh axes ``actor.strategy`` does not split over
+        (refused here unless its pre-flight check refuses them)."""
+        owners = either(TRAIN_BACKENDS.names_where(lambda s: s.owns("use_distributed_optimizer")))
+        check(not self.use_distributed_optimizer or spec.owns("use_distributed_optimizer"), "use_distributed_optimizer",
+              True, f"is not an actor.strategy={self.strategy} option", f"set actor.strategy={owners} or "
+              "use_distributed_optimizer=false")
+        if not spec.axes_in_preflight:
+            tp_or_pp = TRAIN_BACKENDS.names_where(lambda s: s.supports(ParallelAxis.TP))
             check(
-                self.tensor_model_parallel_size == 1 and self.pipeline_model_parallel_size == 1,
+                spec.axes_problem(self) is None,
                 "tensor_model_parallel_size",
                 self.tensor_model_parallel_size,
-                "the dp strategy is data parallel only",
-                "set actor.strategy=megatron for tensor or pipeline parallelism",
+                f"the {self.strategy} strategy is data parallel only",
+                f"set actor.strategy={either(tp_or_pp)} for tensor or pipeline parallelism",
             )
 
 
@@ -348,19 +372,22 @@ class CriticConfig(ParallelFields):
     def __post_init__(self) -> None:
         self._check_mesh()
         check_one_of("strategy", self.strategy, VALUE_BACKENDS.names())
+        spec = VALUE_BACKENDS.spec(self.strategy)
         check(
-            self.strategy == "megatron" or (self.tensor_model_parallel_size == 1 and self.pipeline_model_parallel_size == 1),
+            spec.axes_problem(self) is None,
             "tensor_model_parallel_size",
             self.tensor_model_parallel_size,
-            "the critic's dp strategy is data parallel only",
-            "set critic.tensor_model_parallel_size=1 and critic.pipeline_model_parallel_size=1, or critic.strategy=megatron",
+            f"the critic's {self.strategy} strategy is data parallel only",
+            "set critic.tensor_model_parallel_size=1 and critic.pipeline_model_parallel_size=1, or critic.strategy="
+            + either(VALUE_BACKENDS.names_where(lambda s: s.supports(ParallelAxis.TP))),
         )
         check_positive("ppo_mini_batch_size", self.ppo_mini_batch_size, "use data.train_batch_size for one step per batch")
         check_positive("ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu, "use e.g. 64")
         check_positive("forward_micro_batch_size_per_gpu", self.forward_micro_batch_size_per_gpu, "use e.g. 256")
         check_positive("ppo_epochs", self.ppo_epochs, "use 1")
-        check_token_budget(self, ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu"), self.use_dynamic_bsz, "critic")
-        check_prefix_grouper(self, "critic")
+        check_token_budget(self, ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu"), self.use_dynamic_bsz, "critic",
+                           VALUE_BACKENDS)
+        check_prefix_grouper(self, "critic", VALUE_BACKENDS)
         check_positive("cliprange_value", self.cliprange_value, "use 0.5")
         check_one_of("loss_agg_mode", self.loss_agg_mode, AGG_MODES.names())
 

@@ -9,15 +9,16 @@ Validation raises :class:`~flowrl.config.errors.ConfigError` naming the field, t
 fix; the loader prefixes the section path. Cross-section rules live in :class:`RunConfig`; the
 sections in ``sections.py`` (data, model, optim, trainer), ``roles.py`` (rollout, actor, ref,
 critic, reward_model), ``algorithm.py`` and ``cluster.py``. Names of algorithms and backends are
-checked against the registries (``flowrl.algos.registries``, ``flowrl.backends.registry``), which
-import no torch.
+checked against the registries (``flowrl.algos.registries``, ``flowrl.catalog.backends``), which
+import no torch; backend rules read the chosen backend's capabilities, never its name.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from flowrl.algos.registries import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, estimator_traits
+from flowrl.catalog.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, estimator_traits
+from flowrl.catalog.backends import TRAIN_BACKENDS, checkpoint_problem
 from flowrl.config.algorithm import AlgorithmConfig
 from flowrl.config.cluster import ClusterConfig
 from flowrl.config.errors import ConfigError, check
@@ -56,20 +57,10 @@ class RunConfig:
               "use 0 (never validate) or e.g. 5 (every 5 steps)")
         check(self.data.val_max_samples == -1 or self.data.val_max_samples >= 1, "data.val_max_samples",
               self.data.val_max_samples, "must be -1 (all) or >= 1", "use -1")
-        check(
-            self.actor.policy_loss in POLICY_LOSSES,
-            "actor.policy_loss",
-            self.actor.policy_loss,
-            "is not a registered policy loss",
-            "use one of " + ", ".join(POLICY_LOSSES.names()),
-        )
-        check(
-            self.actor.kl_loss_type in KL_ESTIMATORS,
-            "actor.kl_loss_type",
-            self.actor.kl_loss_type,
-            "is not a registered KL estimator",
-            "use one of " + ", ".join(KL_ESTIMATORS.names()),
-        )
+        for key, value, registry in (("actor.policy_loss", self.actor.policy_loss, POLICY_LOSSES),
+                                     ("actor.kl_loss_type", self.actor.kl_loss_type, KL_ESTIMATORS)):
+            problem = registry.problem(value)  # a name, or package.module:function (imported here)
+            check(problem is None, key, value, problem, registry.fix())
         mini, batch = self.actor.ppo_mini_batch_size, self.data.train_batch_size
         check(
             mini <= batch and batch % mini == 0,
@@ -93,16 +84,9 @@ class RunConfig:
                   and o.lr_warmup_steps_ratio == 0), f"{role}.optim.lr_scheduler_type", o.lr_scheduler_type,
                   "a schedule or warm-up needs the run's length, and trainer.total_training_steps is 0",
                   "set trainer.total_training_steps (with total_epochs: the cap), or lr_scheduler_type=constant")
-        check(
-            not (self.actor.strategy == "megatron" and self.actor.use_distributed_optimizer and self.trainer.save_freq > 0),
-            "trainer.save_freq",
-            self.trainer.save_freq,
-            "with actor.use_distributed_optimizer=true: checkpoints cannot hold megatron's dp-sharded optimizer buffers",
-            "set actor.use_distributed_optimizer=false, or trainer.save_freq=0",
-        )
-        if self.actor.strategy == "dp":
-            check(self.actor.world_size == self.actor.data_parallel_size, "actor.strategy", self.actor.strategy,
-                  "is data parallel only", "use actor.strategy=megatron")
+        problem = checkpoint_problem(TRAIN_BACKENDS.spec(self.actor.strategy), self.actor)
+        if problem is not None and self.trainer.save_freq > 0:
+            raise ConfigError("trainer.save_freq", self.trainer.save_freq, *problem)
         check_reference_budget(self.ref, self.actor)  # token-budget micro-batches (issue 14)
         check_placement(self)  # the pools cover the groups; cluster.placement=hybrid's rules (issue 14)
         self._check_async()
@@ -204,13 +188,8 @@ class RunConfig:
                 "use one of " + ", ".join(ADVANTAGE_ESTIMATORS.names())
                 + ", or package.module:function of a function decorated with @register_estimator",
             ) from None
-        check(
-            algo.kl_penalty in KL_ESTIMATORS,
-            "algorithm.kl_penalty",
-            algo.kl_penalty,
-            "is not a registered KL estimator",
-            "use one of " + ", ".join(KL_ESTIMATORS.names()),
-        )
+        problem = KL_ESTIMATORS.problem(algo.kl_penalty)
+        check(problem is None, "algorithm.kl_penalty", algo.kl_penalty, problem, KL_ESTIMATORS.fix())
         ob = self.reward_model.overlong_buffer
         if ob.enable:
             check(ob.len <= self.rollout.response_length, "reward_model.overlong_buffer.len", ob.len,

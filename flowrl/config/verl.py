@@ -288,7 +288,7 @@ def _accepted(value: Any, accept: tuple) -> bool:
 
 
 def _strategy_known(value: Any) -> bool:
-    from flowrl.backends.registry import TRAIN_BACKENDS
+    from flowrl.catalog.backends import TRAIN_BACKENDS
 
     return str(value) in TRAIN_BACKENDS.names()
 

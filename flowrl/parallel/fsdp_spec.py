@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from flowrl.catalog.backends import ShardStyle
 from flowrl.parallel.mesh import ParallelDims
 from flowrl.parallel.shard_spec import ModelShape, Piece, RankShard, ShardSpec
 
@@ -63,5 +64,5 @@ def fsdp_shard_spec(params: Mapping[str, tuple[int, ...]], world: int, *, config
         shards[(rank, 0)] = RankShard(rank, 0, tensors, tuple(pieces))
     vocab = next((s[0] for n, s in params.items() if n.endswith("embed_tokens.weight")), 0)
     return ShardSpec(model=_model(config or {}, params), dims=ParallelDims(dp=world, tp=1, pp=1),
-                     style="fsdp", padded_vocab_size=vocab, params={n: tuple(s) for n, s in params.items()},
+                     style=ShardStyle.FSDP, padded_vocab_size=vocab, params={n: tuple(s) for n, s in params.items()},
                      split_dim={n: 0 for n in params}, shards=shards)

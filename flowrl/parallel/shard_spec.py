@@ -35,8 +35,9 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Literal, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
+from flowrl.catalog.backends import ShardStyle
 from flowrl.parallel.mesh import ParallelDims, padded_vocab_size, validate_model_layout
 
 __all__ = [
@@ -50,8 +51,8 @@ __all__ = [
     "shard_spec",
 ]
 
-Style = Literal["megatron", "vllm", "hf"]
-STYLES = ("megatron", "vllm", "hf")
+STYLES = (ShardStyle.MEGATRON, ShardStyle.VLLM, ShardStyle.HF)
+"""The styles :func:`shard_spec` builds (``ShardStyle.FSDP``: ``flowrl.parallel.fsdp_spec``)."""
 VLLM_VOCAB_PADDING = 64
 """vLLM's ``DEFAULT_VOCAB_PADDING_SIZE``: VocabParallelEmbedding pads to a multiple of 64."""
 
@@ -204,7 +205,7 @@ class ShardSpec:
 
     model: ModelShape
     dims: ParallelDims
-    style: str
+    style: ShardStyle
     padded_vocab_size: int
     params: dict[str, tuple[int, ...]]
     split_dim: dict[str, int]
@@ -350,14 +351,14 @@ def _layer_hf(b: _Builder, model: ModelShape, layer: int, rank: int, tp: int) ->
     b.block(hf + "mlp.down_proj.weight", hf + "mlp.down_proj.weight", (h, f), rank, tp)
 
 
-def _layer(b: _Builder, model: ModelShape, style: str, layer: int, prefix: str, rank: int,
+def _layer(b: _Builder, model: ModelShape, style: ShardStyle, layer: int, prefix: str, rank: int,
            tp: int) -> None:
-    if style == "hf":
+    if style is ShardStyle.HF:
         _layer_hf(b, model, layer, rank, tp)
         return
     h, f, q = model.hidden_size, model.ffn_hidden_size, model.num_heads * model.head_dim
     hf = f"model.layers.{layer}."
-    megatron = style == "megatron"
+    megatron = style is ShardStyle.MEGATRON
     if megatron:
         names = {"in_norm": prefix + "input_layernorm.weight",
                  "qkv": prefix + "self_attention.linear_qkv.",
@@ -382,11 +383,9 @@ def _layer(b: _Builder, model: ModelShape, style: str, layer: int, prefix: str, 
     b.block(hf + "mlp.down_proj.weight", names["fc2"], (h, f), rank, tp)
 
 
-def _check(model: ModelShape, dims: ParallelDims, style: str,
+def _check(model: ModelShape, dims: ParallelDims, style: ShardStyle,
            layers_per_stage: list[int] | None, make_vocab_size_divisible_by: int
            ) -> tuple[tuple[int, ...], int]:
-    if style not in STYLES:
-        raise ValueError(f"style={style!r} is not a shard style; use one of {', '.join(STYLES)}")
     layout = validate_model_layout(
         dims, num_attention_heads=model.num_heads, num_key_value_heads=model.num_kv_heads,
         num_layers=model.num_layers, vocab_size=model.vocab_size,
@@ -396,15 +395,15 @@ def _check(model: ModelShape, dims: ParallelDims, style: str,
     if model.ffn_hidden_size % tp:
         raise ValueError(f"tensor_model_parallel_size={tp} does not divide intermediate_size="
                          f"{model.ffn_hidden_size}; pick a tp that divides it")
-    if style == "megatron" and ((model.num_heads + 2 * model.num_kv_heads) * model.head_dim) % tp:
+    if style is ShardStyle.MEGATRON and ((model.num_heads + 2 * model.num_kv_heads) * model.head_dim) % tp:
         raise ValueError(f"tensor_model_parallel_size={tp} does not divide the fused qkv rows "
                          f"(num_heads + 2*num_kv_heads)*head_dim; use a tp <= num_kv_heads="
                          f"{model.num_kv_heads}")
-    if style in ("vllm", "hf"):
+    if style in (ShardStyle.VLLM, ShardStyle.HF):
         if dims.vpp not in (None, 1):
             raise ValueError(f"virtual_pipeline_model_parallel_size={dims.vpp}: a {style}-style "
                              "generation layout has no virtual pipeline; set it to None")
-        if style == "hf":
+        if style is ShardStyle.HF:
             if model.num_heads % tp:
                 raise ValueError(f"tensor_model_parallel_size={tp} does not divide num_heads="
                                  f"{model.num_heads}")
@@ -418,7 +417,7 @@ def _check(model: ModelShape, dims: ParallelDims, style: str,
     return layout.layers_per_stage, vocab
 
 
-def shard_spec(model: Any, dims: ParallelDims, *, style: Style = "megatron",
+def shard_spec(model: Any, dims: ParallelDims, *, style: ShardStyle | str = ShardStyle.MEGATRON,
                layers_per_stage: list[int] | None = None,
                make_vocab_size_divisible_by: int = 128) -> ShardSpec:
     """Describe what every (tp_rank, pp_rank) of ``dims`` holds of ``model`` (see the module doc).
@@ -428,6 +427,9 @@ def shard_spec(model: Any, dims: ParallelDims, *, style: Style = "megatron",
     model = model_shape(model)
     if not isinstance(dims, ParallelDims):
         raise TypeError(f"dims must be a ParallelDims, got {type(dims).__name__}")
+    if style not in STYLES:
+        raise ValueError(f"style={style!r} is not a shard style; use one of {', '.join(STYLES)}")
+    style = ShardStyle(style)
     stages, vocab = _check(model, dims, style, layers_per_stage, make_vocab_size_divisible_by)
     tp, pp = dims.tp, dims.pp
     shards = {}
@@ -439,7 +441,7 @@ def shard_spec(model: Any, dims: ParallelDims, *, style: Style = "megatron",
             embed = "model.embed_tokens.weight"
             if first:
                 local = (groups[0][0] + "embedding.word_embeddings.weight"
-                         if style == "megatron" else embed)
+                         if style is ShardStyle.MEGATRON else embed)
                 b.vocab(embed, local, model, vocab, tp_rank, tp)
             for prefix, layers in groups:
                 for j, i in enumerate(layers):
@@ -448,12 +450,12 @@ def shard_spec(model: Any, dims: ParallelDims, *, style: Style = "megatron",
             if last:
                 prefix = groups[-1][0]
                 b.whole("model.norm.weight", prefix + "decoder.final_layernorm.weight"
-                        if style == "megatron" else "model.norm.weight", (model.hidden_size,))
+                        if style is ShardStyle.MEGATRON else "model.norm.weight", (model.hidden_size,))
                 if not model.tied_embeddings:
-                    local = prefix + "output_layer.weight" if style == "megatron" else "lm_head.weight"
+                    local = prefix + "output_layer.weight" if style is ShardStyle.MEGATRON else "lm_head.weight"
                     b.vocab("lm_head.weight", local, model, vocab, tp_rank, tp)
                 elif not first:  # tied, pp > 1: the last stage keeps its own copy of the embedding
-                    local = prefix + "output_layer.weight" if style == "megatron" else embed
+                    local = prefix + "output_layer.weight" if style is ShardStyle.MEGATRON else embed
                     b.vocab(embed, local, model, vocab, tp_rank, tp)
             shards[(tp_rank, pp_rank)] = RankShard(tp_rank, pp_rank, b.tensors, tuple(b.pieces))
     params = model.param_shapes()

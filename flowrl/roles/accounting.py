@@ -7,6 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from flowrl.backends.interfaces import ReportsStats
 from flowrl.data import experience
 from flowrl.metrics import names
 
@@ -33,7 +34,7 @@ def with_generation_stats(table: pa.Table, engine: Any) -> pa.Table:
     """``table`` carrying the engine's last decode counts (positions computed, real tokens fed:
     engines that keep ``last_stats``, the ``hf`` one) and this worker's peak memory."""
     stats = peak_memory_gb(names.ROLLOUT_MAX_RSS_GB, names.ROLLOUT_MAX_MEMORY_ALLOCATED_GB)
-    last = getattr(engine, "last_stats", None)
+    last = engine.last_stats if isinstance(engine, ReportsStats) else None
     if last is not None:
         stats.update({GEN_SLOTS: float(last.slots), GEN_TOKENS: float(last.tokens)})
     return experience.with_stats(table, stats)

@@ -1,15 +1,17 @@
 """Checkpoints of a trainable role (policy, critic), by the engine's checkpoint kind.
 
-Every rank of the group is called. ``"full"`` engines hold the whole state on every rank: rank 0
+Every rank of the group is called. ``full`` engines (``CheckpointKind.FULL``) hold the whole state on every rank: rank 0
 writes it with :func:`flowrl.checkpoint.save_checkpoint` (parameters, AdamW's ``exp_avg`` /
 ``exp_avg_sq`` by HF name, ``extra`` plus ``optim_step``), and on load every rank reads the full
-arrays. ``"sharded"`` engines write and read their own chunks
+arrays. ``sharded`` engines write and read their own chunks
 (:class:`~flowrl.backends.interfaces.ShardedCheckpointEngine`).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from flowrl.catalog.backends import CheckpointKind
 
 __all__ = ["load", "save"]
 
@@ -23,10 +25,10 @@ def _with_optim_step(extra: dict, optim_step: int) -> dict:
     return out
 
 
-def save(engine: Any, kind: str | None, path: str, *, rank: int, step: int, extra: dict) -> dict | None:
+def save(engine: Any, kind: CheckpointKind | None, path: str, *, rank: int, step: int, extra: dict) -> dict | None:
     """Checkpoint ``path`` of ``engine`` (every rank calls it); ``{"path", "optim_step"}`` on
     rank 0, None elsewhere."""
-    if kind == "sharded":
+    if kind is CheckpointKind.SHARDED:
         return engine.save_checkpoint_sharded(path, step=step, extra=extra)
     _check_kind(kind)
     if rank != 0:
@@ -40,9 +42,9 @@ def save(engine: Any, kind: str | None, path: str, *, rank: int, step: int, extr
     return {"path": final, "optim_step": optim_step}
 
 
-def load(engine: Any, kind: str | None, path: str) -> int:
+def load(engine: Any, kind: CheckpointKind | None, path: str) -> int:
     """Restore checkpoint ``path`` into ``engine`` (every rank calls it); the optimizer step."""
-    if kind == "sharded":
+    if kind is CheckpointKind.SHARDED:
         return engine.load_checkpoint_sharded(path)
     _check_kind(kind)
     from flowrl.checkpoint import load_full, load_meta
@@ -55,7 +57,7 @@ def load(engine: Any, kind: str | None, path: str) -> int:
     return optim_step
 
 
-def _check_kind(kind: str | None) -> None:
-    if kind != "full":
+def _check_kind(kind: CheckpointKind | None) -> None:
+    if kind is not CheckpointKind.FULL:
         raise NotImplementedError(f"checkpoint kind {kind!r}: this backend cannot save or restore checkpoints "
                                   "(refused in pre-flight: flowrl.backends.preflight)")

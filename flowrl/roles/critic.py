@@ -12,8 +12,8 @@ import torch
 
 from flowrl.algos import agg_denominator
 from flowrl.algos.actor_loss import critic_loss
-from flowrl.backends.registry import VALUE_BACKENDS
 from flowrl.backends.train.optim import ScheduledRate
+from flowrl.catalog.backends import VALUE_BACKENDS
 from flowrl.config import CriticConfig
 from flowrl.data import experience
 from flowrl.data.packed import PackedBatch
@@ -40,10 +40,10 @@ class CriticRole:
         self.cfg = critic
         self.response_length = response_length
         o = critic.optim
-        traits = VALUE_BACKENDS.traits(critic.strategy)
-        self.checkpoint_kind = traits["checkpoint"]
-        engine_kwargs = import_string(traits["engine_kwargs"])(critic) if traits["engine_kwargs"] else {}
-        self.engine = VALUE_BACKENDS.get(critic.strategy)(
+        spec = VALUE_BACKENDS.spec(critic.strategy)
+        self.checkpoint_kind = spec.checkpoint
+        engine_kwargs = import_string(spec.engine_kwargs)(critic) if spec.engine_kwargs else {}
+        self.engine = spec.engine_class()(
             model_dir, dtype=dtype, lr=o.lr, weight_decay=o.weight_decay, betas=o.betas,
             eps=o.eps, grad_clip=o.grad_clip, seed=seed, **engine_kwargs,
         )

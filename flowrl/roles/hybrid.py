@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
-from flowrl.backends.registry import GEN_BACKENDS
+from flowrl.backends.interfaces import HasGenerationModule
+from flowrl.catalog.backends import GEN_BACKENDS, ReshardMode, ShardStyle
 from flowrl.registry import import_string
 from flowrl.roles.rollout import RolloutRole
 
@@ -95,12 +96,12 @@ def shares_layout(train_engine: Any, backend: str, tensor_model_parallel_size: i
     returns one whose parameters are whole on this rank, the generation backend writes weights
     in place in the same shard style and generation is not tensor parallel); None: the
     generation engine needs weights of its own."""
-    module_of = getattr(train_engine, "generation_module", None)
-    traits = GEN_BACKENDS.traits(backend)
-    if module_of is None or traits["reshard"] != "in_place" or tensor_model_parallel_size != 1:
+    spec = GEN_BACKENDS.spec(backend)
+    if (not isinstance(train_engine, HasGenerationModule) or spec.reshard is not ReshardMode.IN_PLACE
+            or tensor_model_parallel_size != 1):
         return None
-    module = module_of()
-    if module is None or traits["shard_style"] != "hf":
+    module = train_engine.generation_module()
+    if module is None or spec.shard_style is not ShardStyle.HF:
         return None
     from torch.distributed.tensor import DTensor
 

@@ -14,6 +14,8 @@ from typing import Any, Iterable
 
 import torch
 
+from flowrl.backends.interfaces import HasModel, HasOptimizer
+
 __all__ = ["peak_rss_bytes", "role_memory_bytes", "rss_bytes"]
 
 
@@ -26,7 +28,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 def _modules(engine: Any) -> list[torch.nn.Module]:
     """The modules an engine holds (``model``: a module or a list of modules, e.g. megatron's
     virtual pipeline chunks)."""
-    model = getattr(engine, "model", None)
+    model = engine.model if isinstance(engine, HasModel) else None
     if isinstance(model, torch.nn.Module):
         return [model]
     if isinstance(model, (list, tuple)):
@@ -35,7 +37,7 @@ def _modules(engine: Any) -> list[torch.nn.Module]:
 
 
 def _optimizer_tensors(engine: Any) -> Iterable[torch.Tensor]:
-    optimizer = getattr(engine, "optimizer", None)
+    optimizer = engine.optimizer if isinstance(engine, HasOptimizer) else None
     state = getattr(optimizer, "state", None)
     if not isinstance(state, dict):
         return []

@@ -14,8 +14,9 @@ import torch
 
 from flowrl.algos import KL_ESTIMATORS, POLICY_LOSSES, agg_denominator
 from flowrl.algos.actor_loss import ActorLoss, actor_loss
-from flowrl.backends.registry import TRAIN_BACKENDS
+from flowrl.backends.interfaces import ComputesReferenceLogprobs, HasLora, HasModel
 from flowrl.backends.train.optim import ScheduledRate
+from flowrl.catalog.backends import TRAIN_BACKENDS, CheckpointKind
 from flowrl.config import ActorConfig
 from flowrl.data import experience
 from flowrl.data.packed import PackedBatch
@@ -51,8 +52,9 @@ class PolicyRole:
         self.response_length = response_length
         self.use_old_logprobs = use_old_logprobs
         o = actor.optim
-        self.checkpoint_kind = TRAIN_BACKENDS.traits(actor.strategy)["checkpoint"]
-        engine_cls = TRAIN_BACKENDS.get(actor.strategy)
+        spec = TRAIN_BACKENDS.spec(actor.strategy)
+        self.checkpoint_kind = spec.checkpoint
+        engine_cls = spec.engine_class()
         self.engine = engine_cls(
             model_dir,
             trainable=True,
@@ -84,6 +86,9 @@ class PolicyRole:
     def compute_ref_logprobs(self, table: pa.Table, column: str = "ref_logprobs") -> pa.Table:
         """With LoRA (``model.lora_rank`` > 0): the reference policy's log-probs, those of the base
         model with the adapters disabled, in this process (no reference group, no second copy)."""
+        if not isinstance(self.engine, ComputesReferenceLogprobs):
+            raise TypeError(f"actor.strategy={self.cfg.strategy}: its engine does not compute reference log-probs "
+                            "(LoRA's base model); fix: set model.lora_rank=0 (a reference group computes them)")
         batch = self._log_prob_batch(table)
         logp_T = self.engine.reference_logprobs(batch, micro_batch_size=self.ref_micro_batch_size,
                                                 temperature=self.temperature)
@@ -143,6 +148,7 @@ class PolicyRole:
         whole (FSDP: gathered; every rank calls it)."""
         from flowrl.backends.train.fsdp_tensors import full
 
+        assert isinstance(self.engine, HasModel), "LoRA adapters come from an engine with a model"
         return {n: full(p.detach()).cpu() for n, p in self.engine.model.named_parameters() if p.requires_grad}
 
     def grad_state_dict(self) -> dict[str, torch.Tensor]:
@@ -153,7 +159,7 @@ class PolicyRole:
         ``optim_step``); ``{"path", "optim_step"}`` on rank 0, None elsewhere. ``full`` backends:
         rank 0 writes the full state; ``sharded``: each rank its own chunks, rank 0 commits.
         With LoRA the checkpoint holds the adapters only, ``extra["lora"]`` their settings."""
-        lora = getattr(self.engine, "lora", None)
+        lora = self._lora()
         extra = {**extra, "lora": lora.to_dict()} if lora is not None else extra
         return checkpoints.save(self.engine, self.checkpoint_kind, path, rank=self.rank, step=step, extra=extra)
 
@@ -163,7 +169,7 @@ class PolicyRole:
         ValueError when the checkpoint's LoRA adapters (or their absence) differ from this run's."""
         from flowrl.checkpoint import load_meta
 
-        lora = getattr(self.engine, "lora", None)
+        lora = self._lora()
         saved = (load_meta(path).get("extra") or {}).get("lora")
         mine = lora.to_dict() if lora is not None else None
         if saved != mine:
@@ -173,9 +179,12 @@ class PolicyRole:
         self.rate.resume(path)
         return checkpoints.load(self.engine, self.checkpoint_kind, path)
 
+    def _lora(self):  # noqa: ANN202 - a LoraSpec, or None (every weight trains)
+        return self.engine.lora if isinstance(self.engine, HasLora) else None
+
     def save_hf(self, directory: str) -> None:
         """``full`` backends: rank 0 writes; ``sharded``: every rank gathers, rank 0 writes."""
-        if self.rank == 0 or self.checkpoint_kind == "sharded":
+        if self.rank == 0 or self.checkpoint_kind is CheckpointKind.SHARDED:
             self.engine.save_hf(directory)
 
     def close(self) -> None:

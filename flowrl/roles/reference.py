@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from flowrl.backends.registry import TRAIN_BACKENDS
+from flowrl.catalog.backends import TRAIN_BACKENDS
 from flowrl.data import experience
 from flowrl.data.packed import PackedBatch
 
@@ -25,7 +25,7 @@ class ReferenceRole:
         engine_kwargs: dict | None = None,
     ) -> None:
         self.rank = rank
-        engine_cls = TRAIN_BACKENDS.get(strategy)
+        engine_cls = TRAIN_BACKENDS.spec(strategy).engine_class()
         self.engine = engine_cls(model_dir, trainable=False, dtype=dtype, **(engine_kwargs or {}))
         self.micro_batch_size = micro_batch_size
         self.temperature = temperature

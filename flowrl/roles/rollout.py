@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 
 from flowrl.agents.agent import AGENT_COLUMNS, agent_columns  # noqa: F401 - the agent columns, as before
 from flowrl.backends.interfaces import SamplingParams
-from flowrl.backends.registry import GEN_BACKENDS
+from flowrl.catalog.backends import GEN_BACKENDS, ReshardMode
 from flowrl.data import experience
 from flowrl.roles.accounting import with_generation_stats
 
@@ -38,11 +38,12 @@ class RolloutRole:
         self.tp = tensor_model_parallel_size
         self.dtype = dtype
         self.holds_engine = rank % self.tp == 0
-        self.staged_reshard = GEN_BACKENDS.traits(backend)["reshard"] == "staged"
+        spec = GEN_BACKENDS.spec(backend)
+        self.staged_reshard = spec.reshard is ReshardMode.STAGED
         # LoRA (model.lora_rank > 0): an engine that serves adapters starts with LoRA on and gets
         # the adapters at each sync (AdapterJob); the others get the merged weights
         kwargs = {**(engine_kwargs or {}), **({"lora": lora} if lora and takes_adapters(backend) else {})}
-        self.engine = GEN_BACKENDS.get(backend)(model_dir, dtype=dtype, **kwargs) if self.holds_engine else None
+        self.engine = spec.engine_class()(model_dir, dtype=dtype, **kwargs) if self.holds_engine else None
         self.sampling = sampling
         self.micro_batch_size = micro_batch_size
         self.agent = _agent(multi_turn, model_dir) if multi_turn is not None and multi_turn.enable else None
@@ -177,7 +178,7 @@ class RolloutRole:
                     self.engine.load_hf_state(whole)  # in place, under the plain names
                 self.engine.load_lora({k: v for k, v in received.items() if is_adapter(k)})
             return stats
-        if not self.staged_reshard:  # written in place (backend trait reshard="in_place")
+        if not self.staged_reshard:  # written in place (spec.reshard is ReshardMode.IN_PLACE)
             return run_rank(job, dst_rank=self.rank, dst=self.engine.reshard_target())
         # Engines that cannot be written in place (vllm): stage the shard, assemble full HF
         # tensors on the replica's engine rank, load them through the engine's update path.

@@ -1,8 +1,8 @@
 """The worker groups of a run, as :class:`~flowrl.actors.session.GroupSpec` objects built from a
 ``RunConfig``: which role each rank holds, with which keyword arguments, on which mesh.
 
-Backend-specific keyword arguments come from the backends' traits (``engine_kwargs``,
-``role_kwargs`` in :mod:`flowrl.backends.registry`), so nothing here names a backend. Importing
+Backend-specific keyword arguments come from the backends' specs (``engine_kwargs``,
+``role_kwargs`` in :mod:`flowrl.catalog.backends`), so nothing here names a backend. Importing
 this module imports no torch.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 from flowrl.actors import GroupMesh
 from flowrl.actors.session import GroupSpec
 from flowrl.backends.interfaces import SamplingParams
-from flowrl.backends.registry import GEN_BACKENDS, TRAIN_BACKENDS
+from flowrl.catalog.backends import GEN_BACKENDS, TRAIN_BACKENDS
 from flowrl.registry import import_string
 
 __all__ = ["actor_spec", "critic_spec", "hybrid_specs", "lora_engine_kwargs", "needs_ref_group", "ref_spec", "reference_call", "rm_spec",
@@ -27,13 +27,13 @@ def _mesh(group_cfg: Any) -> GroupMesh:
 
 def _train_engine_kwargs(group_cfg: Any, strategy: str) -> dict:
     """The train backend ``strategy``'s extra engine arguments for ``group_cfg`` (its mesh)."""
-    fn = TRAIN_BACKENDS.traits(strategy)["engine_kwargs"]
+    fn = TRAIN_BACKENDS.spec(strategy).engine_kwargs
     return import_string(fn)(group_cfg) if fn else {}
 
 
 def _model_engine_kwargs(model_cfg: Any, strategy: str) -> dict:
     """The policy's engine arguments from ``model.*`` (the backend's optional ``model_kwargs``)."""
-    fn = TRAIN_BACKENDS.traits(strategy).get("model_kwargs")
+    fn = TRAIN_BACKENDS.spec(strategy).model_kwargs
     return import_string(fn)(model_cfg) if fn else {}
 
 
@@ -68,7 +68,7 @@ def rollout_sampling(cfg: Any) -> SamplingParams:
 def rollout_role_kwargs(rollout: Any, *, max_prompt_length: int, seed: int) -> dict:
     """``RolloutRole``'s backend-specific keyword arguments for a ``RolloutConfig`` (the
     backend's ``role_kwargs`` trait; none for ``hf``)."""
-    fn = GEN_BACKENDS.traits(rollout.name)["role_kwargs"]
+    fn = GEN_BACKENDS.spec(rollout.name).role_kwargs
     return import_string(fn)(rollout, max_prompt_length=max_prompt_length, seed=seed) if fn else {}
 
 

@@ -1,6 +1,6 @@
 """The floors of ARCHITECTURE.md, held against the code: every import of every library module
 (also those inside functions) goes to its own floor or a lower one; no import cycles; the
-config imports no torch; backend names are compared only inside the backends and the config;
+config imports no torch; backend names and shard styles are compared only inside the backends;
 modules and functions stay readable; test helpers stay out of the library."""
 
 from __future__ import annotations
@@ -184,30 +184,45 @@ def test_config_and_the_foundation_import_no_torch():
 
 
 BACKEND_NAMES = {"dp", "fsdp", "megatron", "hf", "vllm", "sglang"}
-BACKEND_FIELDS = {"strategy", "name", "backend"}
+"""Backend names and shard styles (``hf``, ``megatron``, ``vllm``, ``fsdp``)."""
+MESH_AXES = {"dp", "tp", "pp", "vpp", "cp", "ep"}
 
 
 def _compares_backend_name(node: ast.Compare) -> bool:
-    operands = [node.left, *node.comparators]
+    """``x == "megatron"``, ``x != "hf"``, ``x in ("dp", "fsdp")``, ``style is "vllm"``: a string
+    constant (or a literal tuple, list or set of them) that names a backend or a shard style. A
+    collection that also names a mesh axis (``axis in ("dp", "tp", "pp")``) is about axes."""
     consts = set()
-    for o in operands:
+    for o in (node.left, *node.comparators):
         if isinstance(o, ast.Constant) and isinstance(o.value, str):
             consts.add(o.value)
         elif isinstance(o, (ast.Tuple, ast.List, ast.Set)):
             consts |= {e.value for e in o.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
-    fields = {o.attr for o in operands if isinstance(o, ast.Attribute)} | {o.id for o in operands if isinstance(o, ast.Name)}
-    return bool(consts & BACKEND_NAMES) and bool(fields & BACKEND_FIELDS)
+    return bool(consts & BACKEND_NAMES) and not consts & (MESH_AXES - BACKEND_NAMES)
 
 
-def test_backend_names_are_compared_only_in_backends_and_config():
+def test_backend_names_are_compared_only_in_backends():
+    """Everything outside ``flowrl.backends`` (the config included) reads a backend's spec in
+    ``flowrl.catalog.backends`` (its capabilities, ``ShardStyle`` members) instead of its name."""
     found = []
     for module, path in _module_files().items():
-        if module.startswith(("flowrl.backends", "flowrl.config")):
+        if module.startswith("flowrl.backends"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Compare) and _compares_backend_name(node):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert not found, f"backend-name branches outside flowrl/backends and flowrl/config: {found}"
+    assert not found, f"backend-name or shard-style branches outside flowrl/backends: {found}"
+
+
+def test_the_backend_name_check_catches_every_form():
+    def flagged(src: str) -> bool:
+        return _compares_backend_name(ast.parse(src).body[0].value)
+
+    for src in ('strategy == "megatron"', 'name != "hf"', 'strategy in ("dp", "fsdp")', 'x not in {"vllm"}',
+                'spec.shard_style == "fsdp"', '"megatron" == cfg.actor.strategy', 'style in ["hf", "vllm"]'):
+        assert flagged(src), src
+    for src in ('axis not in ("dp", "tp", "pp")', 'mode == "stream"', 'style is ShardStyle.HF'):
+        assert not flagged(src), src
 
 
 @pytest.mark.parametrize("limit_lines,limit_function", [(500, 60)])

@@ -24,20 +24,19 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from flowrl.catalog.backends import GEN_BACKENDS
 from flowrl.comm.joint import JointSpec
 
-__all__ = ["ADAPTER_BACKENDS", "AdapterJob", "run_adapter_rank", "takes_adapters"]
+__all__ = ["AdapterJob", "run_adapter_rank", "takes_adapters"]
 
-ADAPTER_BACKENDS = frozenset({"vllm"})
-"""Generation backends that install LoRA adapters themselves (``enable_lora``); the others get
-the merged weights."""
 ADAPTER_TAG = 1 << 21
 """Tag of the adapter messages on the joint group (the planned transport's tags are round numbers)."""
 
 
 def takes_adapters(backend: str) -> bool:
-    """Whether generation backend ``backend`` receives LoRA adapters rather than merged weights."""
-    return backend in ADAPTER_BACKENDS
+    """Whether generation backend ``backend`` receives LoRA adapters rather than merged weights (its
+    spec's ``adapter_sync``: it installs them itself, e.g. vLLM's ``enable_lora``)."""
+    return GEN_BACKENDS.spec(backend).adapter_sync
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -189,19 +189,19 @@ def job_for_run(cfg: Any, *, timeout_s: float | None = None, colocated: bool = F
     """The actor -> rollout job of a run config (``RunConfig``), split placement (``colocated``:
     both layouts on the same processes, the hybrid engine's, placed by ``micro_dp_placement``
     and run over the group's own process group); the storage styles are the backends'
-    ``shard_style`` traits (``flowrl.backends.registry``). With LoRA (``model.lora_rank`` > 0)
+    ``shard_style`` fields of their specs (``flowrl.catalog.backends``). With LoRA (``model.lora_rank`` > 0)
     and a generation backend that serves adapters (``vllm``), split placement: an
     :class:`~flowrl.backends.reshard.adapters.AdapterJob`, the adapters only."""
-    from flowrl.backends.registry import GEN_BACKENDS, TRAIN_BACKENDS
+    from flowrl.catalog.backends import GEN_BACKENDS, TRAIN_BACKENDS
 
     actor, rollout = cfg.actor, cfg.rollout
     vpp = getattr(actor, "virtual_pipeline_model_parallel_size", 1)
     src = ParallelDims(dp=actor.data_parallel_size, tp=actor.tensor_model_parallel_size,
                        pp=actor.pipeline_model_parallel_size, vpp=vpp if vpp > 1 else None)
-    src_style = TRAIN_BACKENDS.traits(actor.strategy)["shard_style"]
+    src_style = TRAIN_BACKENDS.spec(actor.strategy).shard_style
     dst = ParallelDims(dp=rollout.data_parallel_size, tp=rollout.tensor_model_parallel_size,
                        pp=rollout.pipeline_model_parallel_size)
-    dst_style = GEN_BACKENDS.traits(rollout.name)["shard_style"]
+    dst_style = GEN_BACKENDS.spec(rollout.name).shard_style
     bucket_mb = getattr(rollout, "reshard_bucket_mb", 64)
     timeout_s = timeout_s if timeout_s is not None else cfg.cluster.timeout_s
     if cfg.model.lora_rank and not colocated and takes_adapters(rollout.name):

@@ -1,5 +1,6 @@
-"""The megatron backends' light functions, named by their traits in ``flowrl.backends.registry``:
-engine keyword arguments from a group's config and the pre-flight checks. No torch, no megatron
+"""The megatron backends' light functions, named by their specs in ``flowrl.catalog.backends``:
+engine keyword arguments from a group's config and the pre-flight checks (the distributed
+optimizer's checkpoint rule is data there: ``checkpoint_blockers``). No torch, no megatron
 import: these run on the driver before any worker starts."""
 
 from __future__ import annotations
@@ -31,16 +32,6 @@ def value_engine_kwargs(critic: Any) -> dict:
     """``MegatronValueTrainEngine``'s mesh settings from a critic config."""
     return {"tp": critic.tensor_model_parallel_size, "pp": critic.pipeline_model_parallel_size,
             "dp": critic.data_parallel_size}
-
-
-def checkpoint_problem(group_cfg: Any) -> tuple[str, str] | None:
-    """Megatron's distributed optimizer keeps Adam's state in flat dp-sharded buffers, which the
-    sharded checkpoints do not map back to parameters: (problem, fix), or None."""
-    if not getattr(group_cfg, "use_distributed_optimizer", False):
-        return None
-    return ("with actor.use_distributed_optimizer=true: checkpoints cannot hold megatron's dp-sharded "
-            "optimizer buffers",
-            "set actor.use_distributed_optimizer=false (or trainer.save_freq=0 and trainer.resume_mode=disable)")
 
 
 def _hf_config(model_path: str) -> Any:
