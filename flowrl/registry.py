@@ -114,6 +114,32 @@ class Registry(Generic[T]):
                 return name
         return None
 
+    def problem(self, name: str) -> str | None:
+        """What keeps ``get(name)`` from resolving, or None: a registered name (nothing is
+        imported), or where import strings are taken a ``package.module:attr`` that imports to a
+        callable (the user's module is imported here, so a mistake shows before any worker starts)."""
+        if name in self._entries:
+            return None
+        if not (self.allow_import_strings and ":" in name):
+            return f"is not a registered {self.kind}"
+        try:
+            obj = import_string(name)
+        except ValueError as exc:
+            return f"is not an importable {self.kind} ({exc})"
+        return None if callable(obj) else f"names {obj!r}, which is not callable; point it at a {self.kind} function"
+
+    def fix(self) -> str:
+        """The fix for a name :meth:`problem` refuses: the valid names (and the import string)."""
+        return f"use one of {', '.join(self.names())}" + (
+            ", or package.module:function (your own, importable on every worker)" if self.allow_import_strings else "")
+
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (a test's or a plug-in's temporary entry); an unknown name raises."""
+        if name not in self._entries:
+            raise self.unknown(name)
+        for table in (self._entries, self._traits, self._unwrapped):
+            table.pop(name, None)
+
     def unknown(self, name: str) -> ValueError:
         """The error for a name that is not registered: it lists the valid ones."""
         hint = " or a 'module:function' import string" if self.allow_import_strings else ""

@@ -51,14 +51,16 @@ ADVANTAGE_ESTIMATORS.register(
 )
 ADVANTAGE_ESTIMATORS.register("remax", _ADV + "remax_advantages", needs_values=False, needs_baseline=True)
 
-POLICY_LOSSES: Registry[Callable] = Registry("policy loss")
-"""Name -> ``fn(logp_T, old_logp_T, advantages_T, response_mask_T, cu_seqlens_B1, **clip) -> (loss_T, stats)``."""
+POLICY_LOSSES: Registry[Callable] = Registry("policy loss", allow_import_strings=True)
+"""Name (or ``package.module:function``) -> ``fn(logp_T, old_logp_T, advantages_T, response_mask_T,
+cu_seqlens_B1, **clip) -> (loss_T, stats)``."""
 POLICY_LOSSES.register("vanilla", "flowrl.algos.policy_loss:vanilla_policy_loss")
 POLICY_LOSSES.register("gspo", "flowrl.algos.policy_loss:gspo_policy_loss")
 
-KL_ESTIMATORS: Registry[Callable] = Registry("KL estimator")
-"""Name -> ``fn(logp_T, ref_logp_T) -> kl_T``; ``kl``, ``mse`` and ``low_var_kl`` are verl's names;
-``+``: verl's straight-through forms (the value of the estimator, the gradient of k2)."""
+KL_ESTIMATORS: Registry[Callable] = Registry("KL estimator", allow_import_strings=True)
+"""Name (or ``package.module:function``) -> ``fn(logp_T, ref_logp_T) -> kl_T``; ``kl``, ``mse`` and
+``low_var_kl`` are verl's names; ``+``: verl's straight-through forms (the value of the estimator,
+the gradient of k2)."""
 KL_ESTIMATORS.register("k1", "flowrl.algos.kl:kl_k1")
 KL_ESTIMATORS.register("kl", "flowrl.algos.kl:kl_k1")
 KL_ESTIMATORS.register("abs", "flowrl.algos.kl:kl_abs")
@@ -70,6 +72,8 @@ for _name, _fn in (("k1+", "kl_k1_st"), ("kl+", "kl_k1_st"), ("abs+", "kl_abs_st
                    ("mse+", "kl_k2"), ("k3+", "kl_k3_st"), ("low_var_kl+", "kl_k3_st")):
     KL_ESTIMATORS.register(_name, f"flowrl.algos.kl:{_fn}")
 
+# Closed sets (names only, no import strings): an aggregation mode's ``counts`` trait sizes the
+# global loss denominator that every rank all-reduces, and the KL controllers are verl's two.
 AGG_MODES: Registry[Callable] = Registry("loss aggregation mode")
 """Name -> ``fn(masked_T, keep_T, cu_seqlens_B1, max_response_length) -> (total, local count)``;
 trait ``counts``: what the denominator counts, ``tokens`` (valid tokens), ``rows`` (rows with a

@@ -1,7 +1,7 @@
 """The ``algorithm`` section: advantages, rewards, the KL reward penalty, dynamic sampling, and
 which algorithm family runs.
 
-Names are checked against ``flowrl.algos.registries`` (torch-free); the estimator's cross-section
+Names are checked against ``flowrl.catalog.algos`` (torch-free); the estimator's cross-section
 rules (a critic for ``gae``) live in :class:`~flowrl.config.schema.RunConfig`.
 """
 
@@ -77,7 +77,8 @@ class AlgorithmConfig:
     """Subtract ``kl_ctrl`` coefficient x KL(policy || reference) from the token rewards
     (InstructGPT-style PPO); needs the reference group."""
     kl_penalty: str = "k1"
-    """KL estimator of the reward penalty: k1 (verl's ``kl``), abs, k2 (mse), k3 (low_var_kl)."""
+    """KL estimator of the reward penalty: k1 (verl's ``kl``), abs, k2 (mse), k3 (low_var_kl); or
+    ``package.module:function`` ``fn(logp_T, ref_logp_T) -> kl_T``."""
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
     """Fixed or adaptive coefficient of the KL reward penalty."""
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)

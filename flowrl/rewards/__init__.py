@@ -1,6 +1,8 @@
-"""Rule-based reward functions and their registry (``exact_match``, ``gsm8k``, ``auto``)."""
+"""Rule-based reward functions and their registry (``exact_match``, ``gsm8k``, ``auto``).
+
+The built-ins are registered by import string in ``flowrl.catalog.rewards``: a new built-in
+reward module needs no import here."""
 
 from flowrl.rewards.registry import REWARD_FUNCTIONS, resolve_reward_fn, split_score
-from flowrl.rewards import math as _math  # noqa: F401  (registers the built-in rewards)
 
 __all__ = ["REWARD_FUNCTIONS", "resolve_reward_fn", "split_score"]

@@ -1,7 +1,8 @@
 """Rule-based rewards for answers with a known ground truth.
 
 ``exact_match`` compares the whole stripped response; ``gsm8k`` reads the final answer after
-``####`` as verl's gsm8k reward does in strict mode; ``auto`` picks one by ``data_source``.
+``####`` as verl's gsm8k reward does in strict mode; ``auto`` picks one by ``data_source``
+(``DATA_SOURCE_REWARDS``). Registered by import string in ``flowrl/catalog/rewards.py``.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from flowrl.rewards.registry import REWARD_FUNCTIONS
+from flowrl.catalog.rewards import DATA_SOURCE_REWARDS, REWARD_FUNCTIONS
 
 # Only the tail of a long response is searched for the final answer (as verl does), so a runaway
 # generation cannot make the regular expression slow.
@@ -17,7 +18,6 @@ _SOLUTION_CLIP_CHARS = 300
 _GSM8K_ANSWER = re.compile(r"####\s*\$?\s*(-?[0-9.,$]+)")
 
 
-@REWARD_FUNCTIONS.register("exact_match")
 def exact_match(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None
 ) -> float:
@@ -33,7 +33,6 @@ def extract_gsm8k_answer(solution_str: str) -> str | None:
     return matches[-1].replace(",", "").replace("$", "").rstrip(".")
 
 
-@REWARD_FUNCTIONS.register("gsm8k")
 def gsm8k(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None
 ) -> float:
@@ -44,14 +43,6 @@ def gsm8k(
     return 1.0 if answer == str(ground_truth).strip().replace(",", "") else 0.0
 
 
-# data_source -> registered reward function used by `auto`.
-DATA_SOURCE_REWARDS: dict[str, str] = {
-    "flowrl/addition": "exact_match",
-    "openai/gsm8k": "gsm8k",
-}
-
-
-@REWARD_FUNCTIONS.register("auto")
 def auto(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None
 ) -> float | dict[str, Any]:

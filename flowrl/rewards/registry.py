@@ -11,7 +11,8 @@ name, ``"path/to/reward.py:compute_score"``, wherever a registered name is accep
 
 The function is called as verl's default (naive) reward manager calls it: by keyword, with
 ``extra_info`` as a dict (the row's ``extra_info`` plus ``num_turns`` and
-``rollout_reward_scores``, as verl adds them).
+``rollout_reward_scores``, as verl adds them). ``REWARD_FUNCTIONS`` is the floor-0 catalogue
+``flowrl.catalog.rewards``, where the built-ins are registered by import string.
 """
 
 from __future__ import annotations
@@ -23,11 +24,9 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from flowrl.registry import Registry
+from flowrl.catalog.rewards import REWARD_FUNCTIONS
 
 RewardFn = Callable[..., "float | dict[str, Any]"]
-
-REWARD_FUNCTIONS: Registry[RewardFn] = Registry("reward function", allow_import_strings=True)
 
 
 def resolve_reward_fn(name: str) -> RewardFn:
