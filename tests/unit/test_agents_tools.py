@@ -1,5 +1,5 @@
-"""The built-in tools: the calculator (exact, bounded, no eval) and the Python sandbox (another
-process; no network, no writes outside its directory, limits, truncated output)."""
+"""The built-in tools: the calculator (exact, bounded, no eval) and the Python sandbox (a jail:
+another process; no network, no writes outside its directory, limits, truncated output)."""
 
 from __future__ import annotations
 
@@ -37,36 +37,28 @@ def sandbox(code: str, **kw) -> tuple[int | None, str]:
     return asyncio.run(run_python(code, **kw))
 
 
-def test_sandbox_runs_code_in_another_process_and_a_temporary_directory():
+def test_sandbox_runs_code_in_another_process_and_a_scratch_directory():
     code, out = sandbox("import os; print(os.getpid()); print(os.getcwd())")
     pid, cwd = out.split()
-    assert code == 0 and int(pid) != os.getpid() and "flowrl-sandbox-" in cwd
-    assert not Path(cwd).exists()  # removed after the call
+    assert code == 0 and int(pid) != os.getpid() and cwd == "/work"  # the jail's own tmpfs
 
 
 def test_sandbox_refuses_sockets():
     code, out = sandbox("import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n"
                         "s.connect(('127.0.0.1', 9))\nprint('connected')")
-    assert code != 0 and "connected" not in out and ("network access is not allowed" in out or "Error" in out)
+    assert code != 0 and "connected" not in out and "Error" in out
     code, out = sandbox("import socket; socket.create_connection(('example.com', 80), timeout=1)")
     assert code != 0
 
 
-def test_sandbox_refuses_writes_outside_its_directory(tmp_path):
+def test_sandbox_writes_nothing_outside_its_directory(tmp_path):
     target = tmp_path / "escaped.txt"
     code, out = sandbox(f"open({str(target)!r}, 'w').write('x')")
-    assert code != 0 and "outside the working directory" in out and not target.exists()
-    code, out = sandbox(f"import os; os.rename('a', {str(target)!r})")
     assert code != 0 and not target.exists()
+    code, out = sandbox(f"import subprocess; subprocess.run(['touch', {str(target)!r}])")
+    assert not target.exists()  # processes may start inside the jail; they see no host directory
     code, out = sandbox("open('inside.txt', 'w').write('ok'); print(open('inside.txt').read())")
     assert code == 0 and out.strip() == "ok"
-
-
-def test_sandbox_refuses_processes():
-    code, out = sandbox("import subprocess; subprocess.run(['true'])")
-    assert code != 0 and "not allowed" in out
-    code, out = sandbox("import os; os.system('true')")
-    assert code != 0 and "not allowed" in out
 
 
 def test_sandbox_limits_wall_time_memory_and_output():
@@ -75,7 +67,7 @@ def test_sandbox_limits_wall_time_memory_and_output():
     code, out = sandbox("x = bytearray(1 << 31)", memory_mb=256)
     assert code != 0 and "MemoryError" in out
     code, out = sandbox("print('x' * (1 << 20))", max_output_chars=100)
-    assert code == 0 and len(out) < 200 and "truncated" in out
+    assert len(out) < 200 and "truncated" in out  # the call is stopped at the cap
 
 
 def test_python_tool_reports_failures_as_text():

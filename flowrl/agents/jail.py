@@ -1,0 +1,314 @@
+"""The jail of model-written code: one bubblewrap sandbox per call.
+
+Every call that runs code the policy wrote (the ``python`` tool, the code rewards) runs it here:
+``python -I -S`` inside ``bwrap`` with new user, mount, PID, network, IPC, UTS and cgroup
+namespaces (``--unshare-all``, nested user namespaces refused), a new session and
+``--die-with-parent``. The file system is built from nothing: ``/usr`` (and its ``/bin``, ``/lib*``
+links) and the interpreter's own prefix read-only, a fresh ``/proc`` (only the call's processes),
+a minimal ``/dev``, and size-capped ``tmpfs`` mounts for ``/work`` (the working directory),
+``/tmp`` and ``/dev/shm``; the rest of the root is read-only and empty: no ``/etc``, no home, no
+run directories, no host ``/tmp``. The code arrives on stdin, never as a file on the host. Inside,
+the code may start processes and write files: the namespaces, not a Python hook, are the boundary.
+
+Limits, set by the prelude in the jailed interpreter before the code runs (so they bind it and
+everything it starts): CPU seconds, address space, file size, open files, no core files, and
+processes (``RLIMIT_NPROC``). The kernel counts ``RLIMIT_NPROC`` per user *and user namespace*
+(since Linux 5.14) and never enforces it for the host's root user, so a host root starts ``bwrap``
+as ``nobody`` (uid 65534; when the interpreter's prefix is not searchable by ``nobody``, e.g. under
+``/root``, the system ``/usr/bin/python3`` runs the code): the count then starts at zero in each
+jail and a fork bomb stops at the limit. A wall-clock timeout kills ``bwrap``; its PID namespace's
+init dies with it and the kernel kills every process of the namespace: nothing outlives a call.
+Output is read up to a cap; past it the call is killed and its output marked truncated.
+
+Without bubblewrap (or where the kernel refuses the namespaces) :func:`jail_problem` says why;
+the run refuses to start (``flowrl.run.preflight``) unless ``sandbox.mode=unsafe-local`` was
+chosen, which runs the same prelude in a plain subprocess (limits, no namespaces) and warns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import stat
+import sys
+import tempfile
+import warnings
+from dataclasses import dataclass, fields
+from functools import lru_cache
+from typing import Callable
+
+__all__ = ["JailLimits", "JailResult", "JailUnavailable", "bwrap_argv", "jail_problem", "run_jailed", "run_sync"]
+
+JAIL_UID = 65534  # nobody: the user a host root runs the jail as (see the module docstring)
+WORKDIR = "/work"
+
+# Runs first in the jailed interpreter: the limits (argv), then the code (stdin: "<length>\n<code><stdin>").
+PRELUDE = r"""
+import resource as _r, sys as _s, io as _io
+for _k, _v in zip((_r.RLIMIT_CPU, _r.RLIMIT_AS, _r.RLIMIT_FSIZE, _r.RLIMIT_NOFILE, _r.RLIMIT_NPROC, _r.RLIMIT_CORE),
+                  [int(a) for a in _s.argv[1:6]] + [0]):
+    if _v >= 0:
+        _r.setrlimit(_k, (_v, _v))
+_d = _s.stdin.buffer.read()
+_n, _, _d = _d.partition(b"\n")
+_c, _s.stdin = _d[:int(_n)], _io.TextIOWrapper(_io.BytesIO(_d[int(_n):]), encoding="utf-8")
+_s.argv = ["main.py"]
+_g = {"__name__": "__main__", "__builtins__": __builtins__}
+del _r, _io, _d, _n, _k, _v
+exec(compile(_c, "main.py", "exec"), _g)
+"""
+
+
+class JailUnavailable(RuntimeError):
+    """The jail cannot run on this machine (the message says why and the fixes)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class JailLimits:
+    """What one call may use."""
+
+    timeout_s: float = 5.0
+    """Wall-clock limit; past it every process of the call is killed."""
+    cpu_s: int = 5
+    """CPU seconds per process (``RLIMIT_CPU``)."""
+    memory_mb: int = 512
+    """Address space per process (``RLIMIT_AS``)."""
+    file_mb: int = 16
+    """Largest file the code may write (``RLIMIT_FSIZE``)."""
+    tmpfs_mb: int = 32
+    """Size of each writable place (``/work``, ``/tmp``, ``/dev/shm``): memory, not disk."""
+    max_processes: int = 16
+    """Processes and threads of the call together (``RLIMIT_NPROC`` in its user namespace)."""
+    max_open_files: int = 64
+    """Open files per process (``RLIMIT_NOFILE``)."""
+    max_output_chars: int = 2000
+    """stdout and stderr are each cut to this many characters (past it the call is killed)."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not value > 0:
+                raise ValueError(f"JailLimits.{f.name}={value!r} must be positive; use e.g. {f.default}")
+
+
+@dataclass(frozen=True)
+class JailResult:
+    """What a call did: ``returncode`` None when it timed out."""
+
+    returncode: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out and not self.truncated
+
+    def text(self) -> str:
+        """stdout then stderr, with a line for a timeout or a cut."""
+        out = self.stdout + self.stderr
+        if self.truncated:
+            out += "\n... [output truncated]"
+        return out
+
+
+def _limit_args(limits: JailLimits, *, nproc: bool) -> list[str]:
+    """The prelude's argv: CPU, AS, FSIZE, NOFILE, NPROC (-1: leave as it is)."""
+    return [str(limits.cpu_s), str(limits.memory_mb << 20), str(limits.file_mb << 20), str(limits.max_open_files),
+            str(limits.max_processes) if nproc else "-1"]
+
+
+def _usr_links() -> list[str]:
+    """``/bin``, ``/lib*``, ``/sbin`` as the host has them: links into ``/usr`` or read-only binds."""
+    args: list[str] = []
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        path = "/" + name
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    return args
+
+
+def bwrap_argv(bwrap: str, python: str, binds: tuple[str, ...], limits: JailLimits, usr_links: list[str]) -> list[str]:
+    """The command line of one jailed call (see the module docstring); pure."""
+    tmpfs = str(limits.tmpfs_mb << 20)
+    argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+            "--ro-bind", "/usr", "/usr", *usr_links]
+    for path in binds:
+        argv += ["--ro-bind", path, path]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", tmpfs, "--tmpfs", "/dev/shm",
+             "--size", tmpfs, "--tmpfs", "/tmp", "--size", tmpfs, "--tmpfs", WORKDIR,
+             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORKDIR, "--clearenv",
+             "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", WORKDIR,
+             "--setenv", "TMPDIR", "/tmp", "--setenv", "LANG", "C.UTF-8", "--",
+             python, "-I", "-S", "-c", PRELUDE, *_limit_args(limits, nproc=True)]
+    return argv
+
+
+def _searchable_by_others(path: str) -> bool:
+    """Every directory from ``/`` down to ``path`` lets other users in (mode o+x)."""
+    parts = os.path.realpath(path).split(os.sep)
+    for i in range(2, len(parts) + 1):
+        try:
+            mode = os.stat(os.sep.join(parts[:i]) or "/").st_mode
+        except OSError:
+            return False
+        if stat.S_ISDIR(mode) and not mode & stat.S_IXOTH:
+            return False
+    return True
+
+
+@lru_cache(maxsize=1)
+def _interpreter() -> tuple[str, tuple[str, ...]]:
+    """``(python, read-only binds)``: this interpreter, or the system's where the jail's user
+    (``nobody`` for a host root) cannot reach this one."""
+    exe, prefix = os.path.realpath(sys.executable), os.path.realpath(sys.base_prefix)
+    if os.geteuid() != 0 or _searchable_by_others(exe):
+        binds = tuple(p for p in {prefix, os.path.dirname(exe)} if not p.startswith("/usr/"))
+        return exe, tuple(sorted(binds))
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return os.path.realpath(candidate), ()
+    return "", ()
+
+
+def _spawn_kwargs() -> dict:
+    return {"user": JAIL_UID, "group": JAIL_UID, "extra_groups": []} if os.geteuid() == 0 else {}
+
+
+@lru_cache(maxsize=1)
+def jail_problem() -> str | None:
+    """None when a jailed call works here (probed once per process), else why not."""
+    import subprocess
+
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return "bubblewrap (bwrap) is not installed"
+    python, binds = _interpreter()
+    if not python:
+        return (f"the jail's user (uid {JAIL_UID}) cannot reach {sys.executable} and there is no /usr/bin/python3")
+    argv = bwrap_argv(bwrap, python, binds, JailLimits(), _usr_links())
+    try:
+        done = subprocess.run(argv, input=b"12\nprint(6 * 7)", capture_output=True, timeout=30, **_spawn_kwargs())
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"bwrap could not start: {exc}"
+    if done.returncode != 0 or done.stdout.strip() != b"42":
+        err = done.stderr.decode(errors="replace").strip()[-300:]
+        return f"bwrap refused the namespaces (exit {done.returncode}: {err or 'no message'})"
+    return None
+
+
+def require_jail() -> None:
+    """Raise :class:`JailUnavailable` naming the fixes unless the jail works here."""
+    problem = jail_problem()
+    if problem is not None:
+        raise JailUnavailable(f"model-written code cannot run in a jail here: {problem}. Fix: install bubblewrap "
+                              "(apt-get install bubblewrap) and allow user namespaces (sysctl "
+                              "user.max_user_namespaces>0), or use a remote SandboxFusion (sandbox.url=http://...), "
+                              "or accept running it unjailed with sandbox.mode=unsafe-local")
+
+
+@lru_cache(maxsize=1)
+def _warn_unsafe() -> None:
+    warnings.warn("sandbox.mode=unsafe-local: model-written code runs in a plain subprocess with rlimits only; "
+                  "it can read this machine's files, use its network and signal processes", RuntimeWarning, stacklevel=3)
+
+
+async def _read_capped(stream: asyncio.StreamReader, cap: int, on_overflow: Callable[[], None]) -> tuple[bytes, bool]:
+    """The first ``cap`` bytes of the stream, read to its end, and whether there were more (then
+    ``on_overflow`` ran once: it kills the call, so the end comes soon)."""
+    data, over = b"", False
+    while chunk := await stream.read(65536):
+        if not over:
+            data += chunk
+            if len(data) > cap:
+                over = True
+                on_overflow()
+    return data[:cap], over
+
+
+async def _communicate(proc: asyncio.subprocess.Process, payload: bytes, cap: int) -> tuple[bytes, bytes, bool]:
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    reads = asyncio.gather(_read_capped(proc.stdout, cap, lambda: _kill(proc)),
+                           _read_capped(proc.stderr, cap, lambda: _kill(proc)))
+    try:
+        proc.stdin.write(payload)
+        await proc.stdin.drain()
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    finally:
+        proc.stdin.close()
+    (out, cut_out), (err, cut_err) = await reads
+    await proc.wait()
+    return out, err, cut_out or cut_err
+
+
+def _kill(proc: asyncio.subprocess.Process) -> None:
+    """Kill the call: ``bwrap`` (its PID namespace dies with it) or, unjailed, its process group."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.kill()
+    except ProcessLookupError:
+        pass
+
+
+async def run_jailed(code: str, *, stdin: str = "", limits: JailLimits | None = None, unsafe_local: bool = False) -> JailResult:
+    """Run ``code`` (Python source) with ``stdin`` in a jail, or with ``unsafe_local`` in a plain
+    subprocess; raises :class:`JailUnavailable` where the jail cannot run."""
+    limits = limits or JailLimits()
+    workdir = None
+    if unsafe_local:
+        _warn_unsafe()
+        workdir = tempfile.mkdtemp(prefix="flowrl-unsafe-")
+        kwargs: dict = {"cwd": workdir, "env": {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir},
+                        **_spawn_kwargs()}
+        if os.geteuid() == 0:  # a host root still runs it as nobody: kill(-1) must not reach the host's processes
+            os.chown(workdir, JAIL_UID, JAIL_UID)
+        argv = [_interpreter()[0] or sys.executable, "-I", "-S", "-c", PRELUDE, *_limit_args(limits, nproc=False)]
+    else:
+        require_jail()
+        python, binds = _interpreter()
+        argv = bwrap_argv(shutil.which("bwrap") or "bwrap", python, binds, limits, _usr_links())
+        kwargs = _spawn_kwargs()
+    source = code.encode("utf-8", errors="replace")
+    payload = b"%d\n" % len(source) + source + stdin.encode("utf-8", errors="replace")
+    try:
+        proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.PIPE, start_new_session=True, **kwargs)
+        cap = limits.max_output_chars * 4
+        try:
+            out, err, cut = await asyncio.wait_for(_communicate(proc, payload, cap), limits.timeout_s)
+        except asyncio.TimeoutError:
+            _kill(proc)
+            await asyncio.wait_for(proc.wait(), 10)
+            return JailResult(None, "", f"timed out after {limits.timeout_s:g} s", timed_out=True)
+        except BaseException:  # cancelled by the caller's own timeout: leave nothing running
+            _kill(proc)
+            raise
+        text_out, text_err = (b.decode(errors="replace") for b in (out, err))
+        n = limits.max_output_chars
+        cut = cut or len(text_out) > n or len(text_err) > n
+        return JailResult(proc.returncode, text_out[:n], text_err[:n], truncated=cut)
+    finally:
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run_sync(coro: object) -> object:
+    """Run a coroutine to its end from synchronous code (a reward function), also where an event
+    loop is already running in this thread (then in a thread of its own)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)  # type: ignore[arg-type]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()  # type: ignore[arg-type]
