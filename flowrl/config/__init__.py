@@ -1,7 +1,7 @@
 """Typed run configuration: dataclasses, YAML + dotted overrides, validation.
 
 Importing it imports no torch: names of algorithms and backends are checked against the
-registries (``flowrl.algos.registries``, ``flowrl.catalog.backends``).
+registries (``flowrl.catalog.algos``, ``flowrl.catalog.backends``).
 """
 
 from flowrl.config.algorithm import AlgorithmConfig, FilterGroupsConfig, KLCtrlConfig

@@ -3,7 +3,7 @@ reference policy, the critic and the reward model; each with its mesh sizes.
 
 Backend names (``rollout.name``, ``actor.strategy``, ``critic.strategy``) are checked against
 the backend catalogue (``flowrl.catalog.backends``), and the sections against the chosen backend's
-capabilities there (never its name); loss aggregation modes against ``flowrl.algos.registries``.
+capabilities there (never its name); loss aggregation modes against ``flowrl.catalog.algos``.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Validation raises :class:`~flowrl.config.errors.ConfigError` naming the field, t
 fix; the loader prefixes the section path. Cross-section rules live in :class:`RunConfig`; the
 sections in ``sections.py`` (data, model, optim, trainer), ``roles.py`` (rollout, actor, ref,
 critic, reward_model), ``algorithm.py`` and ``cluster.py``. Names of algorithms and backends are
-checked against the registries (``flowrl.algos.registries``, ``flowrl.catalog.backends``), which
+checked against the registries (``flowrl.catalog.algos``, ``flowrl.catalog.backends``), which
 import no torch; backend rules read the chosen backend's capabilities, never its name.
 """
 
