@@ -2,6 +2,7 @@
 
     flowrl train [CONFIG.yaml] [key.sub=value ...]   run GRPO (no arguments: the embedded default)
     flowrl submit CONFIG.yaml [key=value ...]        the same with the workers as SLURM jobs (cluster.kind=slurm)
+    flowrl submit --dry-run CONFIG.yaml [key=value ...]  print the SLURM job scripts and the sbatch command, submit nothing
     flowrl config [CONFIG.yaml] [key=value ...]      print the resolved config, or --fields to list them
     flowrl config --from-verl [verl.yaml] [verl.key=value ...]  the flowrl form of a verl command line
     flowrl parallel-plan --model 7B --gpus 64 ...    rank (dp, tp, pp) layouts for a model
@@ -72,6 +73,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         raise ConfigError("cluster.kind", "local", "flowrl submit runs the workers on a cluster, not this machine",
                           "pass a SLURM spec (flowrl submit cluster/slurm.yaml ..., or cluster.spec=cluster/slurm.yaml), "
                           "set cluster.kind=slurm, or use flowrl train")
+    if args.dry_run:
+        return _print_job_scripts(cfg)
     if cfg.cluster.kind == "slurm":  # SLURM down or no such partition: an error line in seconds, before torch loads
         from flowrl.cluster.slurm import check_reachable
 
@@ -82,6 +85,26 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print("flowrl: the Dask dashboard is off (cluster.dashboard=true serves it)", file=sys.stderr)
     summary = train(cfg)
     print(summary.text())
+    return 0
+
+
+def _print_job_scripts(cfg) -> int:  # noqa: ANN001 - a RunConfig
+    """``flowrl submit --dry-run``: the SLURM job scripts and their sbatch command; nothing is submitted."""
+    import dataclasses
+
+    from flowrl.config import ConfigError
+    from flowrl.config.pools import resolve_pools
+
+    if cfg.cluster.kind != "slurm":
+        raise ConfigError("cluster.kind", cfg.cluster.kind, "has no job script to show (--dry-run prints SLURM jobs)",
+                          "use a SLURM spec (cluster.kind=slurm), or drop --dry-run")
+    from flowrl.cluster.job_script import render
+    from flowrl.run.run_dir import default_run_dir
+
+    cluster = dataclasses.replace(cfg.cluster, placement=cfg.placement)
+    run_dir = cfg.trainer.run_dir or str(default_run_dir(cfg))
+    print(render(cluster, resolve_pools(cluster, cfg.worker_group_sizes), run_dir=os.path.abspath(run_dir),
+                 controller=cfg.graph_controller != "driver"), end="")
     return 0
 
 
@@ -174,6 +197,15 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_submit(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("submit", help="run GRPO with the workers as SLURM jobs (cluster.kind=slurm) or on a scheduler")
+    p.add_argument("items", nargs="*", metavar="CONFIG.yaml key=value",
+                   help="a run config or cluster spec (e.g. cluster/slurm.yaml), then dotted overrides")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the SLURM job scripts and the sbatch command, submit nothing")
+    p.set_defaults(func=cmd_submit)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flowrl", description="RL post-training of LLMs as Dask task graphs.")
     parser.add_argument("--version", action="version", version=f"flowrl {__version__}")
@@ -184,10 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key=value", help="an optional YAML file, then dotted overrides")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("submit", help="run GRPO with the workers as SLURM jobs (cluster.kind=slurm) or on a scheduler")
-    p.add_argument("items", nargs="*", metavar="CONFIG.yaml key=value",
-                   help="a run config or cluster spec (e.g. cluster/slurm.yaml), then dotted overrides")
-    p.set_defaults(func=cmd_submit)
+    _add_submit(sub)
 
     p = sub.add_parser("config", help="print the resolved configuration (or --fields: every key with its doc)")
     p.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key=value")

@@ -11,14 +11,17 @@ handler cancels the jobs at once (scancel, no Dask involved), then raises ``Syst
 callers' ``finally`` blocks run. A client killed with SIGKILL cannot clean up: its workers exit
 ``slurm.death_timeout_s`` after losing the scheduler, which ends their jobs.
 
-Network surface: the scheduler, the workers and the dashboard bind to 127.0.0.1 (LocalCluster
-``host``, SLURM interface ``lo``) unless the spec names another host or interface; the HTTP
-server of each SLURM worker binds to its interface's address too (dask's CLI default is all
-interfaces), and so does each group's torch rendezvous store (``flowrl.comm.store``). Dask
-traffic is mutual TLS by default (``cluster.tls``: per-run credentials or the given PEM files,
-``flowrl.cluster.security``). Listening on a non-loopback address without TLS logs a warning and
-prints it on stderr. A run passes ``scratch_dir`` and ``log_dir`` inside its run directory, so
-the workers' scratch space and the SLURM job logs land there, not in the system temp dir.
+Network surface: the scheduler and the workers bind to 127.0.0.1 (LocalCluster ``host``, SLURM
+interface ``lo``) unless the spec names another host or interface. No HTTP server starts in the
+scheduler or the workers unless ``cluster.dashboard=true``; then the scheduler's dashboard
+listens on 127.0.0.1 only, with websocket origins checked (``flowrl.cluster.listeners``). A
+group's torch rendezvous is a FileStore in the run's private directory when its ranks share this
+machine (``flowrl.cluster.private``, ``flowrl.comm.store``). Dask traffic is mutual TLS by
+default (``cluster.tls``: per-run credentials or the given PEM files, ``flowrl.cluster.security``).
+Listening on a non-loopback address without TLS logs a warning and prints it on stderr. A run
+passes ``scratch_dir`` and ``log_dir`` inside its run directory, so the workers' scratch space
+and the SLURM job logs land there; every value written into a SLURM job script is checked or
+quoted (``flowrl.cluster.job_script``).
 """
 
 from __future__ import annotations
@@ -27,34 +30,24 @@ import asyncio
 import atexit
 import ipaddress
 import logging
-import math
-import os
-import shlex
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import uuid
 from pathlib import Path
 from typing import Any
 
-from flowrl.cluster import worker_start
+from flowrl.cluster import listeners, private, worker_start
+from flowrl.cluster.job_script import (WORKER_ENV, WORKER_PRELOAD, gres_directive, import_jobqueue,  # noqa: F401
+                                       interface_address, job_options, log_directory, path_errors, pool_jobs, slurm_cluster_kwargs)
 from flowrl.cluster.security import make_security, slurm_cluster_class, worker_tls_env
 from flowrl.cluster.slurm import cancel_jobs, check_reachable, check_submission, list_jobs, wait_for_workers
+from flowrl.config.errors import raise_all
 from flowrl.config.pools import CONTROLLER, Pool
 
 log = logging.getLogger(__name__)
-
-#: Environment of every worker process: one compute thread each (the cores go to the processes).
-WORKER_ENV = {
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-    "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # no per-worker "Loading weights" bars on the console
-}
-
 
 # --------------------------------------------------------------------------- network safety
 def is_loopback(host: str) -> bool:
@@ -66,13 +59,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def interface_address(interface: str) -> str:
-    """The IPv4 address of a network interface of this machine."""
-    from distributed.utils import get_ip_interface
-
-    return get_ip_interface(interface)
 
 
 def warn_exposed(what: str, address: str, tls: bool, dashboard: bool) -> str | None:
@@ -190,6 +176,8 @@ def start_cluster(cfg: Any, pools: list[Pool], *, log_dir: str | Path | None = N
 
         latency.apply()
     total = sum(p.workers for p in pools) + (1 if controller else 0)
+    if cfg.kind != "address":
+        private.prepare()  # TMPDIR, the fork server's socket, the rendezvous stores: 0700, before any worker
     if cfg.kind == "address":
         handle = _connect(cfg, pools)
     elif cfg.kind == "slurm":
@@ -241,17 +229,15 @@ def _scale_pool(cluster: Any, base: dict, resources: dict[str, float], count: in
     template for new workers becomes ``base`` (the cluster's original one) with these resources,
     so each pool's workers carry their own tag."""
     spec = dict(base)
-    options = dict(spec["options"], **option_overrides)
     if jobs:
-        options["worker_extra_args"] = list(options.get("worker_extra_args") or []) + [
-            "--resources", ",".join(f"{k}={v}" for k, v in resources.items())
-        ]
+        options = job_options(spec["options"], resources, **option_overrides)
         processes = options.get("processes", 1)
         if processes > 1:
             spec["group"] = [f"-{i}" for i in range(processes)]
         else:
             spec.pop("group", None)
     else:
+        options = dict(spec["options"], **option_overrides)
         options["resources"] = dict(resources)
     spec["options"] = options
     cluster.new_spec = spec
@@ -259,27 +245,16 @@ def _scale_pool(cluster: Any, base: dict, resources: dict[str, float], count: in
 
 
 def _start_local(cfg: Any, pools: list[Pool], *, controller: bool, scratch_dir: Any) -> ClusterHandle:
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     security = make_security(cfg)
     warn_exposed("LocalCluster scheduler", cfg.host, security is not None, cfg.dashboard)
     worker_start.use(cfg.start_method)
     forked = cfg.start_method == "forkserver"
-    cluster = LocalCluster(
-        n_workers=0,
-        threads_per_worker=1,
-        processes=True,
-        host=cfg.host,
-        dashboard_address=f"{cfg.host}:0",
-        scheduler_kwargs={"dashboard": cfg.dashboard},
-        memory_limit=cfg.memory_limit,
-        env=worker_start.worker_env(WORKER_ENV) if forked else WORKER_ENV,
-        preload=(["flowrl.cluster.latency"] if cfg.low_latency else []),
-        silence_logs=logging.WARNING,
-        security=security,
-        protocol="tls://" if security is not None else None,
-        **({"local_directory": str(scratch_dir)} if scratch_dir else {}),
-    )
+    env = dict(WORKER_ENV, **private.worker_env(cfg.dashboard, rendezvous=True))  # one machine: a FileStore rendezvous
+    with listeners.servers(cfg.dashboard):  # no HTTP server without the dashboard; else loopback only
+        cluster = _local_cluster(cfg, security, env=worker_start.worker_env(env) if forked else env,
+                                 scratch_dir=scratch_dir)
     handle = ClusterHandle("local", None, cluster, pools=pools)
     try:
         # direct_to_workers: the driver's actor calls and result fetches go straight to the
@@ -297,6 +272,26 @@ def _start_local(cfg: Any, pools: list[Pool], *, controller: bool, scratch_dir: 
     return handle
 
 
+def _local_cluster(cfg: Any, security: Any, *, env: dict[str, str], scratch_dir: Any) -> Any:
+    from distributed import LocalCluster
+
+    return LocalCluster(
+        n_workers=0,
+        threads_per_worker=1,
+        processes=True,
+        host=cfg.host,
+        dashboard_address="127.0.0.1:0",  # the dashboard (when on) only on the loopback: an SSH tunnel reaches it
+        scheduler_kwargs={"dashboard": cfg.dashboard},
+        memory_limit=cfg.memory_limit,
+        env=env,
+        preload=[WORKER_PRELOAD] + (["flowrl.cluster.latency"] if cfg.low_latency else []),
+        silence_logs=logging.WARNING,
+        security=security,
+        protocol="tls://" if security is not None else None,
+        **({"local_directory": str(scratch_dir)} if scratch_dir else {}),
+    )
+
+
 def _connect(cfg: Any, pools: list[Pool]) -> ClusterHandle:
     from distributed import Client
 
@@ -308,79 +303,6 @@ def _connect(cfg: Any, pools: list[Pool]) -> ClusterHandle:
         log.warning("cluster.tls: %s is a plain tcp:// scheduler: this connection has no TLS", cfg.scheduler_address)
     client = Client(cfg.scheduler_address, timeout=cfg.startup_timeout_s, security=security)
     return ClusterHandle("address", client, None, pools=pools)
-
-
-def slurm_cluster_kwargs(cfg: Any, *, job_name: str, log_dir: str | Path | None,
-                         scratch_dir: str | Path | None = None) -> dict[str, Any]:
-    """Keyword arguments of ``dask_jobqueue.SLURMCluster`` for ``cfg`` (a ClusterConfig). Pure
-    but for the interface's address lookup; ``cluster.job_script()`` shows the result."""
-    s = cfg.slurm
-    interface = cfg.interface or "lo"
-    host = "127.0.0.1" if interface == "lo" else interface_address(interface)
-    threads = max(1, s.cores // s.processes)
-    env = dict(WORKER_ENV, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), GLOO_SOCKET_IFNAME=interface)
-    prologue = [f"export {k}={v}" for k, v in env.items()] + list(s.job_script_prologue)
-    # A worker's HTTP server (/metrics, /health; --no-dashboard keeps it) listens on every
-    # interface unless given an address: give it the interface's address on the job's node.
-    if interface == "lo":
-        worker_http = "127.0.0.1:0"
-    else:
-        python = shlex.quote(s.python or sys.executable)
-        code = shlex.quote(f"from distributed.utils import get_ip_interface; print(get_ip_interface({interface!r}))")
-        prologue.append(f"FLOWRL_WORKER_IP=$({python} -c {code})")
-        worker_http = "${FLOWRL_WORKER_IP}:0"
-    if log_dir is None:
-        log_dir = s.log_directory or os.path.join(tempfile.gettempdir(), "flowrl-slurm", job_name)
-    elif s.log_directory:
-        log_dir = s.log_directory
-    Path(log_dir).mkdir(parents=True, exist_ok=True)
-    kwargs: dict[str, Any] = dict(
-        queue=s.queue or None,
-        account=s.account or None,
-        cores=s.cores,
-        processes=s.processes,
-        memory=s.memory,
-        walltime=s.walltime,
-        job_name=job_name,
-        job_script_prologue=prologue,
-        job_extra_directives=list(s.job_extra_directives),
-        interface=interface,
-        death_timeout=s.death_timeout_s,
-        worker_extra_args=["--no-dashboard", "--dashboard-address", worker_http],
-        log_directory=str(log_dir),
-        shared_temp_directory=str(log_dir),  # unused: the jobs get TLS credentials in their environment
-        scheduler_options={
-            "interface": interface,
-            "dashboard": cfg.dashboard,
-            **({"dashboard_address": f"{host}:0"} if cfg.dashboard else {}),
-        },
-        silence_logs="warning",
-    )
-    if s.python:  # dask-jobqueue pastes it into the worker's command line: quote it
-        kwargs["python"] = shlex.quote(s.python)
-    if s.local_directory or scratch_dir:
-        kwargs["local_directory"] = s.local_directory or str(scratch_dir)
-    return kwargs
-
-
-def gres_directive(cfg: Any) -> list[str]:
-    s = cfg.slurm
-    if s.gres:
-        return [f"--gres={s.gres}"]
-    return [f"--gres=gpu:{s.gpus_per_job}"] if s.gpus_per_job else []
-
-
-def import_jobqueue() -> Any:
-    """``dask_jobqueue``, imported without its side effect: on import it sets the process's
-    SIGINT handler to ``sys.exit()`` (dask_jobqueue/runner.py), which turns Ctrl-C into a silent
-    exit with status 0. The handler in place before the import is put back."""
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGINT) if main else None
-    import dask_jobqueue
-
-    if main and previous is not None:
-        signal.signal(signal.SIGINT, previous)
-    return dask_jobqueue
 
 
 def _start_slurm(cfg: Any, pools: list[Pool], *, log_dir: str | Path | None, controller: bool,
@@ -398,13 +320,19 @@ def _start_slurm(cfg: Any, pools: list[Pool], *, log_dir: str | Path | None, con
     security = make_security(cfg)
     SLURMCluster = slurm_cluster_class(jobqueue, worker_tls_env(security) if security else {})  # noqa: N806
     job_name = f"{cfg.slurm.job_name}-{uuid.uuid4().hex[:8]}"
+    paths = {"cluster.slurm.log_directory" if cfg.slurm.log_directory else "trainer.run_dir":
+             str(log_directory(cfg, job_name, log_dir))}
+    if scratch_dir and not cfg.slurm.local_directory:
+        paths["trainer.run_dir"] = str(scratch_dir)
+    raise_all(path_errors(paths))
     kwargs = slurm_cluster_kwargs(cfg, job_name=job_name, log_dir=log_dir, scratch_dir=scratch_dir)
     warn_exposed("SLURM scheduler", "127.0.0.1" if kwargs["interface"] == "lo" else interface_address(kwargs["interface"]),
-                 security is not None, cfg.dashboard)
-    cluster = SLURMCluster(security=security, **kwargs)
+                 security is not None, False)  # the dashboard is on 127.0.0.1 only
+    with listeners.servers(cfg.dashboard):
+        cluster = SLURMCluster(security=security, **kwargs)
     handle = ClusterHandle("slurm", None, cluster, job_name=job_name, pools=pools)
     try:
-        check_submission(cluster.job_script(), kwargs["log_directory"])
+        check_submission(cluster.job_script(), kwargs["shared_temp_directory"])
     except BaseException:
         handle.close()
         raise
@@ -414,23 +342,11 @@ def _start_slurm(cfg: Any, pools: list[Pool], *, log_dir: str | Path | None, con
         # worker (Dask's default proxies them through the scheduler: one more hop per call)
         handle.client = Client(cluster, timeout=cfg.startup_timeout_s, direct_to_workers=True)
         base = dict(cluster.new_spec)
-        directives = list(kwargs["job_extra_directives"])
-        processes = cfg.slurm.processes
-        for pool in pools:
-            _scale_pool(cluster, base, {pool.name: 1}, math.ceil(pool.workers / processes), jobs=True,
-                        job_extra_directives=directives + gres_directive(cfg))
-        if controller:  # a small job: one process, one core, no GPU
-            _scale_pool(cluster, base, {CONTROLLER: 1}, 1, jobs=True, processes=1, cores=1,
-                        memory=_controller_memory(cfg.slurm.memory, processes), job_extra_directives=directives)
+        for what, count, overrides in pool_jobs(cfg, kwargs, pools, controller=controller):
+            _scale_pool(cluster, base, {what: 1}, count, jobs=True, **overrides)
     except BaseException:
         handle.close()
         raise
     log.info("SLURM job script of %s:\n%s", job_name, cluster.job_script())
     return handle
 
-
-def _controller_memory(job_memory: str, processes: int) -> str:
-    """Memory of the controller job: one worker process's share of a pool job."""
-    from dask.utils import parse_bytes
-
-    return f"{max(256, parse_bytes(job_memory) // max(1, processes) // 2**20)}MiB"

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from flowrl.config.errors import ConfigError, check
+from flowrl.config.errors import ConfigError, check, raise_all
 
 _MEMORY = re.compile(r"^\s*\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB|K|M|G|T)\s*$", re.IGNORECASE)
 _WALLTIME = re.compile(r"^(\d+-)?\d{1,3}:\d{2}(:\d{2})?$")
@@ -34,26 +34,83 @@ def interfaces() -> list[str]:
 
 
 def check_slurm(s: Any) -> None:
-    """Checks of ``cluster.slurm`` (a SlurmConfig)."""
+    """Checks of ``cluster.slurm`` (a SlurmConfig); every value that reaches the job script is
+    checked here (:func:`shell_errors`) and all its mistakes are reported at once."""
     check(isinstance(s.cores, int) and s.cores >= 1, "cores", s.cores, "must be an integer >= 1", "use e.g. cores=8")
     check(isinstance(s.processes, int) and s.processes >= 1, "processes", s.processes, "must be an integer >= 1",
           "use 1, or the GPUs per job")
     check(s.processes <= s.cores, "processes", s.processes, f"exceeds cores={s.cores} (each worker process needs a core)",
           f"use processes<={s.cores} or raise cores")
-    check(bool(_MEMORY.match(str(s.memory))), "memory", s.memory, "is not a memory size", "write e.g. memory=16GB")
     check(isinstance(s.gpus_per_job, int) and s.gpus_per_job >= 0, "gpus_per_job", s.gpus_per_job,
           "must be an integer >= 0", "use 0 (CPU jobs) or the GPUs of one job, e.g. 4")
     check(not (s.gres and s.gpus_per_job), "gres", s.gres, f"is set together with gpus_per_job={s.gpus_per_job}",
           "set only one of gres and gpus_per_job")
-    check(bool(_WALLTIME.match(str(s.walltime))), "walltime", s.walltime, "is not a SLURM time limit of the form HH:MM:SS",
-          "write HH:MM:SS or D-HH:MM:SS in quotes (YAML reads 1:00:00 unquoted as 3600), e.g. walltime=\"04:00:00\"")
-    check(bool(_JOB_NAME.match(s.job_name)), "job_name", s.job_name, "must be 1-40 of letters, digits, _ . -",
-          "use e.g. job_name=flowrl")
     check(s.death_timeout_s > 0, "death_timeout_s", s.death_timeout_s, "must be > 0", "use e.g. 60")
+    raise_all(shell_errors(s))
+
+
+# --------------------------------------------------------------------------- the job script
+# Every SlurmConfig value lands in the job script that bash runs (dask-jobqueue's template:
+# ``#SBATCH`` lines, the prologue, the worker's command line). A newline in any of them would add
+# a shell line; so values that are names or sizes must match these patterns, paths are quoted
+# where they are written (flowrl.cluster.job_script) and may hold no control character.
+_PARTITION = re.compile(r"[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*")
+_ACCOUNT = re.compile(r"[A-Za-z0-9_.+-]+")
+_GRES = re.compile(r"[A-Za-z0-9_.:,=+-]+")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def has_control(text: str) -> bool:
+    """Whether ``text`` holds a newline, a carriage return, a NUL or another control character."""
+    return bool(_CONTROL.search(text))
+
+
+def _shell_names(s: Any) -> list[tuple[bool, str, Any, str, str]]:
+    """(ok, key, value, problem, fix) of the values written as names or sizes."""
+    return [
+        (not s.queue or bool(_PARTITION.fullmatch(s.queue)), "queue", s.queue,
+         "is not a SLURM partition name (letters, digits, _ . + -, comma-separated)", "write e.g. queue=gpu"),
+        (not s.account or bool(_ACCOUNT.fullmatch(s.account)), "account", s.account,
+         "is not a SLURM account name (letters, digits, _ . + -)", "write e.g. account=my_project"),
+        (not s.gres or bool(_GRES.fullmatch(s.gres)), "gres", s.gres,
+         "is not a --gres value (letters, digits, _ . : , = + -)", "write e.g. gres=gpu:a100:4"),
+        (bool(_MEMORY.fullmatch(str(s.memory))), "memory", s.memory, "is not a memory size", "write e.g. memory=16GB"),
+        (bool(_WALLTIME.fullmatch(str(s.walltime))), "walltime", s.walltime,
+         "is not a SLURM time limit of the form HH:MM:SS",
+         "write HH:MM:SS or D-HH:MM:SS in quotes (YAML reads 1:00:00 unquoted as 3600), e.g. walltime=\"04:00:00\""),
+        (isinstance(s.job_name, str) and bool(_JOB_NAME.fullmatch(s.job_name)), "job_name", s.job_name,
+         "must be 1-40 of letters, digits, _ . -", "use e.g. job_name=flowrl"),
+    ]
+
+
+def _shell_lines(s: Any) -> list[tuple[bool, str, Any, str, str]]:
+    """(ok, key, value, problem, fix) of the lists of lines and the paths."""
+    out = []
     for name in ("job_script_prologue", "job_extra_directives"):
         lines = getattr(s, name)
-        check(all(isinstance(x, str) and "\n" not in x for x in lines), name, lines,
-              "must be a list of single-line strings", f"write {name}=['...', '...']")
+        for i, line in enumerate(lines if isinstance(lines, list) else [lines]):
+            ok = isinstance(line, str) and not has_control(line)
+            out.append((ok, f"{name}[{i}]", line, "must be one line (a newline or control character would add "
+                        "a line to the job script)", f"write each line as its own list item: {name}=['...', '...']"))
+    for i, line in enumerate(s.job_extra_directives if isinstance(s.job_extra_directives, list) else []):
+        if isinstance(line, str) and not has_control(line):
+            out.append((line.startswith("-"), f"job_extra_directives[{i}]", line, "is not an sbatch option",
+                        "write the option as sbatch takes it, e.g. --constraint=a100 (#SBATCH is added)"))
+    for name in ("python", "local_directory", "log_directory"):
+        value = getattr(s, name)
+        out.append((isinstance(value, str) and not has_control(value), name, value,
+                    "holds a newline or control character", f"write {name} as one plain path"))
+    out.append(('"' not in s.log_directory, "log_directory", s.log_directory,
+                "holds a double quote (#SBATCH -o/-e lines quote the path with them)", "choose a path without '\"'"))
+    return out
+
+
+def shell_errors(s: Any) -> list[ConfigError]:
+    """Every mistake of a SlurmConfig's job-script values, as ConfigErrors (empty: all safe).
+    ``job_script_prologue`` lines are shell by design (``module load``, ``source``): only single
+    lines are required of them."""
+    return [ConfigError(key, value, problem, fix) for ok, key, value, problem, fix in _shell_names(s) + _shell_lines(s)
+            if not ok]
 
 
 def check_memory_limit(value: Any) -> None:

@@ -227,6 +227,10 @@ class TrainerConfig:
     """On this signal (``USR1`` or ``USR2``; empty: off) the run finishes the step in flight,
     saves a checkpoint and exits with status 0; running it again resumes there (SLURM
     preemption: ``#SBATCH --signal=B:USR1@90``, see the README)."""
+    file_mode: str = "private"
+    """Modes of everything the run writes (checkpoints, experience, metrics, config, logs):
+    ``private`` files 0600 and folders 0700 (only you); ``group`` 0640 and 0750, for a team that
+    shares run directories through a Unix group (``flowrl.data.file_modes``)."""
 
     def __post_init__(self) -> None:
         check(self.total_training_steps > 0 or (self.total_training_steps == 0 and self.total_epochs > 0),
@@ -238,6 +242,7 @@ class TrainerConfig:
         check(self.staleness >= 0, "staleness", self.staleness, "must be >= 0",
               "use 0 (on policy) or 1 (one-step off-policy)")
         check_one_of("async_mode", self.async_mode, ("none", "stream"))
+        check_one_of("file_mode", self.file_mode, ("private", "group"))
         check(self.max_queue_size >= 0, "max_queue_size", self.max_queue_size, "must be >= 0",
               "use 0 ((staleness + 1) * data.train_batch_size) or a multiple of stream_request_size")
         check(self.stream_request_size >= 0, "stream_request_size", self.stream_request_size, "must be >= 0",

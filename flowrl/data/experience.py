@@ -19,6 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from flowrl.data import file_modes
+
 if TYPE_CHECKING:
     import torch
 
@@ -186,6 +188,7 @@ def write_parquet(table: pa.Table, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
+    os.chmod(tmp, file_modes.file_mode())  # mkstemp makes it 0600 whatever the run's policy
     try:
         pq.write_table(table, tmp)
         os.replace(tmp, path)

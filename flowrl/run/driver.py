@@ -52,12 +52,15 @@ class Run:
         from transformers import AutoTokenizer
 
         from flowrl.config import ConfigError
+        from flowrl.data import file_modes
         from flowrl.data.prompts import PromptDataset
         from flowrl.graphs.family import resolve_family
 
         self.cfg = cfg
         self.run_dir = Path(cfg.trainer.run_dir)
+        file_modes.apply(cfg.trainer.file_mode)  # the umask of this process and of the workers it starts
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        file_modes.fix_tree(self.run_dir)  # made by the pre-flight, or by an earlier run that resumes here
         _dump_resolved_config(cfg, self.run_dir / "config.yaml")
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
         self.dataset = PromptDataset(cfg.data.train_files.split(","), self.tokenizer, prompt_key=cfg.data.prompt_key,

@@ -40,6 +40,7 @@ _RUN_CONTROL = (
     "trainer.save_freq", "trainer.max_ckpt_to_keep", "trainer.max_restarts", "trainer.test_freq",
     "trainer.val_before_train", "trainer.logger", "trainer.progress", "trainer.save_experience",
     "trainer.cache_dir", "trainer.project_name", "trainer.experiment_name", "trainer.save_on_signal",
+    "trainer.file_mode",
     "data.val_files", "data.val_max_samples",
     "rollout.gpu_memory_utilization", "rollout.free_cache_engine", "rollout.enforce_eager",
     "rollout.max_num_batched_tokens", "rollout.enable_chunked_prefill", "rollout.reshard_transport",

@@ -242,13 +242,13 @@ def test_starting_on_a_public_address_without_tls_warns_first(monkeypatch, capsy
 def test_slurm_python_is_shell_quoted_where_it_is_pasted(monkeypatch, tmp_path):
     import shlex
 
-    import flowrl.cluster.launch as launch
+    import flowrl.cluster.job_script as job_script
     import flowrl.config.cluster_spec as cluster_spec
     from flowrl.config import ClusterConfig
     from flowrl.config.cluster import SlurmConfig
 
     monkeypatch.setattr(cluster_spec, "interfaces", lambda: ["ib0", "lo"])
-    monkeypatch.setattr(launch, "interface_address", lambda name: "10.0.0.5")
+    monkeypatch.setattr(job_script, "interface_address", lambda name: "10.0.0.5")
     python = "/opt/my env/bin/python; touch /tmp/pwned"
     cfg = ClusterConfig(kind="slurm", interface="ib0", slurm=SlurmConfig(python=python))
     kwargs = slurm_cluster_kwargs(cfg, job_name="j", log_dir=tmp_path)
