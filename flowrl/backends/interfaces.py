@@ -127,6 +127,16 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @classmethod
+    def from_section(cls, section: Any, *, max_new_tokens: int, greedy: bool = False) -> "SamplingParams":
+        """The one builder from a config section with ``n``, ``temperature``, ``top_p``, ``top_k``
+        (``rollout``, ``rollout.val_kwargs``); ``greedy``: ``n`` greedy responses instead. Derived
+        parameters (one sample, a shorter budget) are ``dataclasses.replace`` of these."""
+        if greedy:
+            return cls(n=section.n, temperature=0.0, max_new_tokens=max_new_tokens)
+        return cls(n=section.n, temperature=section.temperature, top_p=section.top_p, top_k=section.top_k,
+                   max_new_tokens=max_new_tokens)
+
 
 # ----------------------------------------------------------------------------- reshard endpoints
 ReshardSource = Mapping[str, "torch.Tensor"]

@@ -39,8 +39,8 @@ def check_backends(cfg: RunConfig, *, model_path: str) -> None:
 
 def check_model_options(cfg: RunConfig, *, model_path: str | None = None) -> None:
     """``model.*`` options the chosen backend does not build are refused: LoRA (backends without a
-    ``lora`` trait; with one, its check of ``model.target_modules`` against ``model_path``),
-    gradient checkpointing (backends without a ``model_kwargs`` trait)."""
+    ``lora`` check in their spec; with one, its check of ``model.target_modules`` against ``model_path``),
+    gradient checkpointing (backends whose spec has no ``model_kwargs``)."""
     m, spec = cfg.model, TRAIN_BACKENDS.spec(cfg.actor.strategy)
     if m.lora_rank > 0:
         if not spec.trains_adapters:

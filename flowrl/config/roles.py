@@ -153,7 +153,7 @@ class RolloutConfig(ParallelFields):
     def __post_init__(self) -> None:
         self._check_mesh()
         check_one_of("name", self.name, GEN_BACKENDS.names())
-        self._check_vllm_fields()
+        self._check_engine_fields()
         check_one_of("reshard_transport", self.reshard_transport, ("planned", "naive"))
         check(self.reshard_bucket_mb >= 0, "reshard_bucket_mb", self.reshard_bucket_mb, "must be >= 0",
               "use 64 (MiB), or 0 for no bound")
@@ -184,7 +184,8 @@ class RolloutConfig(ParallelFields):
         (``temperature=0``: vLLM's log-probs of a greedy token are those of the plain logits)."""
         return self.temperature or 1.0
 
-    def _check_vllm_fields(self) -> None:
+    def _check_engine_fields(self) -> None:
+        """The engine settings against the chosen backend's spec: sleep (``free_cache_engine``), axes."""
         check(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", self.gpu_memory_utilization,
               "must be in (0, 1]", "use 0.5 (colocated with the trainer) or 0.9 (a GPU of its own)")
         spec = GEN_BACKENDS.spec(self.name)

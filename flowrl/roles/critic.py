@@ -12,7 +12,7 @@ import torch
 
 from flowrl.algos import agg_denominator
 from flowrl.algos.actor_loss import critic_loss
-from flowrl.backends.train.optim import ScheduledRate
+from flowrl.backends.train.optim import AdamWSettings, ScheduledRate
 from flowrl.catalog.backends import VALUE_BACKENDS
 from flowrl.config import CriticConfig
 from flowrl.data import experience
@@ -44,8 +44,7 @@ class CriticRole:
         self.checkpoint_kind = spec.checkpoint
         engine_kwargs = import_string(spec.engine_kwargs)(critic) if spec.engine_kwargs else {}
         self.engine = spec.engine_class()(
-            model_dir, dtype=dtype, lr=o.lr, weight_decay=o.weight_decay, betas=o.betas,
-            eps=o.eps, grad_clip=o.grad_clip, seed=seed, **engine_kwargs,
+            model_dir, dtype=dtype, seed=seed, **AdamWSettings.from_config(o).engine_kwargs(), **engine_kwargs,
         )
         self.rate = ScheduledRate(o, total_steps)  # critic.optim.lr_scheduler_type, once per RL step
 

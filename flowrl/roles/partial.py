@@ -12,6 +12,7 @@ piece are those of the weights that sampled it, which is what the off-policy cor
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pyarrow as pa
@@ -38,8 +39,7 @@ def continue_responses(engine: Any, table: pa.Table, *, params: SamplingParams, 
     if todo:
         prompts = table.column("prompt_ids").to_pylist()
         room = max(response_length - len(responses[i]) for i in todo)
-        one = SamplingParams(n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-                             max_new_tokens=min(params.max_new_tokens, room))
+        one = dataclasses.replace(params, n=1, max_new_tokens=min(params.max_new_tokens, room))
         new, new_lp = engine.generate([prompts[i] + responses[i] for i in todo], one, seed=seed,
                                       micro_batch_size=micro_batch_size)
         for i, r, lp in zip(todo, new, new_lp):

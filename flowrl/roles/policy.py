@@ -15,7 +15,7 @@ import torch
 from flowrl.algos import KL_ESTIMATORS, POLICY_LOSSES, agg_denominator
 from flowrl.algos.actor_loss import ActorLoss, actor_loss
 from flowrl.backends.interfaces import ComputesReferenceLogprobs, HasLora, HasModel
-from flowrl.backends.train.optim import ScheduledRate
+from flowrl.backends.train.optim import AdamWSettings, ScheduledRate
 from flowrl.catalog.backends import TRAIN_BACKENDS, CheckpointKind
 from flowrl.config import ActorConfig
 from flowrl.data import experience
@@ -59,12 +59,8 @@ class PolicyRole:
             model_dir,
             trainable=True,
             dtype=dtype,
-            lr=o.lr,
-            weight_decay=o.weight_decay,
-            betas=o.betas,
-            eps=o.eps,
-            grad_clip=o.grad_clip,
             seed=seed,
+            **AdamWSettings.from_config(o).engine_kwargs(),
             **(engine_kwargs or {}),
         )
         self.rate = ScheduledRate(o, total_steps)  # actor.optim.lr_scheduler_type, once per RL step

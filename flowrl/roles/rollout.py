@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -103,11 +104,10 @@ class RolloutRole:
         table = self._sample_table(prompts, params.n)
         prompt_ids = table.column("prompt_ids").to_pylist()
         rows = table.drop_columns([c for c in ("prompt_ids",) if c in table.column_names]).to_pylist()
-        one = SamplingParams(n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-                             max_new_tokens=params.max_new_tokens)
+        one = dataclasses.replace(params, n=1)
 
         def generate(contexts: list[list[int]], budgets: list[int], turn_seed: int) -> tuple[list, list]:
-            step = SamplingParams(**{**one.__dict__, "max_new_tokens": max(budgets)})
+            step = dataclasses.replace(one, max_new_tokens=max(budgets))
             return self.engine.generate(contexts, step, seed=turn_seed, micro_batch_size=self.micro_batch_size)
 
         trajs = self.agent.run(prompt_ids, rows, generate=generate, response_length=params.max_new_tokens, seed=seed)

@@ -61,13 +61,12 @@ def reference_call(cfg: Any) -> tuple[str, str]:
 
 def rollout_sampling(cfg: Any) -> SamplingParams:
     """How the rollout group samples during training (``rollout.*``)."""
-    r = cfg.rollout
-    return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.response_length)
+    return SamplingParams.from_section(cfg.rollout, max_new_tokens=cfg.rollout.response_length)
 
 
 def rollout_role_kwargs(rollout: Any, *, max_prompt_length: int, seed: int) -> dict:
     """``RolloutRole``'s backend-specific keyword arguments for a ``RolloutConfig`` (the
-    backend's ``role_kwargs`` trait; none for ``hf``)."""
+    backend spec's ``role_kwargs``; none for ``hf``)."""
     fn = GEN_BACKENDS.spec(rollout.name).role_kwargs
     return import_string(fn)(rollout, max_prompt_length=max_prompt_length, seed=seed) if fn else {}
 

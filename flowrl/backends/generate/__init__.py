@@ -1,2 +1,2 @@
 """Generation backends (``rollout.name``: ``hf``, ``vllm``), registered by import string in
-:mod:`flowrl.backends.registry` so vLLM is imported only when chosen."""
+:mod:`flowrl.catalog.backends` so vLLM is imported only when chosen."""

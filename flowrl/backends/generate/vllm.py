@@ -389,7 +389,7 @@ class VLLMGenerator:
 
     def reshard_target(self) -> dict[str, Any]:
         """Not offered: vLLM repacks, fuses and pads its live weights, so a reshard stages this
-        rank's shard and loads it through :meth:`load_hf_state` (backend trait ``reshard="staged"``)."""
+        rank's shard and loads it through :meth:`load_hf_state` (its spec's ``reshard=ReshardMode.STAGED``)."""
         raise NotImplementedError("the vllm backend's weights cannot be written in place; reshard through staging "
                                   "(flowrl.backends.generate.staging)")
 

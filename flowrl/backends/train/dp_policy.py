@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from flowrl.algos import entropy_from_logits, logprobs_from_logits
 from flowrl.backends.interfaces import LossFn, model_kwargs, torch_dtype
+from flowrl.backends.train.optim import AdamWSettings
 from flowrl.data.packed import PackedBatch
 from flowrl.metrics import names
 
@@ -57,23 +58,21 @@ class TorchDPEngine:
         *,
         trainable: bool = True,
         dtype: str = "float32",
-        lr: float = 1e-3,
-        weight_decay: float = 0.0,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        grad_clip: float = 1.0,
         seed: int = 0,
         lora: dict | None = None,
+        **optim: Any,
     ) -> None:
+        """``optim``: the optimizer keywords of :class:`~flowrl.backends.train.optim.AdamWSettings`."""
+        settings = AdamWSettings(**optim)
         torch.manual_seed(seed)
         self.model = self._load_model(model_dir, torch_dtype(dtype))
         self._add_adapters(lora)
         self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
-        self.grad_clip = grad_clip
+        self.grad_clip = settings.grad_clip
         self.optimizer = None
         if trainable:
             self.model.train()
-            self.optimizer = adamw(self._trainable_parameters(), lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
+            self.optimizer = adamw(self._trainable_parameters(), **settings.adamw_kwargs())
         else:
             self.model.eval()
             self.model.requires_grad_(False)

@@ -1,4 +1,4 @@
-"""The ``fsdp`` backend's traits: its engine keyword arguments (``fsdp_config``, verl's names;
+"""The ``fsdp`` backend's light functions (named by its specs): its engine keyword arguments (``fsdp_config``, verl's names;
 ``model.enable_gradient_checkpointing``) and its pre-flight check. Torch-free."""
 
 from __future__ import annotations

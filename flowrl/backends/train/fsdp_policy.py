@@ -25,11 +25,14 @@ Shape letters: T response tokens.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
 from flowrl.backends.interfaces import torch_dtype
 from flowrl.backends.train.dp_policy import TorchDPEngine
+from flowrl.backends.train.optim import AdamWSettings
 from flowrl.backends.train.fsdp_tensors import full as _full
 from flowrl.backends.train.fsdp_tensors import local as _local
 from flowrl.data.packed import PackedBatch
@@ -60,11 +63,6 @@ class FSDPEngine(TorchDPEngine):
         *,
         trainable: bool = True,
         dtype: str = "float32",
-        lr: float = 1e-3,
-        weight_decay: float = 0.0,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        grad_clip: float = 1.0,
         seed: int = 0,
         reshard_after_forward: bool = True,
         param_offload: bool = False,
@@ -74,7 +72,10 @@ class FSDPEngine(TorchDPEngine):
         buffer_dtype: str | None = None,
         gradient_checkpointing: bool = False,
         lora: dict | None = None,
+        **optim: Any,
     ) -> None:
+        """``optim``: the optimizer keywords of :class:`~flowrl.backends.train.optim.AdamWSettings`."""
+        settings = AdamWSettings(**optim)
         if not dist.is_initialized():
             raise RuntimeError("FSDPEngine needs torch.distributed.init_process_group first (a worker group)")
         torch.manual_seed(seed)
@@ -83,7 +84,7 @@ class FSDPEngine(TorchDPEngine):
         self.model = self._load_model(model_dir, torch_dtype(dtype)).to(self.device)
         self._add_adapters(lora)  # LoRA: adapters injected before sharding, sharded with their blocks
         self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
-        self.grad_clip = grad_clip
+        self.grad_clip = settings.grad_clip
         # with param_offload (config-enforced) CPUOffloadPolicy keeps AdamW's state on the host too
         self.optimizer_offload = optimizer_offload and (param_offload or self.device.type == "cpu")
         if buffer_dtype is not None:
@@ -97,8 +98,7 @@ class FSDPEngine(TorchDPEngine):
         self.optimizer = None
         if trainable:
             self.model.train()
-            self.optimizer = torch.optim.AdamW(self._trainable_parameters(), lr=lr, weight_decay=weight_decay,
-                                               betas=betas, eps=eps)
+            self.optimizer = torch.optim.AdamW(self._trainable_parameters(), **settings.adamw_kwargs())
         else:
             self.model.eval()
             self.model.requires_grad_(False)

@@ -1,5 +1,5 @@
 """Pre-flight of LoRA (``model.lora_rank`` > 0) for the train backends that build it (``dp``,
-``fsdp``: the ``lora`` trait in :mod:`flowrl.backends.registry`): the adapters' target modules
+``fsdp``: the ``lora`` field of their specs in :mod:`flowrl.catalog.backends`): the adapters' target modules
 exist in the model, checked on a model built on the meta device (no weights read), before any
 worker starts. The adapters themselves: :mod:`flowrl.models.lora`, injected by the engines
 (``TorchDPEngine._add_adapters``). :func:`adapter_layout`: the adapters' names and shapes, which

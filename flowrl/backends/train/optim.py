@@ -99,3 +99,32 @@ class ScheduledRate:
         from flowrl.checkpoint import load_meta
 
         self.num_updates = int(load_meta(checkpoint_path)["step"])
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdamWSettings:
+    """The optimizer keywords every train and value engine takes (``cls(model_dir, *, lr,
+    weight_decay, betas, eps, grad_clip, ...)``), listed once: engines build it from their
+    ``**optim`` keywords (an unknown one raises TypeError), roles from a config's ``optim``."""
+
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    """Global gradient-norm clip (0: none)."""
+
+    @classmethod
+    def from_config(cls, optim: Any) -> "AdamWSettings":
+        """From an ``OptimConfig`` (``actor.optim``, ``critic.optim``)."""
+        return cls(lr=optim.lr, weight_decay=optim.weight_decay, betas=optim.betas, eps=optim.eps,
+                   grad_clip=optim.grad_clip)
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """The engine keywords: all five."""
+        return {"lr": self.lr, "weight_decay": self.weight_decay, "betas": self.betas, "eps": self.eps,
+                "grad_clip": self.grad_clip}
+
+    def adamw_kwargs(self) -> dict[str, Any]:
+        """``torch.optim.AdamW``'s four (the clip is the engine's)."""
+        return {"lr": self.lr, "weight_decay": self.weight_decay, "betas": self.betas, "eps": self.eps}

@@ -307,9 +307,9 @@ class MegatronEngine:
             stats = box[0]
         return stats
 
-    def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """The full HF-named state (parameter dtype, on CPU), complete on global rank 0, None
-        elsewhere. Every rank must call it."""
+    def gathered_shards(self) -> dict[tuple[int, int, int], dict[str, torch.Tensor]] | None:
+        """Every (tp, pp, vpp) chunk's local state by megatron name (on CPU, from the dp rank 0
+        replicas), gathered on global rank 0; None elsewhere. Every rank must call it."""
         shards = None
         if ps.get_data_parallel_rank() == 0:
             tp_rank = ps.get_tensor_model_parallel_rank()
@@ -320,7 +320,14 @@ class MegatronEngine:
         dist.gather_object(shards, gathered, dst=0)
         if dist.get_rank() != 0:
             return None
-        merged = {key: shard for part in gathered if part for key, shard in part.items()}
+        return {key: shard for part in gathered if part for key, shard in part.items()}
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The full HF-named state (parameter dtype, on CPU), complete on global rank 0, None
+        elsewhere. Every rank must call it."""
+        merged = self.gathered_shards()
+        if merged is None:
+            return None
         return megatron_to_hf(merged, self.hf_config, tp=self.tp, pp=self.pp, vpp=self.vpp)
 
     def reshard_source(self) -> dict[str, torch.Tensor]:

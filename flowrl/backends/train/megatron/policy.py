@@ -12,11 +12,14 @@ A frozen engine (the reference policy) is the same engine that never steps its o
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from flowrl.backends.interfaces import LossFn
+from flowrl.backends.train.optim import AdamWSettings
 from flowrl.data.packed import PackedBatch
 
 
@@ -61,20 +64,17 @@ class MegatronTrainEngine:
         vpp: int | None = None,
         trainable: bool = True,
         dtype: str = "float32",
-        lr: float = 1e-5,
-        weight_decay: float = 0.0,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        grad_clip: float = 1.0,
         seed: int = 0,
         use_distributed_optimizer: bool = False,
+        **optim: Any,
     ) -> None:
+        """``optim``: the optimizer keywords of :class:`~flowrl.backends.train.optim.AdamWSettings`."""
         from flowrl.backends.train.megatron.engine import MegatronEngine
 
         self.trainable = trainable
         self.engine = MegatronEngine(
-            model_dir, tp=tp, pp=pp, vpp=vpp, dp=dp, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps,
-            grad_clip=grad_clip, use_distributed_optimizer=use_distributed_optimizer and trainable,
+            model_dir, tp=tp, pp=pp, vpp=vpp, dp=dp, **AdamWSettings(**optim).engine_kwargs(),
+            use_distributed_optimizer=use_distributed_optimizer and trainable,
             bf16=dtype == "bfloat16", seed=seed,
         )
 

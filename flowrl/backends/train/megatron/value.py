@@ -29,6 +29,7 @@ from flowrl.backends.train.megatron.batching import MicroBatch
 from flowrl.backends.train.megatron.convert import chunk_role, hf_to_megatron, megatron_to_hf
 from flowrl.backends.train.megatron.engine import MegatronEngine
 from flowrl.backends.train.megatron.model import build_gpt_model
+from flowrl.backends.train.optim import AdamWSettings
 
 ValueLossFn = Callable[[torch.Tensor, list, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 HEAD_PREFIX = "output_layer."  # the head sits where GPTModel calls its output layer
@@ -148,17 +149,9 @@ class MegatronValueEngine(MegatronEngine):
     def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The full ``AutoModelForTokenClassification`` state (``model.*`` and ``score.*``, on
         CPU), complete on global rank 0, None elsewhere. Every rank must call it."""
-        shards = None
-        if ps.get_data_parallel_rank() == 0:
-            tp_rank = ps.get_tensor_model_parallel_rank()
-            shards = {(tp_rank, pp_rank, vpp_rank): {k: v.detach().cpu()
-                                                    for k, v in self._local_state(m).items()}
-                      for (pp_rank, vpp_rank), m in zip(self._chunk_keys(), self.models)}
-        gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-        dist.gather_object(shards, gathered, dst=0)
-        if dist.get_rank() != 0:
+        merged = self.gathered_shards()
+        if merged is None:
             return None
-        merged = {key: shard for part in gathered if part for key, shard in part.items()}
         head = {}
         for (tp_rank, _, _), shard in sorted(merged.items(), key=lambda kv: str(kv[0])):
             for k in [k for k in shard if k.startswith(HEAD_PREFIX)]:
@@ -185,12 +178,11 @@ class MegatronValueTrainEngine:
     the data-parallel group), ``hf_state_dict``, ``save_hf``, ``close``."""
 
     def __init__(self, model_dir: str, *, tp: int, pp: int, dp: int, vpp: int | None = None,
-                 dtype: str = "float32", lr: float = 1e-5, weight_decay: float = 0.0,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 grad_clip: float = 1.0, seed: int = 0, use_distributed_optimizer: bool = False):
+                 dtype: str = "float32", seed: int = 0, use_distributed_optimizer: bool = False, **optim: Any):
+        """``optim``: the optimizer keywords of :class:`~flowrl.backends.train.optim.AdamWSettings`."""
         self.engine = MegatronValueEngine(
-            model_dir, tp=tp, pp=pp, vpp=vpp, dp=dp, lr=lr, weight_decay=weight_decay, betas=betas,
-            eps=eps, grad_clip=grad_clip, use_distributed_optimizer=use_distributed_optimizer,
+            model_dir, tp=tp, pp=pp, vpp=vpp, dp=dp, **AdamWSettings(**optim).engine_kwargs(),
+            use_distributed_optimizer=use_distributed_optimizer,
             bf16=dtype == "bfloat16", seed=seed)
 
     @property
