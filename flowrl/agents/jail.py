@@ -176,8 +176,16 @@ def _interpreter() -> tuple[str, tuple[str, ...]]:
     return "", ()
 
 
-def _spawn_kwargs() -> dict:
-    return {"user": JAIL_UID, "group": JAIL_UID, "extra_groups": []} if os.geteuid() == 0 else {}
+def _as_jail_user(argv: list[str]) -> tuple[list[str], dict]:
+    """``(argv, Popen keywords)`` that start ``argv`` as the jail's user: unchanged for a
+    non-root host user; for root, through ``setpriv`` (keeps ``vfork``: cheap from a large
+    process) or else Popen's ``user``/``group``."""
+    if os.geteuid() != 0:
+        return argv, {}
+    setpriv = shutil.which("setpriv")
+    if setpriv:
+        return [setpriv, f"--reuid={JAIL_UID}", f"--regid={JAIL_UID}", "--clear-groups", *argv], {}
+    return argv, {"user": JAIL_UID, "group": JAIL_UID, "extra_groups": []}
 
 
 @lru_cache(maxsize=1)
@@ -191,9 +199,9 @@ def jail_problem() -> str | None:
     python, binds = _interpreter()
     if not python:
         return (f"the jail's user (uid {JAIL_UID}) cannot reach {sys.executable} and there is no /usr/bin/python3")
-    argv = bwrap_argv(bwrap, python, binds, JailLimits(), _usr_links())
+    argv, kwargs = _as_jail_user(bwrap_argv(bwrap, python, binds, JailLimits(), _usr_links()))
     try:
-        done = subprocess.run(argv, input=b"12\nprint(6 * 7)", capture_output=True, timeout=30, **_spawn_kwargs())
+        done = subprocess.run(argv, input=b"12\nprint(6 * 7)", capture_output=True, timeout=30, **kwargs)
     except (OSError, subprocess.SubprocessError) as exc:
         return f"bwrap could not start: {exc}"
     if done.returncode != 0 or done.stdout.strip() != b"42":
@@ -267,16 +275,15 @@ async def run_jailed(code: str, *, stdin: str = "", limits: JailLimits | None = 
     if unsafe_local:
         _warn_unsafe()
         workdir = tempfile.mkdtemp(prefix="flowrl-unsafe-")
-        kwargs: dict = {"cwd": workdir, "env": {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir},
-                        **_spawn_kwargs()}
         if os.geteuid() == 0:  # a host root still runs it as nobody: kill(-1) must not reach the host's processes
             os.chown(workdir, JAIL_UID, JAIL_UID)
-        argv = [_interpreter()[0] or sys.executable, "-I", "-S", "-c", PRELUDE, *_limit_args(limits, nproc=False)]
+        argv, kwargs = _as_jail_user([_interpreter()[0] or sys.executable, "-I", "-S", "-c", PRELUDE,
+                                      *_limit_args(limits, nproc=False)])
+        kwargs.update(cwd=workdir, env={"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir})
     else:
         require_jail()
         python, binds = _interpreter()
-        argv = bwrap_argv(shutil.which("bwrap") or "bwrap", python, binds, limits, _usr_links())
-        kwargs = _spawn_kwargs()
+        argv, kwargs = _as_jail_user(bwrap_argv(shutil.which("bwrap") or "bwrap", python, binds, limits, _usr_links()))
     source = code.encode("utf-8", errors="replace")
     payload = b"%d\n" % len(source) + source + stdin.encode("utf-8", errors="replace")
     try:

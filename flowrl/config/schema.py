@@ -26,6 +26,7 @@ from flowrl.config.pools import check_placement, resolve_placement
 from flowrl.config.roles import (ActorConfig, CriticConfig, ReferenceConfig, RewardModelConfig, RolloutConfig,
                                  check_reference_budget)
 from flowrl.config.sections import DataConfig, ModelConfig, TrainerConfig
+from flowrl.config.sandbox import SandboxConfig
 
 
 @dataclass(kw_only=True)
@@ -50,6 +51,8 @@ class RunConfig:
     """The loop."""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     """Where the workers run."""
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    """Where model-written code runs (the python tool, code rewards; issue 38)."""
 
     def __post_init__(self) -> None:
         self._check_algorithm_family()

@@ -140,6 +140,9 @@ VERL_KEYS: tuple[VerlKey, ...] = (
        "another tokenizer", nearest="a reward model sharing the policy's tokenizer", accept=_OFF),
     _k("reward_model.reward_manager", "refuse", does="how rule rewards are computed (naive, prime, dapo, ...)",
        nearest="algorithm.reward_fn; reward_model.overlong_buffer for DAPO", accept=("naive", None)),
+    _k("sandbox_fusion.*", "map", "sandbox.*"),  # url, max_concurrent, memory_limit_mb (issue 38)
+    _k("reward.sandbox_fusion.*", "map", "sandbox.*"),
+    _k("reward_model.sandbox_fusion.*", "map", "sandbox.*"),
     _k("custom_reward_function.path", "derive", does="a Python file holding your reward function"),
     _k("custom_reward_function.name", "derive", does="the reward function's name in that file"),
     _k("custom_reward_function.reward_kwargs", "refuse", does="keyword arguments for the reward function",

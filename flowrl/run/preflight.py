@@ -29,6 +29,7 @@ def resolve_inputs(cfg: RunConfig) -> RunConfig:
     """``cfg`` with its inputs filled in and checked (see the module docstring)."""
     from flowrl.backends.preflight import check_backends
     from flowrl.run.run_dir import resolve_run_dir
+    from flowrl.run.sandbox_check import check_sandbox
 
     model_path, train_files, val_files = _inputs(cfg)
     check_model_dir("model.path", model_path)
@@ -46,6 +47,7 @@ def resolve_inputs(cfg: RunConfig) -> RunConfig:
     check_backends(cfg, model_path=model_path)
     check_loggers(cfg)
     check_reward_fn(cfg)
+    check_sandbox(cfg)  # code the policy writes runs in a working sandbox (issue 38)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(model_path)),
                               data=dataclasses.replace(cfg.data, train_files=train_files, val_files=val_files))
     run_dir = resolve_run_dir(cfg)
@@ -108,7 +110,11 @@ def _inputs(cfg: RunConfig) -> tuple[str, str, str]:
     from flowrl.tasks.default_task import prepare_default_task
 
     cache = Path(cfg.trainer.cache_dir) if cfg.trainer.cache_dir else default_cache_dir()
-    if cfg.rollout.multi_turn.enable:  # the embedded agentic task (flowrl.tasks.agent_task)
+    if cfg.algorithm.reward_fn == "code":  # the embedded code task (flowrl.tasks.code_task)
+        from flowrl.tasks.code_task import prepare_code_task
+
+        task = prepare_code_task(cache / "code_task", seed=cfg.trainer.seed)
+    elif cfg.rollout.multi_turn.enable:  # the embedded agentic task (flowrl.tasks.agent_task)
         from flowrl.tasks.agent_task import prepare_agent_task
 
         task = prepare_agent_task(cache / "agent_task", seed=cfg.trainer.seed)
