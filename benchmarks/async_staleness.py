@@ -4,7 +4,7 @@ One run, split placement (one rollout and one actor worker, 1 torch thread each)
 benchmark model of ``vs_trl.py`` (10.7M parameters, random init, EOS pushed down so every
 response runs to ``response_length`` tokens). Blocks of K steps alternate between staleness 0 and
 1 in ABBA order (0, 1, 1, 0, ...) after untimed warm-up steps, switching the same open run
-(``Run.ahead.staleness``): with 0 each step generates, then trains, then syncs; with 1 the next
+(``Run.source.staleness``): with 0 each step generates, then trains, then syncs; with 1 the next
 step's generation runs on the rollout worker while this one trains. A block's time per step is
 its wall time over K (what a user waits for; per-step ``timing_s/step`` would hide the
 generation that ran ahead). The first step of a staleness-1 block fills the pipeline and the
@@ -67,7 +67,7 @@ def overrides(scale: Scale, common: Common, model_dir: Path, train_path: Path, r
 
 def run_block(run, staleness: int, num_steps: int) -> Block:
     """K steps at ``staleness`` on the open run (a switch to 0 first trains what is in flight)."""
-    run.ahead.staleness = staleness
+    run.source.staleness = staleness
     start = time.perf_counter()
     steps = []
     for _ in range(num_steps):

@@ -10,6 +10,10 @@ Constructed as ``family_cls(cfg)``, it
 - may run a driver hook before each graph (:meth:`Family.collect`, e.g. dynamic sampling's
   generation rounds, which compute), then builds the iteration graph (:meth:`Family.build`,
   pure: building computes nothing, it only reserves the groups' call order).
+- may build the generation part of a step on its own (:meth:`Family.rollout`), which the run
+  submits ahead (``trainer.staleness``) or per request (``trainer.async_mode=stream``), and with
+  ``trainer.partial_rollout`` in pieces (:meth:`Family.rollout_piece`, by default
+  :mod:`flowrl.graphs.stream_pieces`).
 
 The run never names a family: :func:`resolve_family` picks ``algorithm.family`` (a registered
 name or ``module:Class``), else the one built-in whose :meth:`Family.accepts` holds for the
@@ -22,13 +26,10 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
-import dask
-
-from flowrl.actors import WorkerGroup
 from flowrl.config import RunConfig
+from flowrl.graphs.base import BuildContext, FamilyState, IterationGraph
 from flowrl.registry import Registry
 
 if TYPE_CHECKING:
@@ -38,61 +39,11 @@ if TYPE_CHECKING:
     from flowrl.data.prompts import PromptDataset
     from flowrl.nodes import NodeOut
 
+__all__ = ["FAMILIES", "BuildContext", "Family", "FamilyState", "IterationGraph", "family_names", "register_family",
+           "resolve_family"]
+
 FAMILIES: Registry[type["Family"]] = Registry("algorithm family", allow_import_strings=True)
 """Family name -> its class (built-ins: grpo, ppo, remax)."""
-
-
-@dataclass
-class BuildContext:
-    """What a family builds a graph from: the run's config, its worker groups by name
-    (``rollout``, ``actor``, ``ref``, ``critic``, ``rm``: those the family declared) and the
-    directory of the tokenizer that decodes responses for the reward function."""
-
-    cfg: RunConfig
-    groups: dict[str, WorkerGroup]
-    tokenizer_dir: str
-
-
-@dataclass
-class IterationGraph:
-    """One iteration: ``result`` computes to ``NodeOut(table, metrics)``; ``sync`` to the
-    reshard's ``NodeOut(None, metrics)``. Compute both (``Session.submit``)."""
-
-    result: Any
-    sync: Any
-
-    @property
-    def outputs(self) -> list[Any]:
-        return [self.result, self.sync]
-
-    def visualize(self, filename: str = "grpo", **kwargs: Any) -> Any:
-        """Draw the graph (needs graphviz)."""
-        return dask.visualize(*self.outputs, filename=filename, **kwargs)
-
-    def dependencies(self) -> dict[str, set[str]]:
-        """Task key -> the keys it depends on."""
-        from dask.highlevelgraph import HighLevelGraph
-
-        graph = HighLevelGraph.merge(*(o.__dask_graph__() for o in self.outputs))
-        return {str(k): {str(d) for d in deps} for k, deps in graph.get_all_dependencies().items()}
-
-
-class FamilyState:
-    """Driver state a family keeps across steps; this one holds nothing (``state_dict()`` is
-    empty, so checkpoints get no ``algorithm_state``)."""
-
-    def observe(self, metrics: dict[str, float]) -> None:
-        """After a step: take what the step measured (its metrics)."""
-
-    def state_dict(self) -> dict:
-        """What a checkpoint keeps (``extra["algorithm_state"]``); empty: nothing."""
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Back to what :meth:`state_dict` returned (a checkpoint's ``algorithm_state``)."""
-
-    def reset(self) -> None:
-        """Back to the state of a fresh run."""
 
 
 class Family:
@@ -141,10 +92,38 @@ class Family:
         ``flowrl.graphs.pieces.rollout``). A family without it cannot run asynchronously."""
         raise NotImplementedError(f"the {self.name or type(self).__name__} family does not generate ahead")
 
+    def rollout_piece(self, ctx: BuildContext, previous: Any, *, step: int, round: int, piece: int, weight_version: int,
+                      last: bool) -> Any:
+        """Partial rollouts (``trainer.partial_rollout`` in stream mode): piece ``piece`` of request
+        ``round`` of step ``step``, uncomputed, reserving rollout (and scoring) calls only. Piece 0
+        starts from ``previous``, the request's prompts; piece p > 0 continues ``previous``, the
+        future of piece p - 1; the ``last`` piece computes to what :meth:`rollout` does (scored
+        samples, ``weight_version`` of the first token, ``weight_version_max`` of the last). The
+        run submits each piece when it reserves it, so a weight sync reserved in between reaches
+        the rest of the responses. Default: :mod:`flowrl.graphs.stream_pieces` (``gen_p<piece>``
+        pieces of :func:`flowrl.graphs.pieces.rollout`, scored by ``pieces.score``)."""
+        from flowrl.graphs import stream_pieces
+
+        if piece == 0:
+            return stream_pieces.first_piece(ctx, previous, step=step, round=round, weight_version=weight_version)
+        return stream_pieces.next_piece(ctx, previous, step=step, round=round, piece=piece,
+                                        weight_version=weight_version, last=last)
+
     @classmethod
     def generates_ahead(cls) -> bool:
         """Whether the family implements :meth:`rollout` (``trainer.staleness`` > 0 needs it)."""
         return cls.rollout is not Family.rollout
+
+    @classmethod
+    def generates_in_pieces(cls) -> bool:
+        """Whether :meth:`rollout_piece` matches the family's :meth:`rollout` (``trainer.partial_rollout``
+        needs it): the family overrides it, or its ``rollout`` is a built-in family's, which the
+        default pieces split. A family with its own ``rollout`` and the default pieces would have
+        its rollout bypassed by partial rollouts."""
+        if not cls.generates_ahead():
+            return False
+        owner = next(c for c in cls.__mro__ if "rollout" in c.__dict__)
+        return cls.rollout_piece is not Family.rollout_piece or _builtin(owner)
 
 
 def register_family(name: str) -> Callable[[type[Family]], type[Family]]:

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from flowrl import nodes
 from flowrl.config import RunConfig
-from flowrl.graphs.family import BuildContext, FamilyState
+from flowrl.graphs.base import BuildContext, FamilyState
 from flowrl.metrics import names
 from flowrl.nodes import NodeOut, node
 

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from flowrl.actors.dispatch import Gather, Scatter
 from flowrl.graphs import pieces
-from flowrl.graphs.family import BuildContext
+from flowrl.graphs.base import BuildContext
 from flowrl.metrics import names
 from flowrl.nodes import NodeOut, node
 

@@ -7,9 +7,9 @@ The notebook API::
     table, metrics = run.step()           # build and run the next iteration
     run.close()
 
-With ``trainer.staleness`` the generations of the next steps run ahead (``RolloutsAhead``); with
-``trainer.async_mode=stream`` a bounded queue of generation requests feeds the steps
-(``flowrl.run.stream``).
+Each step's rollout comes from one source, chosen when the run opens
+(``flowrl.run.rollout_source``): inline (the step's graph generates), generations ahead
+(``trainer.staleness``) or a bounded queue of requests (``trainer.async_mode=stream``).
 
 The algorithm family (``flowrl.graphs``, chosen from the config) declares the worker groups,
 builds each iteration's graph and keeps its driver state; :class:`Run` knows no family by name.
@@ -25,8 +25,8 @@ from typing import Any
 from flowrl.config import RunConfig, to_dict
 from flowrl.metrics import names
 from flowrl.run import checkpointing
-from flowrl.run.stream import RolloutStream, rollout_idle
-from flowrl.run.weight_sync import PendingSync, RolloutsAhead, lag_metrics
+from flowrl.run.rollout_source import RolloutSource, open_source
+from flowrl.run.weight_sync import PendingSync
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,7 @@ class Run:
         if len(self.dataset) < cfg.data.train_batch_size:
             raise ConfigError("data.train_batch_size", cfg.data.train_batch_size,
                               f"exceeds the {len(self.dataset)} usable prompts", f"use at most {len(self.dataset)}")
+        self.cfg = cfg = final_config(cfg, len(self.dataset))  # the family is built with the final config
         self.family = resolve_family(cfg)(cfg)
         self.val_prompts: Any = None  # trainer.test_freq > 0: the held-out prompts (checked before workers)
         if cfg.trainer.test_freq > 0:
@@ -81,24 +82,13 @@ class Run:
         self.session: Any = None
         self.groups: dict[str, Any] = {}
         self.sync = PendingSync(self.run_dir, cfg.cluster.timeout_s)
-        self.ahead = RolloutsAhead(cfg.trainer.staleness)  # trainer.staleness > 0: generations run ahead
-        self._last_spans: dict[str, tuple[float, float]] | None = None  # the previous step's (async/*)
-        self.stream = _open_stream(cfg)  # trainer.async_mode=stream: the bounded queue of requests
-        self._last_gen_end: float | None = None  # stream mode: the end of the last generation trained on
-        if self.stream is not None:
-            self.ahead = RolloutsAhead(0)  # the stream replaces the per-step generations ahead
-        if (self.ahead.enabled or self.stream is not None) and not self.family.generates_ahead():
-            key, value = ("trainer.async_mode", "stream") if self.stream is not None else ("trainer.staleness", cfg.trainer.staleness)
-            raise ConfigError(key, value,
-                              f"needs the family to generate ahead ({type(self.family).__name__} has no rollout())",
-                              "implement Family.rollout (see flowrl.graphs.pieces.rollout), or trainer.staleness=0")
+        self.source: RolloutSource = open_source(self)  # inline, ahead (trainer.staleness) or stream
         self.next_step = 0
         self.resume_from: str | None = checkpointing.find_resume(cfg, self.run_dir)
         if self.resume_from is not None:
             self.next_step, state = checkpointing.resume_point(self.resume_from)
             self.family.state.load_state_dict(state)
-        if self.stream is not None:
-            self.stream.restart(self.next_step)  # requests in the checkpoint's queue: generated again
+        self.source.restart(self.next_step)
 
     @classmethod
     def open(cls, cfg: RunConfig) -> "Run":
@@ -128,11 +118,8 @@ class Run:
         ``checkpoint`` (None: the initial model), the family's driver state rewound with it."""
         session, self.session, self.groups = self.session, None, {}
         self.sync.drop()  # futures of the dead session
-        self.ahead.drop()  # generations in flight: generated again from the checkpoint's weights
-        if self.stream is not None:
-            self.stream.drop()
-            self.stream.restart(next_step)
-        self._last_spans, self._last_gen_end = None, None
+        self.source.drop()  # generations in flight: generated again from the checkpoint's weights
+        self.source.restart(next_step)
         session.discard()
         self.resume_from, self.next_step = checkpoint, next_step
         if checkpoint is None:
@@ -170,31 +157,24 @@ class Run:
     def step(self) -> tuple[Any, dict[str, float]]:
         """Build and run the next iteration; returns (experience table, metrics).
 
+        The rollout source gives the step's rollout part (``collected``), the family builds the
+        graph on it, the graph runs, the source reports its ``async/*`` metrics. With
+        ``trainer.staleness`` = N > 0 the step's generation was submitted ahead and those of the
+        next N steps are submitted before this graph, so they run while this step trains; the
+        samples carry their ``weight_version``.
+
         The iteration's weight sync keeps running after this returns; the next ``step`` (or a
         checkpoint, or ``close``) collects it, and its timing lands in that step's metrics.
         ``timing_s/step`` spans the driver hook, submission and result, so it includes whatever
-        of the previous sync had not finished.
-
-        With ``trainer.staleness`` = N > 0 the step's generation was submitted ahead (its future
-        is the graph's ``collected``) and those of the next N steps are submitted before this
-        graph, so they run while this step trains (``RolloutsAhead``); the samples carry their
-        ``weight_version`` and the step reports ``async/*``."""
+        of the previous sync had not finished."""
         from flowrl.data import experience
 
         step = self.next_step
         start = time.perf_counter()
-        prompts = self.prompts(step)  # drawn once for the driver hook and the graph
-        ahead = taken = None
-        if self.stream is not None:  # trainer.async_mode=stream: the batch is the queue's head
-            collected, taken = self._stream_take(step)
-        elif self.ahead.enabled or step in self.ahead.in_flight():  # this step's generation runs ahead
-            self.ahead.fill(step, self._last_ahead(step), self._submit_rollout)
-            collected = ahead = self.ahead.take(step)[0]
-        else:
-            collected = self.collect(step, prompts)
+        prompts = self.prompts(step)  # drawn once for the rollout source and the graph
+        collected = self.source.take(step, prompts)
         graph = self.graph(step, collected=collected, prompts=prompts)
-        if self.stream is not None:
-            self.stream.trained(step)  # the step's reshard is reserved: later requests get its weights
+        self.source.trained(step)  # the step's reshard is reserved: later generations get its weights
         submitted = time.time()  # the origin of this step's timeline.jsonl rows
         result, sync = self.session.submit(graph.outputs)
         self.next_step += 1
@@ -206,94 +186,15 @@ class Run:
             raise
         finally:
             result.release()
-            if ahead is not None:
-                ahead.release()
-            for req in taken or ():
-                req.future.release()
+            self.source.release()
         self.sync.record_step(step, submitted, out.spans, sync)
         metrics.update(out.metrics)
-        if taken is not None:
-            metrics.update(self._stream_metrics(step, out))
-        elif ahead is not None:
-            metrics.update(lag_metrics(step, out.value.column("weight_version").to_numpy(), out.spans, self._last_spans))
-            self._last_spans = out.spans
+        metrics.update(self.source.metrics(step, out))
         metrics.update(_step_metrics(step, time.perf_counter() - start, metrics[names.NUM_TOKENS]))
         self.family.state.observe(metrics)
         if self.cfg.trainer.save_experience:
             experience.write_parquet(out.value, experience.step_path(self.run_dir, step))
         return out.value, metrics
-
-    def _last_ahead(self, step: int, span: int | None = None) -> int:
-        """The last step whose generation may be in flight while ``step`` trains: ``step +
-        span`` (default ``trainer.staleness``), not past the run's last step nor past the next
-        step a checkpoint is due after (a drain step, see ``RolloutsAhead``)."""
-        t = self.cfg.trainer
-        last = min(step + (self.ahead.staleness if span is None else span), t.total_training_steps - 1)
-        if t.save_freq > 0:
-            last = min(last, (step // t.save_freq + 1) * t.save_freq - 1)  # the next k with (k + 1) % save_freq == 0
-        return last
-
-    def _submit_rollout(self, step: int, version: int) -> Any:
-        """Submit step ``step``'s generation (the family's ``rollout``) with weight version ``version``."""
-        graph = self.family.rollout(self.context(), self.prompts(step), step=step, weight_version=version)
-        (future,) = self.session.submit([graph])
-        return future
-
-    # ------------------------------------------------------------- stream mode (flowrl.run.stream)
-    def _stream_take(self, step: int) -> tuple[Any, list[Any]]:
-        """Keep the queue full, then take ``step``'s requests: (the node concatenating them, the requests)."""
-        from flowrl.graphs.pieces import stream_batch
-
-        stream = self.stream
-        advance = self._advance_piece if stream.pieces > 1 else None
-        if advance is not None:
-            stream.advance_pieces(advance)  # requests in flight continue with the weights reserved since
-        stream.fill(self._last_ahead(step, self.cfg.trainer.total_training_steps), self._submit_request)
-        stream.sample_depth()
-        taken = stream.take(step, self._submit_request, advance)
-        return stream_batch([r.future for r in taken], step=step), taken
-
-    def _submit_request(self, step: int, index: int, version: int, attempt: int) -> Any:
-        """Submit request ``index`` of step ``step``'s batch (the family's ``rollout``, or with
-        partial rollouts its first piece) with weight version ``version``."""
-        size = self.stream.request_size
-        prompts = self.prompts(step).slice(index * size, size)
-        round = index + 1000 * attempt
-        if self.stream.pieces > 1:
-            from flowrl.graphs.stream_pieces import first_piece
-
-            graph = first_piece(self.context(), prompts, step=step, round=round, weight_version=version)
-        else:
-            graph = self.family.rollout(self.context(), prompts, step=step, weight_version=version, round=round)
-        (future,) = self.session.submit([graph])
-        return future
-
-    def _advance_piece(self, request: Any, version: int) -> Any:
-        """Partial rollouts: the next piece of ``request`` (its unfinished responses continue with
-        weight version ``version``); the last piece is scored."""
-        from flowrl.graphs.stream_pieces import next_piece
-
-        piece = self.stream.pieces - request.pieces_left
-        graph = next_piece(self.context(), request.future, step=request.step, round=request.round, piece=piece,
-                           weight_version=version, last=request.pieces_left == 1)
-        (future,) = self.session.submit([graph])
-        request.future.release()
-        return future
-
-    def _stream_metrics(self, step: int, out: Any) -> dict[str, float]:
-        """``async/*`` of a stream step: staleness, idle times, queue depth, refused and partial samples."""
-        import numpy as np
-
-        table = out.value
-        metrics = lag_metrics(step, table.column("weight_version").to_numpy(), out.spans, self._last_spans)
-        self._last_spans = out.spans
-        metrics[names.ROLLOUT_IDLE], self._last_gen_end = rollout_idle(out.spans, self._last_gen_end)
-        self.stream.sample_depth()
-        metrics.update(self.stream.step_metrics())
-        if "weight_version_max" in table.column_names:
-            spread = table.column("weight_version_max").to_numpy() - table.column("weight_version").to_numpy()
-            metrics[names.PARTIAL_SAMPLES] = float(np.count_nonzero(spread))
-        return metrics
 
     def _compute(self, output: Any) -> Any:
         return self.session.compute(output, timeout=self.cfg.cluster.timeout_s)
@@ -329,14 +230,12 @@ class Run:
         return checkpointing.save(self.cfg, self.groups, run_dir=self.run_dir, step=self.next_step,
                                   trainable=self.family.checkpointed_groups,
                                   algorithm_state=self.family.state.state_dict(),
-                                  stream_state=self.stream.state_dict() if self.stream is not None else None)
+                                  stream_state=self.source.state_dict())
 
     def close(self) -> None:
         """Collect the last weight sync, tear down the groups, close the cluster."""
         if self.session is not None:
-            self.ahead.drain(self.cfg.cluster.timeout_s)  # generations of steps the run will not train
-            if self.stream is not None:
-                self.stream.drain(self.cfg.cluster.timeout_s)
+            self.source.drain(self.cfg.cluster.timeout_s)  # generations of steps the run will not train
             try:
                 self.sync.collect()
             except Exception as exc:  # noqa: BLE001 - reported, then shut down anyway
@@ -345,14 +244,23 @@ class Run:
             self.session = None
 
 
-def _open_stream(cfg: RunConfig) -> RolloutStream | None:
-    """The request queue of ``trainer.async_mode=stream`` (None otherwise)."""
+def final_config(cfg: RunConfig, num_prompts: int) -> RunConfig:
+    """``cfg`` as the run uses it, before its family is built: ``trainer.total_epochs`` > 0
+    becomes ``trainer.total_training_steps`` over the ``num_prompts`` usable prompts."""
+    import dataclasses
+
     t = cfg.trainer
-    if t.async_mode != "stream":
-        return None
-    pieces = -(-cfg.rollout.response_length // t.partial_rollout_tokens) if t.partial_rollout else 1
-    return RolloutStream(batch_size=cfg.data.train_batch_size, request_size=cfg.stream_request_size,
-                         queue_size=cfg.stream_queue_size, staleness=t.staleness, pieces=pieces)
+    if t.total_epochs <= 0:
+        return cfg
+    steps = epoch_steps(t.total_epochs, num_prompts, cfg.data.train_batch_size, t.total_training_steps)
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(t, total_training_steps=steps))
+
+
+def epoch_steps(total_epochs: int, num_prompts: int, batch_size: int, cap: int) -> int:
+    """Steps of ``total_epochs`` passes over ``num_prompts`` (drop-last batches, as verl's
+    sampler), at most ``cap`` when > 0 (verl stops at ``total_training_steps`` too)."""
+    steps = total_epochs * (num_prompts // batch_size)
+    return min(steps, cap) if cap > 0 else steps
 
 
 def _step_metrics(step: int, wall_s: float, num_tokens: float) -> dict[str, float]:

@@ -9,7 +9,6 @@ run; a lost worker rebuilds it from the last checkpoint, and the steps since the
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 import time
@@ -21,13 +20,14 @@ from flowrl.config import RunConfig
 from flowrl.metrics import names
 from flowrl.metrics.logger import drop_rows_from
 from flowrl.metrics.timeline import TIMELINE_FILE
-from flowrl.run.driver import Run
+from flowrl.run.driver import Run, epoch_steps
 from flowrl.run.preflight import resolve_inputs
 from flowrl.run.recovery import Recovery
 from flowrl.run.topology import describe_placement
 from flowrl.run import signals
 
 METRICS_FILE = "metrics.jsonl"
+__all__ = ["METRICS_FILE", "RunSummary", "epoch_steps", "train"]
 
 
 @dataclass
@@ -134,8 +134,8 @@ def train(cfg: RunConfig, *, on_step: Callable[[int, dict[str, float]], None] | 
 
 
 def _open_run(cfg: RunConfig) -> Run:
-    """``Run(cfg)``; a prompt file without a usable row is a config error, and
-    ``trainer.total_epochs`` becomes a step count once the usable prompts are known."""
+    """``Run(cfg)``; a prompt file without a usable row is a config error. (``run.cfg`` is
+    final: ``trainer.total_epochs`` became a step count before the family was built.)"""
     from flowrl.config import ConfigError
     from flowrl.data.prompts import NoUsablePrompts, OverlongPrompt
 
@@ -153,18 +153,7 @@ def _open_run(cfg: RunConfig) -> Run:
         raise ConfigError("data.truncation", d.truncation, str(exc),
                           "raise data.max_prompt_length, set data.filter_overlong_prompts=true, or "
                           "data.truncation=left|right|middle") from None
-    t = cfg.trainer
-    if t.total_epochs > 0:
-        steps = epoch_steps(t.total_epochs, len(run.dataset), d.train_batch_size, t.total_training_steps)
-        run.cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(t, total_training_steps=steps))
     return run
-
-
-def epoch_steps(total_epochs: int, num_prompts: int, batch_size: int, cap: int) -> int:
-    """Steps of ``total_epochs`` passes over ``num_prompts`` (drop-last batches, as verl's
-    sampler), at most ``cap`` when > 0 (verl stops at ``total_training_steps`` too)."""
-    steps = total_epochs * (num_prompts // batch_size)
-    return min(steps, cap) if cap > 0 else steps
 
 
 def _loop(run: Run, sinks: _Sinks, recovery: Recovery, history: list[dict[str, float]], first: int,

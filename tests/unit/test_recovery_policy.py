@@ -52,6 +52,17 @@ class _Sync:
         self.dropped = True
 
 
+class _Source(_Sync):
+    """A rollout source (``flowrl.run.rollout_source``): what a rebuild drops, where it restarts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.restarted: list[int] = []
+
+    def restart(self, step: int) -> None:
+        self.restarted.append(step)
+
+
 class _State:
     def __init__(self) -> None:
         self.loaded: list[dict] = []
@@ -69,8 +80,7 @@ def _run(alive: list[bool], resume_from: str | None = None) -> Run:
     run = Run.__new__(Run)
     run.session, run.groups, run.resume_from, run.next_step = _Session(alive), {"actor": object()}, resume_from, 7
     run.sync, run.family, run.started = _Sync(), SimpleNamespace(state=_State()), 0
-    run.ahead = _Sync()  # the generations in flight (trainer.staleness): dropped with the session
-    run.stream = None  # trainer.async_mode=stream: no queue in this run
+    run.source = _Source()  # the generations in flight (staleness, stream): dropped with the session
 
     def start_workers() -> None:
         run.started += 1
@@ -110,7 +120,8 @@ def test_lost_worker_rebuilds_from_the_last_saved_checkpoint(tmp_path, caplog):
     recovery = Recovery(2)
     assert _fail_and_rebuild(recovery, run, GroupLostError("lost"), 7) == 0  # no checkpoint yet: from the start
     assert old.discarded and old.groups == {} and run.started == 1 and run.next_step == 0
-    assert run.sync.dropped and run.ahead.dropped and run.resume_from is None and run.family.state.resets == 1
+    assert run.sync.dropped and run.source.dropped and run.resume_from is None and run.family.state.resets == 1
+    assert run.source.restarted == [0]  # the source's pipeline starts again at the rebuilt step
     assert recovery.phase is Phase.RUNNING
 
     path = save_checkpoint(checkpoint_dir(tmp_path, 4), step=4, params={"w": np.zeros(3, np.float32)},
