@@ -22,6 +22,7 @@ import argparse
 import logging
 import os
 import sys
+from typing import Any
 
 from flowrl import __version__
 
@@ -206,6 +207,15 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_submit)
 
 
+def _add_devices(sub: Any) -> None:
+    p = sub.add_parser("devices", help="the device plan: each rank's node, GPUs, backend and dtype (no GPU needed)")
+    p.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key=value", help="an optional YAML file, then dotted overrides")
+    p.add_argument("--gpus-per-node", type=int, default=None, metavar="N",
+                   help="GPUs of each node (0: CPU only); default: this machine's, or cluster.slurm.gpus_per_job")
+    p.add_argument("--nodes", type=int, default=None, metavar="M", help="nodes (default 1, or the SLURM jobs the run needs)")
+    p.set_defaults(func=cmd_devices)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flowrl", description="RL post-training of LLMs as Dask task graphs.")
     parser.add_argument("--version", action="version", version=f"flowrl {__version__}")
@@ -240,11 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_reshard_arguments(p)
     p.set_defaults(func=cmd_reshard_plan)
 
-    p = sub.add_parser("devices", help="the device plan: each rank's node, GPUs, backend and dtype (no GPU needed)")
-    from flowrl.run.devices_cli import add_arguments as add_devices_arguments
-
-    add_devices_arguments(p)
-    p.set_defaults(func=cmd_devices)
+    _add_devices(sub)
 
     p = sub.add_parser("export-hf", help="write a flowrl checkpoint as a transformers directory (from_pretrained loads it)")
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint directory, e.g. <run_dir>/checkpoints/step_00000010")

@@ -9,14 +9,7 @@ import argparse
 import sys
 from typing import Any
 
-__all__ = ["add_arguments", "local_inventory", "run"]
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key=value", help="an optional YAML file, then dotted overrides")
-    p.add_argument("--gpus-per-node", type=int, default=None, metavar="N",
-                   help="GPUs of each node (0: CPU only); default: this machine's, or cluster.slurm.gpus_per_job")
-    p.add_argument("--nodes", type=int, default=None, metavar="M", help="nodes (default 1, or the SLURM jobs the run needs)")
+__all__ = ["format_plan", "local_inventory", "run"]
 
 
 def local_inventory() -> Any:
