@@ -291,6 +291,29 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        named = _named_error(exc)
+        if named is None:
+            raise
+        if args.verbose:
+            logging.exception("the run failed")
+        print(f"error: {named}", file=sys.stderr)
+        return 1
+
+
+def _named_error(exc: BaseException) -> BaseException | None:
+    """The error in ``exc``'s cause chain that already names its cause and fix (a failing reward
+    function): printed as one ``error:`` line instead of a traceback of the graph's machinery."""
+    from flowrl.rewards.registry import RewardFunctionError
+
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, RewardFunctionError):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 if __name__ == "__main__":

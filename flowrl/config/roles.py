@@ -430,6 +430,9 @@ class RewardModelConfig(ParallelFields):
     """Weight of the reward model's score."""
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     """DAPO's soft overlong punishment."""
+    reward_timeout_s: float = 60.0
+    """Seconds ``algorithm.reward_fn`` may take to score one batch; past it the run ends with an
+    error naming the function and the row it was on (verl has no such limit)."""
 
     def __post_init__(self) -> None:
         self._check_mesh()
@@ -437,5 +440,6 @@ class RewardModelConfig(ParallelFields):
               "tensor_model_parallel_size", self.tensor_model_parallel_size, "the reward model runs data parallel only",
               "set reward_model.tensor_model_parallel_size=1 and pipeline_model_parallel_size=1")
         check_positive("micro_batch_size_per_gpu", self.micro_batch_size_per_gpu, "use e.g. 64")
+        check(self.reward_timeout_s > 0, "reward_timeout_s", self.reward_timeout_s, "must be > 0", "use e.g. 60")
         check(not self.enable or bool(self.model_path), "model_path", self.model_path,
               "is empty while reward_model.enable=true", "point reward_model.model_path at the reward model directory")

@@ -33,37 +33,107 @@ def outcome_token_rewards(table: pa.Table, scores_B: Any) -> pa.Array:
     return experience.from_lists(token_rewards, experience.TOKEN_FLOATS)
 
 
-def reward(table: pa.Table, tokenizer_dir: str, reward_fn: str) -> NodeOut:
+DEFAULT_REWARD_TIMEOUT_S = 60.0
+"""How long the reward function may take over one batch (``reward_model.reward_timeout_s``)."""
+
+
+def reward(table: pa.Table, tokenizer_dir: str, reward_fn: str, timeout_s: float = DEFAULT_REWARD_TIMEOUT_S) -> NodeOut:
     """Decode responses (without EOS) and score them; the outcome reward sits on the last token.
     Metrics ``reward/<key>``: the mean of each extra value the reward function returns.
+
+    A reward function that raises (``sys.exit`` too), returns no finite number, or takes longer
+    than ``timeout_s`` over the batch fails the node with a
+    :class:`~flowrl.rewards.registry.RewardFunctionError` naming the function, the row and the fix.
 
     Multi-turn rows (a ``tool_reward`` column: the tools' reward hooks, already weighted by
     ``rollout.multi_turn.tool_reward_coef``, see :mod:`flowrl.agents.agent`) score
     ``reward function's score + tool_reward``."""
-    from flowrl.rewards import resolve_reward_fn, split_score
+    from flowrl.rewards import resolve_reward_fn
 
     fn = resolve_reward_fn(reward_fn)
     texts = load_tokenizer(tokenizer_dir).batch_decode(table.column("response_ids").to_pylist(), skip_special_tokens=True)
     sources = table.column("data_source").to_pylist()
     truths = table.column("ground_truth").to_pylist()
     infos = table.column("extra_info").to_pylist() if "extra_info" in table.column_names else [None] * len(texts)
-    scores = np.zeros(len(texts), dtype=np.float32)
+    scored = _score_with_timeout(fn, reward_fn, list(zip(sources, texts, truths, infos)), timeout_s)
+    scores = np.array([score for score, _ in scored], dtype=np.float32).reshape(-1)
     extras: dict[str, list[float]] = {}
-    outcomes = _in_parallel(fn, list(zip(sources, texts, truths, infos)))
-    for i, (src, text, truth, info) in enumerate(zip(sources, texts, truths, infos)):
-        try:
-            out = outcomes[i] if outcomes else fn(src, text, truth, info)
-            if isinstance(out, Exception):
-                raise out
-            scores[i], extra = split_score(out)
-        except Exception as exc:
-            raise RuntimeError(f"reward function {reward_fn!r} failed on row {i} (data_source={src!r}): {exc}") from exc
+    for _, extra in scored:
         for k, v in extra.items():
             extras.setdefault(k, []).append(v)
     if "tool_reward" in table.column_names:
         scores = scores + table.column("tool_reward").to_numpy(zero_copy_only=False).astype(np.float32)
     out = experience.with_columns(table, score=pa.array(scores, pa.float32()), token_rewards=outcome_token_rewards(table, scores))
     return NodeOut(out, {names.reward_extra(k): float(np.mean(v)) for k, v in extras.items()})
+
+
+def _score_with_timeout(fn: Any, name: str, rows: list[tuple], timeout_s: float) -> list[tuple[float, dict]]:
+    """Every row's ``(score, extras)``, scored in a daemon thread that gets ``timeout_s`` for the
+    batch (a hung reward function cannot be stopped, only abandoned: the run ends)."""
+    import threading
+
+    from flowrl.rewards.registry import RewardFunctionError
+
+    box: dict[str, Any] = {"row": 0}
+
+    def work() -> None:
+        try:
+            box["result"] = _score_rows(fn, name, rows, box)
+        except BaseException as exc:  # noqa: BLE001 - handed to the node's thread below
+            box["error"] = exc
+
+    thread = threading.Thread(target=work, name=f"reward-{name}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        i = box["row"]
+        raise RewardFunctionError(
+            f"reward function {name!r} did not finish scoring a batch of {len(rows)} rows within "
+            f"reward_model.reward_timeout_s={timeout_s:g}s (still on {_row_label(i, rows[i]) if i < len(rows) else 'the last rows'}); "
+            "fix the function (an endless loop or a call that blocks?) or raise reward_model.reward_timeout_s")
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+def _score_rows(fn: Any, name: str, rows: list[tuple], box: dict[str, Any]) -> list[tuple[float, dict]]:
+    """Each row's ``(score, extras)``; the first failure as a RewardFunctionError naming the row."""
+    from flowrl.rewards.registry import RewardFunctionError, split_score
+
+    outcomes = _in_parallel(fn, rows)
+    scored = []
+    for i, row in enumerate(rows):
+        box["row"] = i
+        try:
+            out = outcomes[i] if outcomes else fn(*row)
+            if isinstance(out, BaseException):
+                raise out
+        except SystemExit as exc:
+            raise RewardFunctionError(f"reward function {name!r} called sys.exit({exc.code!r}) on {_row_label(i, row)}; "
+                                      "a reward function returns a score, it never exits: return 0.0 instead") from exc
+        except BaseException as exc:  # noqa: BLE001 - a user's function may raise anything
+            raise RewardFunctionError(f"reward function {name!r} raised {type(exc).__name__}: {exc} on "
+                                      f"{_row_label(i, row)}; fix the function for this row's input "
+                                      "(return 0.0 for a response it cannot score)") from exc
+        try:
+            scored.append(split_score(out))
+        except ValueError as exc:
+            raise RewardFunctionError(f"reward function {name!r} on {_row_label(i, row)}: {exc}") from None
+    return scored
+
+
+def _row_label(i: int, row: tuple) -> str:
+    """``row 3 of the batch (data_source='gsm8k', index=17)``: the index is verl's ``extra_info.index``."""
+    import json
+
+    info = row[3]
+    if isinstance(info, str):
+        try:
+            info = json.loads(info) if info else {}
+        except ValueError:
+            info = {}
+    index = info.get("index") if isinstance(info, dict) else None
+    return f"row {i} of the batch (data_source={row[0]!r}" + (f", index={index!r})" if index is not None else ")")
 
 
 def _in_parallel(fn: Any, rows: list[tuple]) -> list[Any] | None:
@@ -76,7 +146,7 @@ def _in_parallel(fn: Any, rows: list[tuple]) -> list[Any] | None:
     def one(row: tuple) -> Any:
         try:
             return fn(*row)
-        except Exception as exc:  # noqa: BLE001 - re-raised with the row's index by the caller
+        except BaseException as exc:  # noqa: BLE001 - re-raised with the row's index by the caller
             return exc
 
     with ThreadPoolExecutor(min(16, len(rows))) as pool:
@@ -129,10 +199,11 @@ def overlong(table: pa.Table, *, max_response_length: int, buffer_len: int, pena
     })
 
 
-def reward_baseline(samples: pa.Table, greedy: pa.Table, tokenizer_dir: str, reward_fn: str) -> NodeOut:
+def reward_baseline(samples: pa.Table, greedy: pa.Table, tokenizer_dir: str, reward_fn: str,
+                    timeout_s: float = DEFAULT_REWARD_TIMEOUT_S) -> NodeOut:
     """Score the greedy responses and put each prompt's greedy score on its samples as
     ``reward_baseline`` (ReMax). Metric ``reward_baseline/mean``."""
-    scored = reward(greedy, tokenizer_dir, reward_fn).value
+    scored = reward(greedy, tokenizer_dir, reward_fn, timeout_s).value
     by_group = dict(zip(scored.column("group").to_pylist(), scored.column("score").to_pylist()))
     groups = samples.column("group").to_pylist()
     missing = sorted(set(groups) - set(by_group))

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -27,6 +29,16 @@ from typing import Any, Callable
 from flowrl.catalog.rewards import REWARD_FUNCTIONS
 
 RewardFn = Callable[..., "float | dict[str, Any]"]
+
+REWARD_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
+"""The keywords a reward function is called with (verl's naive reward manager's)."""
+
+SIGNATURE_FIX = "define it as def compute_score(data_source, solution_str, ground_truth, extra_info=None)"
+
+
+class RewardFunctionError(RuntimeError):
+    """A reward function failed on a row (it raised, exited, hung, or returned no finite score):
+    the message names the function, the row and the fix; the CLI prints it as one ``error:`` line."""
 
 
 def resolve_reward_fn(name: str) -> RewardFn:
@@ -37,7 +49,21 @@ def resolve_reward_fn(name: str) -> RewardFn:
         raise TypeError(f"reward function {name!r} resolved to {fn!r}, which is not callable")
     if getattr(fn, "__module__", "").startswith("flowrl.rewards."):
         return fn  # the built-ins take extra_info as a dict or its JSON string alike
+    check_signature(name, fn)
     return VerlCall(fn)
+
+
+def check_signature(name: str, fn: Any) -> None:
+    """``fn`` accepts verl's keywords (:data:`REWARD_ARGS`), else a TypeError naming the fix."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to check
+        return
+    try:
+        sig.bind(**dict.fromkeys(REWARD_ARGS))
+    except TypeError as exc:
+        raise TypeError(f"reward function {name!r} has the signature {sig}, which cannot be called with verl's "
+                        f"arguments ({exc}); {SIGNATURE_FIX}") from None
 
 
 def is_file_ref(name: str) -> bool:
@@ -85,13 +111,36 @@ class VerlCall:
 
 
 def split_score(result: float | dict[str, Any]) -> tuple[float, dict[str, float]]:
-    """``(score, extra_metrics)`` from a reward function's return value."""
+    """``(score, extra_metrics)`` from a reward function's return value: a finite number (a
+    float, int, bool, numpy or 0-d tensor scalar) or a dict holding one under ``"score"``; its
+    other numeric values become metrics (strings and other values are left out). Anything else,
+    a string like ``"1.0"`` included, and NaN or +-inf, raise ValueError naming the fix."""
     if isinstance(result, dict):
         if "score" not in result:
             raise ValueError(
                 f"a reward function returned a dict without 'score' (keys: {sorted(result)}); "
                 "put the reward under 'score'"
             )
-        extras = {key: float(value) for key, value in result.items() if key != "score"}
-        return float(result["score"]), extras
-    return float(result), {}
+        extras = {key: float(value) for key, value in result.items() if key != "score" and _is_number(value)}
+        return _finite(result["score"], "the dict's 'score'"), extras
+    return _finite(result, "it"), {}
+
+
+def _is_number(value: Any) -> bool:
+    return not isinstance(value, (str, bytes, bytearray)) and hasattr(value, "__float__")
+
+
+def _finite(value: Any, what: str) -> float:
+    if not _is_number(value):
+        raise ValueError(f"returned {value!r} ({type(value).__name__}) where a score belongs; {what} must be a "
+                         "number (float, int or bool), or a dict with the number under 'score'"
+                         + (": convert the string with float()" if isinstance(value, str) else ""))
+    try:
+        score = float(value)
+    except (TypeError, ValueError) as exc:  # e.g. a tensor of several elements
+        raise ValueError(f"returned {value!r} ({type(value).__name__}), which is not one number ({exc}); "
+                         "return one float per response") from None
+    if not math.isfinite(score):
+        raise ValueError(f"returned the score {score} (not finite); return a finite number (e.g. 0.0 for a "
+                         "response that cannot be scored) so that no NaN or inf reaches the policy")
+    return score
