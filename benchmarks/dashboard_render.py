@@ -28,13 +28,24 @@ dashboard RUN`` starts it: the first session pays whatever the process has not l
 same browser numbers from the navigation's start (the page sets the same marks), and the server's
 seconds: ``server_start_s`` (process start to accepting), ``first_doc_s`` (the session's document
 built, before the first page is sent), ``pull_doc_s`` (serializing it for the browser) and
-``deferred_s`` (building the figures sent after the first paint; 0 when there are none).
+``deferred_s`` (building the figures sent after the first paint; 0 when there are none; since
+issue 39 in a worker thread, off the event loop) and ``attach_s`` (attaching them, on the loop).
+
+The server answering while it builds (issue 39): ``answer_s``, when the browser had the page's
+HTML (the session's first page built); and while the first page's browser waits for the figures
+built after its first paint, a second client asks every ``--probe-gap`` seconds (at most
+``--probes`` times) for the page (``GET /``: a second page load, a new session built) and for a
+static file (``GET /favicon.ico``: the event loop's latency alone). ``probe_page_s`` and
+``probe_static_s`` are the slowest answer of an open (their medians over the opens are in the
+table), ``probes`` how many were asked. ``live 1000 steps, growing`` serves a run still being
+written: a step's metrics and timeline rows every 0.5 s during the open.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import queue
 import re
 import subprocess
@@ -42,14 +53,16 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "dist"), str(ROOT / "benchmarks")]
 
 from _common import machine_info, median, process_tree_cpu_s, table, write_json  # noqa: E402
 from chromium_cdp import RENDERED_MS_JS, Chromium, stop_process  # noqa: E402
-from flowrl_testing.synthetic_run import write_synthetic_run  # noqa: E402
+from flowrl_testing.synthetic_run import _metrics_row, _timeline_rows, write_synthetic_run  # noqa: E402
 
 import flowrl.metrics.dashboard as dashboard  # noqa: E402
 
@@ -137,11 +150,26 @@ def serve_timed(runs: list[str]) -> None:
     base = server_mod.Dashboard
 
     class Timed(base):  # type: ignore[misc, valid-type]
-        def build_deferred(self, *args, **kwargs):
+        def build_deferred(self, *args, **kwargs):  # older code: built and attached on the loop
             t0 = time.perf_counter()
             more = super().build_deferred(*args, **kwargs)
             say("deferred", deferred_s=time.perf_counter() - t0)
             return more
+
+        def build_batch(self, *args, **kwargs):  # since issue 39: in the worker thread
+            t0 = time.perf_counter()
+            built = super().build_batch(*args, **kwargs)
+            say("deferred", deferred_s=time.perf_counter() - t0)
+            return built
+
+        def attach_batch(self, *args, **kwargs):  # ... and attached on the loop
+            t0 = time.perf_counter()
+            out = super().attach_batch(*args, **kwargs)
+            say("attach", attach_s=time.perf_counter() - t0)
+            return out
+
+    if not hasattr(base, "build_batch"):  # older code: build_deferred calls neither
+        del Timed.build_batch, Timed.attach_batch
 
     make_doc = FunctionHandler.modify_document
 
@@ -167,6 +195,14 @@ def serve_timed(runs: list[str]) -> None:
     server.start()
     say("start", make_server_s=time.perf_counter() - start)
     print(f"URL http://127.0.0.1:{server.port}/", flush=True)
+    if os.environ.get("FLOWRL_BENCH_SLOW_S"):  # log every event-loop step longer than this (asyncio's debug mode)
+        import asyncio
+        import logging
+
+        logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
+        loop = server.io_loop.asyncio_loop
+        loop.set_debug(True)
+        loop.slow_callback_duration = float(os.environ["FLOWRL_BENCH_SLOW_S"])
     server.io_loop.start()
 
 
@@ -214,28 +250,104 @@ class LiveServer:
         stop_process(self.proc)
 
 
-def open_live_once(runs: list[Path], *, filter_timeout_s: float) -> dict:
+ANSWER_JS = "performance.getEntriesByType('navigation')[0].responseEnd"
+
+
+def get_s(url: str, timeout_s: float = 120) -> float:
+    """Seconds until ``url`` answered in full."""
+    start = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        response.read()
+    return time.perf_counter() - start
+
+
+class Prober:
+    """A second client asking, from a thread, for the page and a static file while the first
+    page's figures are built (until :meth:`stop`); every wait has a timeout."""
+
+    def __init__(self, url: str, *, gap_s: float, max_probes: int) -> None:
+        self.url, self.gap_s, self.max_probes = url, gap_s, max_probes
+        self.page: list[float] = []
+        self.static: list[float] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set() and len(self.page) < self.max_probes:
+            try:
+                self.static.append(get_s(self.url + "favicon.ico"))
+                self.page.append(get_s(self.url))
+            except OSError as exc:
+                self.errors.append(repr(exc))
+                return
+            self._stop.wait(self.gap_s)
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join(300)
+        return {"probe_page_s": round(max(self.page), 3) if self.page else None,
+                "probe_static_s": round(max(self.static), 3) if self.static else None,
+                "probes": len(self.page), **({"probe_errors": self.errors} if self.errors else {})}
+
+
+class Grower:
+    """Appends a step's metrics and timeline rows to a run every ``every_s`` (a run in progress)."""
+
+    def __init__(self, run: Path, every_s: float = 0.5) -> None:
+        import numpy as np
+
+        self.run, self.every_s = run, every_s
+        self.step = len((run / "metrics.jsonl").read_text().splitlines())
+        self.rng = np.random.default_rng(self.step)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            row = _metrics_row(self.step, self.step + 1, self.rng, 0.55)
+            with open(self.run / "metrics.jsonl", "a") as fh:
+                fh.write(json.dumps(row) + "\n")
+            with open(self.run / "timeline.jsonl", "a") as fh:
+                fh.writelines(json.dumps(r) + "\n" for r in _timeline_rows(self.step, 1_780_000_000.0 + 2 * self.step, 0))
+            self.step += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+def open_live_once(runs: list[Path], *, filter_timeout_s: float, probe_gap_s: float, probes: int,
+                   grow: bool) -> dict:
     server = LiveServer(runs)
+    grower = Grower(runs[0]) if grow else None
     try:
         with Chromium(timeout_s=120) as browser:
             cpu0 = process_tree_cpu_s(browser._proc.pid)
             browser.open(server.url)
             first_ms = float(browser.wait_for(FIRST_PAINT_JS, timeout_s=600, poll_s=0.02))
+            prober = Prober(server.url, gap_s=probe_gap_s, max_probes=probes) if probes else None
             browser.wait_for(ALL_METRICS_JS, timeout_s=600, poll_s=0.02)
+            probed = prober.stop() if prober else {}
             all_ms = float(browser.wait_for(RENDERED_MS_JS, timeout_s=600, poll_s=0.02))
             cpu_s = process_tree_cpu_s(browser._proc.pid) - cpu0
-            out = {"first_paint_s": round(first_ms / 1000, 3), "all_drawn_s": round(all_ms / 1000, 3),
-                   "browser_cpu_s": round(cpu_s, 2)}
+            out = {"answer_s": round(float(browser.evaluate(ANSWER_JS)) / 1000, 3),
+                   "first_paint_s": round(first_ms / 1000, 3), "all_drawn_s": round(all_ms / 1000, 3),
+                   "browser_cpu_s": round(cpu_s, 2), **probed}
             time.sleep(0.5)  # the last deferred call's line
             out.update(server.times())
             run_filter(browser, out, filter_timeout_s)
     finally:
+        if grower:
+            grower.stop()
         server.close()
     return out
 
 
-def measure_live(runs: list[Path], repeats: int, *, filter_timeout_s: float) -> dict:
-    opens = [open_live_once(runs, filter_timeout_s=filter_timeout_s) for _ in range(repeats)]
+def measure_live(runs: list[Path], repeats: int, **kwargs: Any) -> dict:
+    opens = [open_live_once(runs, **kwargs) for _ in range(repeats)]
     return medians({"export_s": None, "html_mb": None, "opens": opens})
 
 
@@ -254,8 +366,11 @@ def code_version() -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--pages", default="60,1000,2x1000,live1000",
-                        help="comma-separated: 60, 1000, 2x1000 (exported), live1000 (served)")
+    parser.add_argument("--pages", default="60,1000,2x1000,live1000,growing1000",
+                        help="comma-separated: 60, 1000, 2x1000 (exported), live1000, growing1000 (served; "
+                             "growing: a run still written)")
+    parser.add_argument("--probes", type=int, default=5, help="second-client requests per live open (0: none)")
+    parser.add_argument("--probe-gap", type=float, default=0.5, help="seconds between a second client's requests")
     parser.add_argument("--filter-timeout", type=float, default=120.0,
                         help="seconds before a filter step counts as null")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "dashboard_render.json"))
@@ -275,13 +390,16 @@ def main() -> None:
         tok = r60 / "tokenizer"
         r1k = write_synthetic_run(tmp / "r1000", 1000, seed=1, tokenizer_dir=tok)
         r1k_b = write_synthetic_run(tmp / "r1000b", 1000, seed=2, lift=0.3, tokenizer_dir=tok)
+        r1k_g = write_synthetic_run(tmp / "r1000g", 1000, seed=3, tokenizer_dir=tok)
         pages = (("60", "60 steps", [r60]), ("1000", "1000 steps", [r1k]), ("2x1000", "2 x 1000 steps", [r1k, r1k_b]),
-                 ("live1000", "live 1000 steps", [r1k]))
+                 ("live1000", "live 1000 steps", [r1k]), ("growing1000", "live 1000 steps, growing", [r1k_g]))
         for tag, name, runs in pages:
             if tag not in wanted:
                 continue
-            if tag.startswith("live"):
-                results[name] = measure_live(runs, args.repeats, filter_timeout_s=args.filter_timeout)
+            if tag.startswith(("live", "growing")):
+                results[name] = measure_live(runs, args.repeats, filter_timeout_s=args.filter_timeout,
+                                             probe_gap_s=args.probe_gap, probes=args.probes,
+                                             grow=tag.startswith("growing"))
             else:
                 results[name] = measure(runs, tmp / f"{tag}.html", args.repeats, with_filter=tag == "1000",
                                         filter_timeout_s=args.filter_timeout)
@@ -293,14 +411,16 @@ def main() -> None:
             return "-"
         values = [o.get(key) for o in r["opens"]]
         if any(v is None for v in values):
-            return f"> {args.filter_timeout:.0f}"
+            return "none" if key.startswith("probe") else f"> {args.filter_timeout:.0f}"
         return f"{median(values):.3g} ({min(values):.3g}-{max(values):.3g})"
 
-    rows = [[name, *(cell(r, k) for k in ("first_paint_s", "all_drawn_s", "browser_cpu_s", "filter_s", "unfilter_s",
-                                          "first_doc_s", "pull_doc_s", "deferred_s")),
+    rows = [[name, *(cell(r, k) for k in ("answer_s", "first_paint_s", "all_drawn_s", "probe_page_s", "probe_static_s",
+                                          "browser_cpu_s", "filter_s", "unfilter_s", "first_doc_s", "pull_doc_s",
+                                          "deferred_s", "attach_s")),
              r["export_s"], r["html_mb"]] for name, r in results.items()]
-    print(table(["page", "first paint s", "all drawn s", "browser CPU s", f"filter '{FILTER}' s", "clear filter s",
-                 "server doc s", "pull doc s", "deferred s", "export s", "HTML MiB"], rows))
+    print(table(["page", "HTML s", "first paint s", "all drawn s", "2nd GET / s", "2nd GET static s", "browser CPU s",
+                 f"filter '{FILTER}' s", "clear filter s", "server doc s", "pull doc s", "deferred s", "attach s",
+                 "export s", "HTML MiB"], rows))
     out = {"machine": machine_info(), "code": code_version(), "results": results}
     if args.baseline:
         out["baseline"] = json.loads(Path(args.baseline).read_text())

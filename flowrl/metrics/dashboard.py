@@ -39,8 +39,8 @@ in the browser (a ``CustomJS`` that copies the chosen step's rows into the shown
 
 from __future__ import annotations
 
-import contextlib
 import html
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -48,9 +48,11 @@ from typing import Any
 import numpy as np
 
 from flowrl.metrics.dashboard_figures import FigureMaker, RunSource, flat_span, run_color, stable_color
+from flowrl.metrics.dashboard_live import batched as _batched, filter_shows as _filter_shows
 from flowrl.metrics.dashboard_js import (ATTACH_JS, FILTER_JS, FIRST_PAINT_JS, LIVE_ATTACH_JS, PICK_STEP_JS,
                                          SHOW_SAMPLE_JS)
-from flowrl.metrics.dashboard_step import NODE_ORDER, gantt, header_html, samples_table, timeline_columns
+from flowrl.metrics.dashboard_step import (NODE_ORDER, gantt, header_html, samples_table, timeline_arrays,
+                                           timeline_columns)
 from flowrl.metrics.groups import RESHARD_GROUP, THROUGHPUT_GROUP, group_metrics, headline_keys, keys_of
 from flowrl.metrics.run_reader import SAMPLE_DATA_COLUMNS, Changes, RunReader, run_labels
 from flowrl.metrics.timeline import overlapping_rows
@@ -83,6 +85,9 @@ class Dashboard:
         self.live = live
         self.lazy = lazy or defer
         self.defer = defer
+        # held by whoever changes the page's Python state off a server's event loop
+        # (:mod:`flowrl.metrics.dashboard_live`): a figure build, a re-read of the files
+        self.lock = threading.RLock()
         for reader in self.readers:
             reader.refresh()
         self._keys = self._all_keys()
@@ -208,7 +213,7 @@ class Dashboard:
 
     def _fill_timeline(self) -> None:
         rows = [(label, r) for label, reader in zip(self.labels, self.readers) for r in reader.timeline]
-        self.tl_all.data = timeline_columns(rows)
+        self.tl_all.data = timeline_arrays(rows)  # arrays: sent as bytes, skipped by Bokeh's model walks
         self.gantt_note.visible = not rows
 
     def _sample_rows(self, reader: RunReader, label: str, steps: list[int]) -> dict[str, list]:
@@ -324,24 +329,34 @@ class Dashboard:
 
     def build_deferred(self, budget_s: float = 0.25) -> bool:
         """Build the figures of the next deferred panes (in page order, at least one, more while
-        ``budget_s`` seconds are not spent) and attach them, the metric filter applied with the
-        text the browser last sent (its :data:`LIVE_ATTACH_JS` filters again, should the text have
-        changed meanwhile); returns whether panes are left. Does nothing and returns False on a
-        page without deferred panes.
+        ``budget_s`` seconds are not spent: :meth:`build_batch`) and attach them, the metric
+        filter applied with the text the browser last sent (:meth:`attach_batch`; its
+        :data:`LIVE_ATTACH_JS` filters again, should the text have changed meanwhile); returns
+        whether panes are left. A server builds off its event loop and attaches on it.
 
         The server attaches them, not the browser: a change the browser makes comes back to the
         server, and every change of the document's model graph walks the whole graph again (a
-        tenth of a second at 1,000 steps, seconds for a page's panes on a busy machine). Here it
-        is walked once per call, and each new figure sent once (:func:`_batched`)."""
+        tenth of a second at 1,000 steps). Here it is walked once per batch, and each new figure
+        sent once (:func:`_batched`)."""
+        built = self.build_batch(budget_s)
+        if built:
+            self.attach_batch(built)
+        return bool(self._pending)
+
+    def build_batch(self, budget_s: float = 0.25) -> list[tuple[Any, list[Any]]]:
+        """The next deferred panes and their new figures (models in no document; :attr:`lock` held)."""
         built: list[tuple[Any, list[Any]]] = []
         start = time.perf_counter()
-        while self._pending and (not built or time.perf_counter() - start < budget_s):
-            cache_key, pane = next(iter(self._pending.items()))
-            del self._pending[cache_key]
-            panel, keys = cache_key
-            built.append((pane, [self._curve(k, panel) for k in keys]))
-        if not built:
-            return False
+        with self.lock:
+            while self._pending and (not built or time.perf_counter() - start < budget_s):
+                cache_key, pane = next(iter(self._pending.items()))
+                del self._pending[cache_key]
+                panel, keys = cache_key
+                built.append((pane, [self._curve(k, panel) for k in keys]))
+        return built
+
+    def attach_batch(self, built: list[tuple[Any, list[Any]]]) -> None:
+        """Attach the figures :meth:`build_batch` built, the filter applied."""
         figures = {id(pane): figs for pane, figs in built}
         self._panes = [(p, figures.get(id(p), f)) for p, f in self._panes]
         text = (self.metric_filter.value_input or self.metric_filter.value or "").strip().lower()
@@ -351,13 +366,13 @@ class Dashboard:
             for pane, figs in built:
                 shown = [fig for fig in figs if _filter_shows(fig, text)]
                 for fig in figs:
-                    fig.visible = fig in shown
+                    if fig.visible != (fig in shown):  # changes only: fewer events to send
+                        fig.visible = fig in shown
                 if id(pane) in sections:  # as FILTER_JS: a section with no figure left is hidden, title too
                     for model in (*sections[id(pane)], pane):
                         model.visible = bool(shown)
                 pane.elements = shown
                 pane.tags = figs  # last: its change runs LIVE_ATTACH_JS in the browser
-        return bool(self._pending)
 
     def _build_metric_panels(self) -> None:
         from bokeh.models import Div, Pane
@@ -411,12 +426,12 @@ class Dashboard:
     def _set_header(self) -> None:
         self.header.text = header_html(self.readers, self.labels, live=self.live)
 
-    def document(self, doc: Any = None) -> Any:
+    def document(self, doc: Any = None, start: Any = None) -> Any:
         """``doc`` (a new Bokeh ``Document`` if None) with the dashboard as its root, and the lazy
         panes filled once the browser has painted it (``document_ready``: :data:`ATTACH_JS`). On a
-        deferred page (a server's session), the server builds their figures then instead, a few
-        panes per tick of its event loop (:meth:`build_deferred`), so the session answers between
-        them and the browser paints each batch as it comes."""
+        deferred page (a server's session), ``start(doc)`` builds their figures then instead
+        (:func:`flowrl.metrics.dashboard_live.build_figures`: off the event loop), or without
+        ``start`` a few panes per tick of the loop (:meth:`build_deferred`)."""
         from bokeh.document import Document
         from bokeh.events import DocumentReady
         from bokeh.models import CustomJS
@@ -438,7 +453,10 @@ class Dashboard:
         def on_ready(_: Any) -> None:
             if self._pending and not started:  # once: a reconnected browser reports ready again
                 started.append(True)
-                doc.add_next_tick_callback(build_next)
+                if start is not None:
+                    start(doc)
+                else:
+                    doc.add_next_tick_callback(build_next)
 
         doc.on_event(DocumentReady, on_ready)
         return doc
@@ -453,9 +471,14 @@ class Dashboard:
         show(self.layout)
 
     # ----------------------------------------------------------------- live
-    def update(self) -> Changes:
-        """Re-read the run directories and push what changed; returns the changes (all runs')."""
-        found = [reader.refresh() for reader in self.readers]
+    def refresh(self) -> list[Changes]:
+        """Re-read the run directories (each reader's changes); :meth:`update` shows them."""
+        with self.lock:
+            return [reader.refresh() for reader in self.readers]
+
+    def update(self, found: list[Changes] | None = None) -> Changes:
+        """Push what :meth:`refresh` found (None: re-read the files now); returns the changes (all runs')."""
+        found = self.refresh() if found is None else found
         if any(c.new_sample_steps for c in found):
             self._fill_samples([c.new_sample_steps for c in found])
         if any(c.timeline_changed for c in found):
@@ -475,26 +498,3 @@ class Dashboard:
             self._set_steps()
         self._set_header()
         return Changes.merged(found)
-
-
-@contextlib.contextmanager
-def _batched(doc: Any) -> Any:
-    """Changes of ``doc`` (None: no document, nothing to do) made in the block, the model graph
-    walked once at its end and the changes sent to the browser after that: frozen alone, the
-    graph would not know the block's new models yet, and every change referring to one would
-    send the model whole again."""
-    if doc is None:
-        yield
-        return
-    doc.hold("combine")
-    try:
-        with doc.models.freeze():
-            yield
-    finally:
-        doc.unhold()
-
-
-def _filter_shows(fig: Any, text: str) -> bool:
-    """Whether the metric filter (lower-cased ``text``) shows ``fig``, as :data:`FILTER_JS` decides:
-    an all-metrics figure (``metric:<key>``) whose key contains the text; any other figure."""
-    return not fig.name.startswith("metric:") or text in fig.name[len("metric:"):].lower()

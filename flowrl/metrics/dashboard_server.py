@@ -9,11 +9,10 @@ from typing import Any
 
 from flowrl.comm import free_port
 from flowrl.metrics.dashboard import Dashboard
+from flowrl.metrics.dashboard_live import FIRST_PAGE, SPARE, Worker, build_figures, keep_fresh
 from flowrl.metrics.run_reader import RunReader
 
 __all__ = ["export_html", "make_server", "serve"]
-#: Seconds after a session opened before the server builds the next session's first page.
-SPARE_AFTER_S = 10.0
 
 
 def export_html(run_dir: str | Path | list, out: str | Path, *, max_samples: int = 64) -> Path:
@@ -34,44 +33,96 @@ def make_server(run_dir: str | Path | list, *, port: int = 5006, interval_s: flo
     """A Bokeh server on 127.0.0.1:``port`` (0: a free one) serving the live dashboard at ``/``;
     every browser session re-reads the run directories every ``interval_s``. Not started.
 
-    First render: a session's first page carries the header, the overview and the step section;
-    the other figures are built once the browser has drawn it (:meth:`Dashboard.document`). The
-    server keeps that first page of the next session built (a spare, brought up to date with
-    :meth:`Dashboard.update` when a browser takes it), and loads what every session needs before
-    it accepts (:func:`_warm_up`): a browser then waits for none of it."""
-    from bokeh.application import Application
-    from bokeh.application.handlers.function import FunctionHandler
+    The server answers while it builds (:mod:`flowrl.metrics.dashboard_live`): a session's page
+    is built in a worker thread while the session is created (the loop serves other requests
+    meanwhile) and only attached on the loop; so are the figures built after its first paint
+    (:meth:`Dashboard.document`) and every re-read of the files. The readers of all sessions
+    share what they parsed (:mod:`flowrl.metrics.run_reader`). The server keeps the first page
+    of the next session built (a spare, brought up to date when a session takes it), and loads
+    what every session needs before it accepts (:func:`_warm_up`)."""
     from bokeh.server.server import Server
-    from tornado.ioloop import IOLoop
 
     runs = list(run_dir) if isinstance(run_dir, (list, tuple)) else [run_dir]
     if interval_s <= 0:
         raise ValueError(f"interval_s={interval_s} must be > 0; fix: use e.g. 2")
     readers = [RunReader(r, max_samples=max_samples) for r in runs]  # fail now on a bad directory, not per session
-    spare = [_warm_up(readers)]
-
-    def new_page() -> Dashboard:
-        return Dashboard(runs, max_samples=max_samples, live=True, defer=True)
-
-    def refill() -> None:
-        if not spare:
-            spare.append(new_page())
-
-    def make_doc(doc: Any) -> None:
-        if spare:
-            dash = spare.pop()
-            dash.update()  # what the run wrote since the spare was built
-        else:
-            dash = new_page()
-        dash.document(doc)
-        doc.add_periodic_callback(dash.update, int(interval_s * 1000))
-        # the next spare once this session's page has settled (its figures are built meanwhile)
-        IOLoop.current().call_later(SPARE_AFTER_S, refill)
-
+    pages = _Pages(runs, max_samples, interval_s, spare=_warm_up(readers))
     port = port or free_port()
     origins = [f"127.0.0.1:{port}", f"localhost:{port}"]
-    return Server({"/": Application(FunctionHandler(make_doc))}, address="127.0.0.1", port=port,
+    return Server({"/": pages.application()}, address="127.0.0.1", port=port,
                   allow_websocket_origin=origins, num_procs=1)
+
+
+class _Pages:
+    """The sessions' pages: built in the worker (the spare if there is one, else a new page) while
+    Bokeh creates the session, attached to its document on the loop."""
+
+    def __init__(self, runs: list, max_samples: int, interval_s: float, spare: Dashboard) -> None:
+        self.runs, self.max_samples, self.interval_s = runs, max_samples, interval_s
+        self.worker = Worker()  # the open pages' figures and re-reads
+        self.page_worker = Worker("flowrl-dashboard-pages")  # new sessions' pages: never behind figures
+        self.spare = [spare]
+        self.ready: dict[str, Dashboard] = {}  # session id -> its page, between its creation and its document
+        self.refilling = False
+
+    def new_page(self) -> Dashboard:
+        dash = Dashboard(self.runs, max_samples=self.max_samples, live=True, defer=True)
+        check_page(dash)
+        return dash
+
+    def take(self) -> Dashboard:
+        """(In the worker.) The spare brought up to date, else a new page."""
+        if self.spare:
+            dash = self.spare.pop()
+            dash.update()  # what the run wrote since the spare was built
+            return dash
+        return self.new_page()
+
+    def refill(self) -> None:
+        """(In the worker, after the sessions' work.) A spare for the next session."""
+        self.refilling = False
+        if not self.spare:
+            self.spare.append(self.new_page())
+
+    async def on_session_created(self, context: Any) -> None:
+        self.ready[context.id] = await self.page_worker.submit(FIRST_PAGE, self.take)
+        if not self.refilling:
+            self.refilling = True
+            self.page_worker.submit(SPARE, self.refill)
+
+    def make_doc(self, doc: Any) -> None:
+        dash = self.ready.pop(doc.session_context.id)
+        dash.document(doc, start=lambda d: build_figures(dash, self.worker, d))
+        keep_fresh(dash, self.worker, doc, self.interval_s)
+
+    def application(self) -> Any:
+        from bokeh.application import Application
+        from bokeh.application.handlers.function import FunctionHandler
+
+        pages = self
+
+        class Handler(FunctionHandler):
+            async def on_session_created(self, context: Any) -> None:
+                await pages.on_session_created(context)
+
+            async def on_session_destroyed(self, context: Any) -> None:
+                pages.ready.pop(context.id, None)
+
+        class App(Application):
+            def initialize_document(self, doc: Any) -> None:
+                """The handlers only: the page was validated in the worker (:func:`check_page`)."""
+                for handler in self._handlers:
+                    handler.modify_document(doc)
+
+        return App(Handler(self.make_doc))
+
+
+def check_page(dash: Dashboard) -> None:
+    """Bokeh's validation of a document, on the page's models (in the worker, not on the loop:
+    about 0.3 s at 1,000 steps); its warnings are logged as Bokeh logs them."""
+    from bokeh.core.validation import check_integrity, process_validation_issues
+
+    process_validation_issues(check_integrity(dash.layout.references()))
 
 
 def _warm_up(readers: list[RunReader]) -> Dashboard:
@@ -81,7 +132,9 @@ def _warm_up(readers: list[RunReader]) -> Dashboard:
     first spare). Else the first browser waits about 5 s more than the next ones."""
     for reader in readers:
         reader.load_tokenizer()  # before a run has written a step's Parquet too
-    return Dashboard(readers, live=True, defer=True)
+    dash = Dashboard(readers, live=True, defer=True)
+    check_page(dash)
+    return dash
 
 
 def serve(run_dir: str | Path | list, *, port: int = 5006, interval_s: float = 2.0, max_samples: int = 64,

@@ -65,6 +65,35 @@ def test_reader_reads_metrics_incrementally_and_waits_for_a_cut_line(run_dir):
     assert changes.metrics_reset and sorted(reader.metrics) == [0]
 
 
+def test_readers_share_what_they_parsed(run_dir, monkeypatch):
+    """A server's sessions each have readers; a new one takes the rows and samples another
+    parsed (issue 39), reads only lines written since, and not rows of a rewritten file."""
+    from flowrl.metrics import run_reader
+
+    first = RunReader(run_dir)
+    first.refresh()
+
+    def no_parse(*args):
+        raise AssertionError("parsed again")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(run_reader, "_parse_metric_row", no_parse)
+        patch.setattr(RunReader, "_parse_samples", no_parse)
+        second = RunReader(run_dir)
+        changes = second.refresh()
+    assert [r["step"] for r in changes.new_metric_rows] == [0, 1] and changes.new_sample_steps == [0, 1]
+    assert second.metrics == first.metrics and second.samples[1] is first.samples[1]
+    with open(run_dir / "metrics.jsonl", "a") as fh:
+        fh.write(json.dumps({"step": 2, "critic/score/mean": 0.5}) + "\n")
+    assert [r["step"] for r in second.refresh().new_metric_rows] == [2]
+    # rewritten (a resume) to as many bytes, other rows: a new reader parses it
+    text = (run_dir / "metrics.jsonl").read_text()
+    (run_dir / "metrics.jsonl").write_text(text.replace('"step": 1,', '"step": 7,'))
+    third = RunReader(run_dir)
+    third.refresh()
+    assert sorted(third.metrics) == [0, 2, 7]
+
+
 def test_samples_decode_with_a_tokenizer_or_show_ids(run_dir):
     table = pq.read_table(ex.step_path(run_dir, 0))
 
