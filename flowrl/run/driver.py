@@ -55,11 +55,13 @@ class Run:
         from flowrl.data import file_modes
         from flowrl.data.prompts import PromptDataset
         from flowrl.graphs.family import resolve_family
+        from flowrl.run.run_dir import RunDirLock
 
         self.cfg = cfg
         self.run_dir = Path(cfg.trainer.run_dir)
         file_modes.apply(cfg.trainer.file_mode)  # the umask of this process and of the workers it starts
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.lock = RunDirLock(self.run_dir)  # one run per directory: a second is refused, naming this one
         file_modes.fix_tree(self.run_dir)  # made by the pre-flight, or by an earlier run that resumes here
         _dump_resolved_config(cfg, self.run_dir / "config.yaml")
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
@@ -242,6 +244,7 @@ class Run:
                 log.warning("the last weight sync failed: %s", exc)
             self.session.close()
             self.session = None
+        self.lock.release()
 
 
 def final_config(cfg: RunConfig, num_prompts: int) -> RunConfig:

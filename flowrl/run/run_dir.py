@@ -15,16 +15,23 @@ same, as verl does with ``resume_mode=auto`` (a fixed reward module, a changed l
 a crash: the user's call), but not silently: a warning names the differing keys before any
 worker starts. For a separate run: another ``trainer.run_dir`` / ``trainer.experiment_name``;
 to start afresh in it: ``trainer.resume_mode=disable``.
+
+A run directory is held by one run at a time (:class:`RunDirLock`: ``.flowrl.lock``, an
+``fcntl.flock`` the system releases when the holder exits, killed or not, naming its host and
+pid): a second run on it is refused at once, naming the holder.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import re
+import socket
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -147,3 +154,79 @@ def resolve_run_dir(cfg: RunConfig) -> Path:
     check_writable(run_dir)
     warn_if_another_run(cfg, run_dir)
     return run_dir
+
+
+LOCK_FILE = ".flowrl.lock"
+_HELD: dict[Path, RunDirLock] = {}  # this process's locks by lock file
+
+
+class RunDirLock:
+    """``run_dir`` held by this process (:data:`LOCK_FILE`, ``fcntl.flock``): taken at once or a
+    ConfigError naming the holder's host and pid; released by :meth:`release` or, whatever
+    happens, when the process is gone (so a killed run's directory is taken over by the next)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / LOCK_FILE
+        self._fd: int | None = None
+        earlier = _HELD.get(self.path)
+        if earlier is not None and earlier._fd is not None:  # a Run of this process never closed (a notebook)
+            log.warning("trainer.run_dir=%s: taking it over from an earlier Run of this process that was not "
+                        "closed (close a Run with run.close())", run_dir)
+            self._fd, earlier._fd = earlier._fd, None
+            _HELD[self.path] = self
+            return
+        try:
+            taken = self._take()
+        except OSError as exc:  # a file system without locks (some network mounts): run unguarded
+            log.warning("trainer.run_dir=%s: cannot lock %s (%s); nothing stops a second run from writing "
+                        "into it", run_dir, self.path, exc.strerror or exc)
+            self.release(unlink=False)
+            return
+        if not taken:
+            holder = self._holder()
+            raise ConfigError("trainer.run_dir", str(run_dir), f"is in use by another run ({holder})",
+                              "wait for that run to end (or stop it), or give this run its own trainer.run_dir "
+                              "or trainer.experiment_name")
+        _HELD[self.path] = self
+        os.ftruncate(self._fd, 0)
+        os.write(self._fd, f"host {socket.gethostname()} pid {os.getpid()} since "
+                           f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+
+    def _take(self) -> bool:
+        """Lock the lock file (True), or False while another process holds it. Retried when the
+        file was removed by a holder that just let go (the lock would be on a file no longer there)."""
+        for _ in range(5):
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self.release(unlink=False)
+                return False
+            try:
+                if os.stat(self.path).st_ino == os.fstat(self._fd).st_ino:
+                    return True
+            except FileNotFoundError:
+                pass
+            self.release(unlink=False)
+        raise OSError(f"{self.path} keeps being replaced")
+
+    def _holder(self) -> str:
+        try:
+            text = self.path.read_text().strip()
+        except (OSError, UnicodeDecodeError):
+            text = ""
+        return text or "a process that has not written its name yet"
+
+    def release(self, *, unlink: bool = True) -> None:
+        """Let the directory go (the lock file too, once unlocked); a second call does nothing."""
+        if self._fd is None:
+            return
+        if _HELD.get(self.path) is self:
+            del _HELD[self.path]
+        if unlink:
+            try:  # remove while still holding the lock: no other run has opened it meanwhile and locked it
+                self.path.unlink()
+            except OSError:
+                pass
+        os.close(self._fd)
+        self._fd = None
