@@ -248,7 +248,7 @@ def _start_local(cfg: Any, pools: list[Pool], *, controller: bool, scratch_dir: 
     from distributed import Client
 
     security = make_security(cfg)
-    warn_exposed("LocalCluster scheduler", cfg.host, security is not None, cfg.dashboard)
+    warn_exposed("LocalCluster scheduler", cfg.host, security is not None, False)  # the dashboard: 127.0.0.1 only
     worker_start.use(cfg.start_method)
     forked = cfg.start_method == "forkserver"
     env = dict(WORKER_ENV, **private.worker_env(cfg.dashboard, rendezvous=True))  # one machine: a FileStore rendezvous

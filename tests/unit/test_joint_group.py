@@ -25,3 +25,28 @@ def test_join_once_per_name_and_clear_errors():
         joint.close_all()
     with pytest.raises(KeyError, match="not joined here"):
         joint.get("unit-joint")
+
+
+def test_a_joint_group_on_this_machine_meets_on_a_file_store_not_a_port(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    import os
+
+    import psutil
+
+    from flowrl.comm import reserve_port, store
+
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    monkeypatch.setenv("FLOWRL_PRIVATE_DIR", str(private))
+    port = reserve_port("127.0.0.1")  # rank 0's reservation: bound, never listening
+    try:
+        pg = joint.join(JointSpec("unit-file", "127.0.0.1", port, 1, 30.0), 0)
+        assert pg.size() == 1
+        listening = {c.laddr.port for c in psutil.Process(os.getpid()).net_connections("tcp")
+                     if c.status == psutil.CONN_LISTEN}
+        assert port not in listening and port in [s.getsockname()[1] for s in store._HELD]
+    finally:
+        joint.close_all()
+    monkeypatch.setenv("FLOWRL_PRIVATE_DIR", str(tmp_path))  # not 0700: no file there, a TCPStore
+    os.chmod(tmp_path, 0o755)
+    assert store._private_dir("127.0.0.1") is None and store._private_dir("10.0.0.1") is None
