@@ -90,13 +90,84 @@ def resolve_data(path: str | Path | None, overrides: list[str] | tuple[str, ...]
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError("CONFIG", str(path), "no such file", "pass an existing YAML file or none")
+    raw = path.read_bytes()
     try:
-        loaded = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError("CONFIG", str(path), f"is not valid YAML ({exc})", "fix the YAML syntax") from exc
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise ConfigError("CONFIG", str(path), f"is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}, "
+                          f"line {line})", "save the file as UTF-8") from None
+    try:
+        loaded = yaml.load(text, Loader=StrictLoader) or {}  # noqa: S506 - a SafeLoader
+    except DuplicateKeyError as exc:
+        raise ConfigError("CONFIG", str(path), str(exc), "keep one of them (YAML would silently use the last)") from None
+    except AliasBombError as exc:
+        raise ConfigError("CONFIG", str(path), str(exc), "write the values out instead of nesting aliases") from None
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise ConfigError("CONFIG", str(path), f"is not valid YAML ({exc})", "fix the YAML syntax") from None
     if not isinstance(loaded, dict):
         raise ConfigError("CONFIG", str(path), "must hold a mapping at the top level", "write `section: {key: value}`")
     return loaded
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping of a YAML file names one key twice."""
+
+
+class AliasBombError(yaml.YAMLError):
+    """A YAML file whose aliases expand to more values than any config holds."""
+
+
+MAX_YAML_VALUES = 100_000
+"""The most values a config file may expand to through its aliases (verl's ppo_trainer.yaml
+holds about 1,000; a "billion laughs" file billions)."""
+
+
+class StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses a key given twice in one mapping (naming it and both
+    lines) and a document whose aliases expand to more than :data:`MAX_YAML_VALUES` values
+    (checked on the composed node graph, before anything is expanded)."""
+
+    def get_single_node(self) -> Any:
+        node = super().get_single_node()
+        if node is not None:
+            size = _expanded_size(node, {})
+            if size > MAX_YAML_VALUES:
+                raise AliasBombError(f"expands through its aliases to more than {MAX_YAML_VALUES:,} values")
+        return node
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            first: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                line = key_node.start_mark.line + 1
+                if key_node.value in first:
+                    raise DuplicateKeyError(f"names the key {key_node.value!r} twice in one mapping (lines "
+                                            f"{first[key_node.value]} and {line})")
+                first[key_node.value] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _expanded_size(node: Any, memo: dict[int, int]) -> int:
+    """Values under ``node`` with every alias expanded (each shared node counted once per use)."""
+    if id(node) in memo:
+        return memo[id(node)]
+    memo[id(node)] = 1  # a recursive alias counts once
+    if isinstance(node, yaml.SequenceNode):
+        children = list(node.value)
+    elif isinstance(node, yaml.MappingNode):
+        children = [part for pair in node.value for part in pair]
+    else:
+        children = []
+    size = 1
+    for child in children:
+        size += _expanded_size(child, memo)
+        if size > MAX_YAML_VALUES:
+            break
+    memo[id(node)] = size
+    return size
 
 
 def _is_verl_yaml(loaded: dict[str, Any]) -> bool:
