@@ -24,7 +24,7 @@ class MultiTurnConfig:
     """Tool-call parser: ``hermes`` (``<tool_call>{json}</tool_call>``, Qwen's format) or
     ``module:function`` (``fn(text) -> flowrl.agents.parsers.ParsedTurn``)."""
     tools: list[str] = field(default_factory=list)
-    """Tools the model may call: built-in ``calculator``, ``python`` (a sandboxed subprocess), or
+    """Tools the model may call: built-in ``calculator``, ``python`` (runs the code in a jail: ``sandbox.*``), or
     ``module:ToolClass`` (a ``flowrl.agents.tools.Tool``). Their schemas go into the chat
     template's ``tools`` when prompts are rendered (templates without tool support ignore them)."""
     environment: str = ""
