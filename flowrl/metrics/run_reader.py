@@ -83,6 +83,7 @@ class RunReader:
         self.tokenizer_note = ""  # why samples show token ids, if they do
         self._offset = 0
         self._partial = ""
+        self._hash = hashlib.blake2b(digest_size=16)  # of the bytes read so far (what _PARSED checks)
         self._timeline_sig: tuple[int, int] | None = None
 
     # ----------------------------------------------------------------- static facts
@@ -128,6 +129,7 @@ class RunReader:
         size = path.stat().st_size
         if size < self._offset:  # rewritten (resume): start over
             self.metrics, self._offset, self._partial = {}, 0, ""
+            self._hash = hashlib.blake2b(digest_size=16)
             changes.metrics_reset = True
         if size == self._offset:
             return
@@ -139,6 +141,7 @@ class RunReader:
             fh.seek(self._offset)
             chunk = fh.read(size - self._offset)
         self._offset = size
+        self._hash.update(chunk)
         text = self._partial + chunk.decode("utf-8", errors="replace")
         lines = text.split("\n")
         self._partial = lines.pop()  # "" after a complete last line
@@ -151,7 +154,7 @@ class RunReader:
             self.metrics[row["step"]] = row
             changes.new_metric_rows.append(row)
         if lines and not self._partial:
-            _PARSED.keep_metrics(path, self._offset, self.metrics)
+            _PARSED.keep_metrics(path, self._offset, self._hash, self.metrics)
 
     def _read_timeline(self, changes: Changes) -> None:
         path = self.run_dir / TIMELINE_FILE
@@ -161,7 +164,7 @@ class RunReader:
         sig = (stat.st_size, stat.st_mtime_ns)
         if sig != self._timeline_sig:
             self._timeline_sig = sig
-            self.timeline = _PARSED.get(("timeline", str(path), sig), lambda: read_timeline(path))
+            self.timeline = _PARSED.get(str(path), sig, lambda: read_timeline(path))
             changes.timeline_changed = True
 
     def _read_samples(self, changes: Changes) -> None:
@@ -189,8 +192,8 @@ class RunReader:
             stat = path.stat()
         except OSError:
             return None
-        key = ("samples", str(path), stat.st_size, stat.st_mtime_ns, self.max_samples, model)
-        return _PARSED.get(key, lambda: self._parse_samples(path, step))
+        version = (stat.st_size, stat.st_mtime_ns, self.max_samples, model)
+        return _PARSED.get(str(path), version, lambda: self._parse_samples(path, step))
 
     def _parse_samples(self, path: Path, step: int) -> dict[str, list] | None:
         import pyarrow.parquet as pq
@@ -244,48 +247,45 @@ class RunReader:
 class _Parsed:
     """What the readers of this process parsed, for the next reader of the same file: the rows
     of each ``metrics.jsonl`` up to a byte offset (with a hash of the bytes before it: a
-    rewritten file is parsed again), and per file version the parsed timeline or a step's
-    samples. Rows and columns are shared and never modified (a reader replaces a row, it does
-    not change one). Hashing the bytes costs a millisecond where parsing them costs a tenth of
-    a second at 1,000 steps."""
+    rewritten file is parsed again), and the parsed timeline or a step's samples of the latest
+    version of a file (size, mtime) seen. Rows and columns are shared and never modified (a
+    reader replaces a row, it does not change one). Hashing a file's bytes for a new reader
+    costs a millisecond where parsing them costs a tenth of a second at 1,000 steps."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._metrics: dict[str, tuple[int, bytes, dict[int, dict]]] = {}
-        self._files: dict[tuple, Any] = {}
+        self._metrics: dict[str, tuple[int, Any, dict[int, dict]]] = {}  # path -> offset, hash, rows
+        self._files: dict[str, tuple[Any, Any]] = {}  # path -> version, parsed
 
-    def keep_metrics(self, path: Path, offset: int, rows: dict[int, dict]) -> None:
-        """Remember a reader's rows of ``path``, read up to ``offset``."""
+    def keep_metrics(self, path: Path, offset: int, digest: Any, rows: dict[int, dict]) -> None:
+        """Remember a reader's rows of ``path``, read up to ``offset`` (``digest``: the hash of those bytes)."""
         with self._lock:
             kept = self._metrics.get(str(path))
-        if kept is not None and kept[0] == offset:
-            return
-        digest = _digest(path, offset)
-        if digest is not None:
-            with self._lock:
-                self._metrics[str(path)] = (offset, digest, dict(rows))
+            if kept is None or kept[0] != offset:
+                self._metrics[str(path)] = (offset, digest.copy(), dict(rows))
 
     def adopt_metrics(self, reader: "RunReader", path: Path) -> bool:
         """Give ``reader`` (nothing read yet) the rows parsed before, if the file still holds the
         bytes they came from."""
         with self._lock:
             kept = self._metrics.get(str(path))
-        if kept is None or _digest(path, kept[0]) != kept[1]:
+        if kept is None or _digest(path, kept[0]) != kept[1].digest():
             return False
-        offset, _, rows = kept
-        reader.metrics, reader._offset, reader._partial = dict(rows), offset, ""
+        offset, digest, rows = kept
+        reader.metrics, reader._offset, reader._partial, reader._hash = dict(rows), offset, "", digest.copy()
         return True
 
-    def get(self, key: tuple, parse: Any) -> Any:
-        """The value kept under ``key``, else ``parse()`` (kept unless None). Two readers may parse
-        the same file at once: the same result, kept once."""
+    def get(self, path: str, version: Any, parse: Any) -> Any:
+        """The value kept for ``version`` of ``path``, else ``parse()`` (kept, in place of an
+        older version's, unless None). Two readers may parse the same file at once: same result."""
         with self._lock:
-            if key in self._files:
-                return self._files[key]
+            kept = self._files.get(path)
+        if kept is not None and kept[0] == version:
+            return kept[1]
         value = parse()
         if value is not None:
             with self._lock:
-                value = self._files.setdefault(key, value)
+                self._files[path] = (version, value)
         return value
 
 
