@@ -17,13 +17,13 @@ are attached after that first paint, a panel or section per browser task (:data:
 the document's ``document_ready``, :meth:`Dashboard.document`), so the page is readable and
 answers input while they draw. A live server's session goes further (``defer``): its first page
 carries no figure of those panels at all (building them takes seconds at 1,000 steps); the server
-builds them after the browser reports the page drawn (Bokeh's ``DocumentReady``), a few panes per
-tick of its event loop, and the browser attaches each pane as it arrives, the metric filter
-applied (:data:`LIVE_ATTACH_JS`). Figures sit in wrapping :class:`bokeh.models.Pane` s, not Bokeh
-layouts: each figure is then its own layout root, so attaching a section lays out its figures
-only (in a Bokeh row any change lays out every figure of the page again). The metric filter
-(:data:`FILTER_JS`) takes the figures it hides out of their pane, so they cost nothing until
-they are shown again.
+builds them after the browser reports the page drawn (Bokeh's ``DocumentReady``), off its event
+loop, a batch of panes at a time (:mod:`flowrl.metrics.dashboard_live`), and the browser
+attaches each pane as it arrives, the metric filter applied (:data:`LIVE_ATTACH_JS`). Figures
+sit in wrapping :class:`bokeh.models.Pane` s, not Bokeh layouts: each figure is then its own
+layout root, so attaching a section lays out its figures only (in a Bokeh row any change lays
+out every figure of the page again). The metric filter (:data:`FILTER_JS`) takes the figures it
+hides out of their pane, so they cost nothing until they are shown again.
 
 Several runs on one page (``flowrl dashboard runA runB``, or a directory of runs): each metric's
 figure overlays a line per run, with a legend; the step section shows the run chosen in its
