@@ -20,7 +20,7 @@ from flowrl.checkpoint.format import (FIX, FORMAT, FORMAT_VERSION, LATEST, META,
 if TYPE_CHECKING:
     from flowrl.parallel.shard_spec import RankShard, ShardSpec
 
-__all__ = ["check_params", "latest_checkpoint", "load_full", "load_meta", "load_shard", "prune_checkpoints"]
+__all__ = ["check_params", "checkpoint_damage", "latest_checkpoint", "load_full", "load_meta", "load_shard", "prune_checkpoints"]
 
 
 def load_meta(path: str | os.PathLike) -> dict[str, Any]:
@@ -49,6 +49,8 @@ def load_meta(path: str | os.PathLike) -> dict[str, Any]:
     for field in ("step", "params", "optim"):
         if field not in meta:
             raise ValueError(f"{file} has no {field!r}; it is corrupt; {FIX}")
+    if not isinstance(meta["step"], int) or meta["step"] < 0:
+        raise ValueError(f"{file} has the step {meta['step']!r}, not a step number; it is corrupt; {FIX}")
     return meta
 
 
@@ -122,7 +124,7 @@ def _candidates(root: str) -> list[tuple[int, str]]:
             continue
         meta = _complete(full)
         if meta is not None:
-            found.append((int(meta["step"]), full))
+            found.append((meta["step"], full))
     return sorted(found)
 
 
@@ -138,10 +140,41 @@ def latest_checkpoint(root: str | os.PathLike) -> str | None:
             name = fh.read().strip()
         if name and os.sep not in name and _complete(os.path.join(root, name)) is not None:
             return os.path.join(root, name)
-    except OSError:
+    except (OSError, UnicodeDecodeError):  # missing or garbled: the newest complete one (checkpoint_damage)
         pass
     found = _candidates(root)
     return found[-1][1] if found else None
+
+
+def checkpoint_damage(root: str | os.PathLike) -> list[str]:
+    """What is damaged under ``root`` (one line each), which :func:`latest_checkpoint` steps
+    around: a ``latest`` pointer that is missing, empty, names a place outside ``root`` or a
+    checkpoint that is not complete; a checkpoint directory without a loadable ``meta.json``.
+    Temporary and moved-aside directories of crashed saves are no damage."""
+    root = os.fspath(root)
+    if not os.path.isdir(root):
+        return []
+    problems = []
+    entries = sorted(e for e in os.listdir(root)
+                     if TMP_MARK not in e and OLD_MARK not in e and os.path.isdir(os.path.join(root, e)))
+    for entry in entries:
+        try:
+            load_meta(os.path.join(root, entry))
+        except ValueError as exc:
+            problems.append(str(exc).replace(f"; {FIX}", "").replace(f" or {FIX}", ""))
+    pointer = os.path.join(root, LATEST)
+    try:
+        with open(pointer, encoding="utf-8") as fh:
+            name = fh.read().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        if entries:
+            problems.append(f"{pointer} is unreadable ({exc.strerror if isinstance(exc, OSError) else exc})")
+        return problems
+    if not name:
+        problems.append(f"{pointer} is empty")
+    elif os.sep in name or name in (".", "..") or name not in entries:
+        problems.append(f"{pointer} names {name!r}, which is not a checkpoint directory of {root}")
+    return problems
 
 
 def prune_checkpoints(root: str | os.PathLike, keep: int) -> list[str]:

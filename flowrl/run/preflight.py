@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 from flowrl.config import ConfigError, RunConfig
+
+log = logging.getLogger(__name__)
 
 
 def default_cache_dir() -> Path:
@@ -54,6 +57,8 @@ def resolve_inputs(cfg: RunConfig) -> RunConfig:
     resume_mode = cfg.trainer.resume_mode
     if resume_mode not in ("auto", "disable"):
         resume_mode = str(check_resume_path(cfg, resume_mode))
+    elif resume_mode == "auto":
+        check_auto_resume(run_dir)
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, run_dir=str(run_dir), resume_mode=resume_mode))
     from flowrl.run.data_check import check_prompts
 
@@ -154,6 +159,26 @@ def check_family(cfg: RunConfig) -> None:
                           "leave it empty (the family the estimator implies), or name a registered family "
                           "or package.module:Class") from None
     resolve_pools(cfg.cluster, {s.name: s.mesh.world_size for s in family.group_specs()})
+
+
+def check_auto_resume(run_dir: Path) -> None:
+    """``trainer.resume_mode=auto`` over damaged checkpoints (``latest`` missing or pointing
+    elsewhere, a ``meta.json`` corrupt): a warning naming the damage and the intact checkpoint the
+    run resumes from, or a ConfigError when none is intact; never a silent start from scratch."""
+    from flowrl.checkpoint import latest_checkpoint
+    from flowrl.checkpoint.loading import checkpoint_damage
+    from flowrl.run.checkpointing import checkpoint_root
+
+    root = checkpoint_root(run_dir)
+    damage = checkpoint_damage(root)
+    if not damage:
+        return
+    found = latest_checkpoint(root)
+    if found is None:
+        raise ConfigError("trainer.resume_mode", "auto", f"finds no intact checkpoint in {root}: {'; '.join(damage)}",
+                          "repair or remove the damaged checkpoint, point trainer.resume_mode at a complete one, "
+                          "or start afresh with trainer.resume_mode=disable")
+    log.warning("%s is damaged (%s); resuming from the newest intact checkpoint, %s", root, "; ".join(damage), found)
 
 
 def check_resume_path(cfg: RunConfig, path: str) -> Path:
