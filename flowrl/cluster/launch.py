@@ -252,9 +252,9 @@ def _start_local(cfg: Any, pools: list[Pool], *, controller: bool, scratch_dir: 
     worker_start.use(cfg.start_method)
     forked = cfg.start_method == "forkserver"
     env = dict(WORKER_ENV, **private.worker_env(cfg.dashboard, rendezvous=True))  # one machine: a FileStore rendezvous
-    with listeners.servers(cfg.dashboard):  # no HTTP server without the dashboard; else loopback only
+    with listeners.servers(cfg.dashboard) as dashboard:  # no HTTP server without the dashboard; else loopback only
         cluster = _local_cluster(cfg, security, env=worker_start.worker_env(env) if forked else env,
-                                 scratch_dir=scratch_dir)
+                                 scratch_dir=scratch_dir, dashboard=dashboard)
     handle = ClusterHandle("local", None, cluster, pools=pools)
     try:
         # direct_to_workers: the driver's actor calls and result fetches go straight to the
@@ -272,7 +272,7 @@ def _start_local(cfg: Any, pools: list[Pool], *, controller: bool, scratch_dir: 
     return handle
 
 
-def _local_cluster(cfg: Any, security: Any, *, env: dict[str, str], scratch_dir: Any) -> Any:
+def _local_cluster(cfg: Any, security: Any, *, env: dict[str, str], scratch_dir: Any, dashboard: str) -> Any:
     from distributed import LocalCluster
 
     return LocalCluster(
@@ -280,7 +280,7 @@ def _local_cluster(cfg: Any, security: Any, *, env: dict[str, str], scratch_dir:
         threads_per_worker=1,
         processes=True,
         host=cfg.host,
-        dashboard_address="127.0.0.1:0",  # the dashboard (when on) only on the loopback: an SSH tunnel reaches it
+        dashboard_address=dashboard,  # the dashboard (when on) only on the loopback: an SSH tunnel reaches it
         scheduler_kwargs={"dashboard": cfg.dashboard},
         memory_limit=cfg.memory_limit,
         env=env,
@@ -328,7 +328,8 @@ def _start_slurm(cfg: Any, pools: list[Pool], *, log_dir: str | Path | None, con
     kwargs = slurm_cluster_kwargs(cfg, job_name=job_name, log_dir=log_dir, scratch_dir=scratch_dir)
     warn_exposed("SLURM scheduler", "127.0.0.1" if kwargs["interface"] == "lo" else interface_address(kwargs["interface"]),
                  security is not None, False)  # the dashboard is on 127.0.0.1 only
-    with listeners.servers(cfg.dashboard):
+    with listeners.servers(cfg.dashboard) as dashboard:
+        kwargs["scheduler_options"]["dashboard_address"] = dashboard
         cluster = SLURMCluster(security=security, **kwargs)
     handle = ClusterHandle("slurm", None, cluster, job_name=job_name, pools=pools)
     try:

@@ -6,8 +6,10 @@ setting (the scheduler's ``/info`` pages show workers, logs and call stacks; a w
 starts none: :func:`install` wraps ``ServerNode.start_http_server`` so that it opens no socket
 while the dask setting ``flowrl.http`` is false (the scheduler: set around its start; a worker:
 ``flowrl.cluster.worker_setup`` sets it from ``FLOWRL_HTTP=off``). With the dashboard on, the
-scheduler's dashboard listens on 127.0.0.1 only, Bokeh's websockets accept only a page served
-from the loopback (``allow_websocket_origin``), and the proxy route (to any host) is off.
+scheduler's dashboard listens on 127.0.0.1 only, on a port chosen before it starts so that
+Bokeh's websockets accept only pages served from it (``allow_websocket_origin``: that host and
+port; Bokeh takes no wildcard port there, and a foreign ``Origin`` is refused), and the proxy
+route (to any host) is off.
 """
 
 from __future__ import annotations
@@ -16,8 +18,6 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-#: Bokeh's websocket origins of the dashboard: pages from the loopback, any port.
-LOOPBACK_ORIGINS = ["127.0.0.1:*", "localhost:*"]
 _PROXY_ROUTE = "distributed.http.proxy"
 
 
@@ -41,23 +41,29 @@ def install() -> None:
     ServerNode.start_http_server = start_http_server
 
 
-def settings(dashboard: bool) -> dict[str, Any]:
+def settings(dashboard: bool, port: int = 0) -> dict[str, Any]:
     """Dask settings for the servers this process starts: no HTTP at all without the
-    dashboard; with it, loopback websocket origins and no proxy route."""
+    dashboard; with it on ``port``, websocket origins of that port on the loopback and no
+    proxy route."""
     import dask
 
     if not dashboard:
         return {"flowrl.http": False}
     routes = [r for r in dask.config.get("distributed.scheduler.http.routes") if r != _PROXY_ROUTE]
     return {"flowrl.http": True, "distributed.scheduler.http.routes": routes,
-            "distributed.scheduler.dashboard.bokeh-application.allow_websocket_origin": list(LOOPBACK_ORIGINS)}
+            "distributed.scheduler.dashboard.bokeh-application.allow_websocket_origin":
+                [f"127.0.0.1:{port}", f"localhost:{port}"]}
 
 
 @contextlib.contextmanager
-def servers(dashboard: bool) -> Iterator[None]:
-    """Start the scheduler (of a LocalCluster or SLURMCluster) inside this context."""
+def servers(dashboard: bool) -> Iterator[str]:
+    """Start the scheduler (of a LocalCluster or SLURMCluster) inside this context, with the
+    dashboard address it yields (``127.0.0.1:<a free port>``)."""
     import dask
 
+    from flowrl.comm.store import free_port
+
     install()
-    with dask.config.set(settings(dashboard)):
-        yield
+    port = free_port() if dashboard else 0
+    with dask.config.set(settings(dashboard, port)):
+        yield f"127.0.0.1:{port}"
