@@ -167,9 +167,8 @@ def check_auto_resume(run_dir: Path) -> None:
     run resumes from, or a ConfigError when none is intact; never a silent start from scratch."""
     from flowrl.checkpoint import latest_checkpoint
     from flowrl.checkpoint.loading import checkpoint_damage
-    from flowrl.run.checkpointing import checkpoint_root
 
-    root = checkpoint_root(run_dir)
+    root = run_dir / "checkpoints"  # flowrl.run.checkpointing.checkpoint_root (which imports this module)
     damage = checkpoint_damage(root)
     if not damage:
         return

@@ -77,3 +77,9 @@ def test_no_intact_checkpoint_refused(tmp_path):
     message = str(info.value)
     assert message.startswith("trainer.resume_mode='auto': finds no intact checkpoint in")
     assert "has the step 'two', not a step number; it is corrupt" in message and "trainer.resume_mode=disable" in message
+
+
+def test_preflight_looks_where_checkpoints_are_saved(tmp_path):
+    from flowrl.run.checkpointing import checkpoint_root
+
+    assert checkpoint_root(tmp_path) == tmp_path / "checkpoints"  # check_auto_resume's folder
