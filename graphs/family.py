@@ -86,7 +86,8 @@ class Family:
         alone (uncomputed; it reserves rollout calls only), its rows tagged ``weight_version``.
         With ``trainer.async_mode=stream`` it is called per request, ``prompts`` a slice of the
         step's batch and ``round`` the request's number (distinct seeds and node keys, as
-        ``flowrl.graphs.pieces.rollout``); the run concatenates the requests' outputs.
+        ``flowrl.graphs.pieces.rollout``); the run concatenates the requests' outputs (with
+        ``trainer.partial_rollout`` a request is :meth:`rollout_piece` instead).
         The run computes it ahead and passes its result to ``build(..., collected=...)``, so it
         must compute to what ``build`` takes as ``collected`` (scored samples, as
         ``flowrl.graphs.pieces.rollout``). A family without it cannot run asynchronously."""

@@ -4,9 +4,10 @@
     piece p  = continue the unfinished ones by as many tokens, one sample per row      on rollout
     last     = + the scoring of ``flowrl.graphs.pieces.score``
 
-Each piece is a graph of its own that the run submits when it reserves it
-(``flowrl.run.stream``): a weight sync reserved between two pieces reaches the rest of the
-request's responses. Rows carry ``weight_version`` (their first token's) and
+This is the default :meth:`flowrl.graphs.family.Family.rollout_piece` (the pieces of
+:func:`flowrl.graphs.pieces.rollout`); the run calls the family, never this module. Each piece is
+a graph of its own that the run submits when it reserves it (``flowrl.run.stream``): a weight
+sync reserved between two pieces reaches the rest of the request's responses. Rows carry ``weight_version`` (their first token's) and
 ``weight_version_max`` (their last token's). Node names: ``gen_p<piece>[_r<round>]``.
 """
 

@@ -12,7 +12,7 @@ weights of every reshard reserved before it: version ``v`` = the weights after `
 driver reserves step k's reshard when it builds step k's graph (:meth:`RolloutStream.trained`),
 so requests submitted before that run with version k, those after with k+1: a weight update
 reaches the rollout between requests, always. With ``trainer.partial_rollout`` a request is
-generated in pieces of ``partial_rollout_tokens`` tokens (``flowrl.graphs.stream_pieces``) and
+generated in pieces of ``partial_rollout_tokens`` tokens (the family's ``rollout_piece``) and
 the pieces of requests in flight are reserved one per step, so an update also lands *inside* a
 request: the rest of its responses continue with the new weights.
 
@@ -65,7 +65,8 @@ class RolloutStream:
 
     ``submit(step, index, version, attempt)`` submits one request (a future); ``advance(request,
     version)`` reserves its next piece (partial rollouts) and returns the new future. Both are
-    the driver's, so this class stays free of Dask and of families."""
+    the rollout source's (``flowrl.run.rollout_source.StreamSource``), so this class stays free
+    of Dask and of families."""
 
     def __init__(self, *, batch_size: int, request_size: int, queue_size: int, staleness: int, pieces: int = 1) -> None:
         assert batch_size % request_size == 0 and queue_size >= batch_size, (batch_size, request_size, queue_size)
