@@ -18,7 +18,7 @@ def test_two_steps_of_the_code_task_score_in_the_jail(tmp_path):
     from flowrl.models.warmup import WarmupConfig
     from flowrl.tasks.code_task import prepare_code_task
 
-    warmup = WarmupConfig(max_steps=30, batch_size=32, check_every=30, target_greedy_accuracy=None)
+    warmup = WarmupConfig(max_steps=4, batch_size=8, check_every=10, target_greedy_accuracy=None)  # a smoke test
     task = prepare_code_task(tmp_path / "task", num_train=64, num_test=8, warmup=warmup, target_greedy_accuracy=1.0)
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "flowrl.cli", "train", "configs/code_task.yaml", f"model.path={task.model_dir}",
