@@ -55,8 +55,11 @@ class GRPOWithTeacher(GRPO):
         return super().group_specs() + [teacher]
 
     def build(self, ctx, prompts, *, step, collected=None):
-        samples = pieces.generate(ctx, prompts, step=step)
-        scored = pieces.score(ctx, samples, step=step)
+        if collected is None:  # inline: this graph generates and scores
+            samples = pieces.release_rollout(ctx, pieces.generate(ctx, prompts, step=step), step=step)
+            scored = pieces.score(ctx, samples, step=step)
+        else:  # scored samples from GRPO's rollout() (trainer.staleness, stream) or its collect()
+            scored = pieces.release_rollout(ctx, collected, step=step)
         teacher = node("teacher", nodes.logprobs, ctx.groups["teacher"].bind(), scored, "teacher_logprobs", step=step)
         shaped = node("teacher_bonus", teacher_bonus, scored, teacher, coef=COEF, step=step)
         batch = pieces.advantages(ctx, shaped, pieces.logprob_columns(ctx, shaped, step=step), step=step)
