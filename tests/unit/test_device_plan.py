@@ -104,3 +104,14 @@ def test_a_replica_never_straddles_nodes():
         plan_devices(Inventory(nodes=2, gpus_per_node=4), layouts)
     with pytest.raises(DevicePlanError, match="more than a node's 2"):
         plan_devices(Inventory(nodes=4, gpus_per_node=2), layouts[1:])
+
+
+def test_flowrl_devices_prints_the_plan_and_refuses_with_exit_2(capsys):
+    from flowrl.cli import main
+
+    assert main(["devices", *_sizes(8), "--gpus-per-node", "8"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.startswith("actor ")]
+    assert [r[3] for r in rows] == [str(g) for g in range(8)] and {r[5] for r in rows} == {GPU_BACKEND}
+    assert main(["devices", "actor.data_parallel_size=2", "--gpus-per-node", "1"]) == 2
+    assert "error: actor.data_parallel_size=2" in capsys.readouterr().err
