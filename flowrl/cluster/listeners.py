@@ -34,7 +34,8 @@ def install() -> None:
 
         if dask.config.get("flowrl.http", True):
             return original(self, *args, **kwargs)
-        self.http_server = self.http_application = None  # no socket, no routes
+        # no socket, no routes; and no http_application attribute: ``_stop_services`` on close
+        # looks for it with hasattr (a None there fails the close and leaves the process behind)
         return None
 
     start_http_server._flowrl = True  # type: ignore[attr-defined]
