@@ -111,7 +111,8 @@ def release_rollout(ctx: BuildContext, table: Any, *, step: int) -> Any:
 def score(ctx: BuildContext, samples: Any, *, step: int, round: int = 0) -> Any:
     """reward function [+ reward model, in parallel, combined] [-> overlong shaping]."""
     cfg, sfx = ctx.cfg, f"_r{round}" if round else ""
-    scored = node("reward" + sfx, nodes.reward, samples, ctx.tokenizer_dir, cfg.algorithm.reward_fn, step=step)
+    scored = node("reward" + sfx, nodes.reward, samples, ctx.tokenizer_dir, cfg.algorithm.reward_fn,
+                  cfg.reward_model.reward_timeout_s, step=step)
     rm = cfg.reward_model
     if rm.enable:  # the reward model scores on its own group, in parallel with the reward function
         rm_scores = node("rm_score" + sfx, nodes.rm_scores, ctx.groups["rm"].bind(), samples, step=step)
@@ -143,7 +144,9 @@ def greedy_sampling(cfg: RunConfig) -> Any:
     """One greedy response per prompt, as long as the sampled ones may be."""
     from flowrl.backends.interfaces import SamplingParams
 
-    return SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.rollout.response_length)
+    from dataclasses import replace
+
+    return replace(SamplingParams.from_section(cfg.rollout, max_new_tokens=cfg.rollout.response_length, greedy=True), n=1)
 
 
 def greedy_baseline(ctx: BuildContext, scored: Any, prompts: pa.Table, *, step: int) -> Any:
@@ -153,7 +156,7 @@ def greedy_baseline(ctx: BuildContext, scored: Any, prompts: pa.Table, *, step: 
     greedy = node("gen_baseline", nodes.generate_greedy, ctx.groups["rollout"].bind(), prompts, greedy_sampling(cfg),
                   step=step)
     return node("reward_baseline", nodes.reward_baseline, scored, greedy, ctx.tokenizer_dir, cfg.algorithm.reward_fn,
-                step=step)
+                cfg.reward_model.reward_timeout_s, step=step)
 
 
 # --------------------------------------------------------------------------- KL in the reward

@@ -36,9 +36,7 @@ def val_sampling(cfg: RunConfig) -> Any:
     from flowrl.backends.interfaces import SamplingParams
 
     v = cfg.rollout.val_kwargs
-    if not v.do_sample:
-        return SamplingParams(n=v.n, temperature=0.0, max_new_tokens=cfg.rollout.response_length)
-    return SamplingParams(n=v.n, temperature=v.temperature, top_p=v.top_p, top_k=v.top_k, max_new_tokens=cfg.rollout.response_length)
+    return SamplingParams.from_section(v, max_new_tokens=cfg.rollout.response_length, greedy=not v.do_sample)
 
 
 def samples_path(run_dir: str | Path, step: int) -> Path:
@@ -51,7 +49,8 @@ def build_validation(cfg: RunConfig, rollout: Any, prompts: pa.Table, *, step: i
     ``NodeOut(sample rows, metrics)``. Build it between training graphs, in call order."""
     sampling = val_sampling(cfg)
     samples = node("val_gen", nodes.generate_val, rollout.bind(), prompts, sampling, seed=cfg.trainer.seed * 7919 + step, step=step)
-    scored = node("val_reward", nodes.reward, samples, tokenizer_dir, cfg.algorithm.reward_fn, step=step)
+    scored = node("val_reward", nodes.reward, samples, tokenizer_dir, cfg.algorithm.reward_fn,
+                  cfg.reward_model.reward_timeout_s, step=step)
     return node("val_report", report, scored, tokenizer_dir, sampling.n, step=step)
 
 
