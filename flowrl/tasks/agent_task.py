@@ -29,9 +29,10 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from flowrl.tasks.files import TASK_FILE, read_record, write_parquet
+
 DATA_SOURCE = "flowrl/agent_calculator"
 TASK_VERSION = 1
-TASK_FILE = "task.json"
 RESPONSE_LENGTH = 96
 # The character tokenizer's template with an assistant and a tool role: a tool answer renders as
 # "\n=<answer>\n" after the model's turn (so the loop's observation tokens are exactly those).
@@ -194,22 +195,12 @@ def _task_key(**settings: Any) -> dict:
 
 
 def _load(root: Path, key: dict) -> AgentTask | None:
-    try:
-        record = json.loads((root / TASK_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    if record.get("key") != key or not (root / "model" / "config.json").exists():
+    record = read_record(root, key)
+    if record is None:
         return None
     return AgentTask(root=root, model_dir=root / "model", train_path=root / "train.parquet",
                      test_path=root / "test.parquet", initial_sampled_accuracy=record["initial_sampled_accuracy"],
                      initial_greedy_accuracy=record["initial_greedy_accuracy"], warmup_steps=record["warmup_steps"])
-
-
-def _write_parquet(out: Path, rows: list[dict], name: str) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    pq.write_table(pa.Table.from_pylist(rows), out / name)
 
 
 def prepare_agent_task(root: str | os.PathLike, *, seed: int = 0, num_train: int = 4096, num_test: int = 256,
@@ -229,8 +220,8 @@ def prepare_agent_task(root: str | os.PathLike, *, seed: int = 0, num_train: int
     tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
     try:
         train, test = make_rows(num_train, seed, "train"), make_rows(num_test, seed, "test")
-        _write_parquet(tmp, train, "train.parquet")
-        _write_parquet(tmp, test, "test.parquet")
+        write_parquet(tmp, train, "train.parquet")
+        write_parquet(tmp, test, "test.parquet")
         tokenizer = build_agent_tokenizer()
         # llama, not qwen2: AutoTokenizer would load the character tokenizer of a qwen2 directory
         # as Qwen2Tokenizer, whose byte-level pre-tokenizer drops the newlines of tool answers.

@@ -26,9 +26,10 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from flowrl.tasks.files import TASK_FILE, read_record, write_parquet
+
 DATA_SOURCE = "flowrl/code_linear"
 TASK_VERSION = 1
-TASK_FILE = "task.json"
 RESPONSE_LENGTH = 32
 TEST_POINTS = (0, 1, 2, 5, -3)
 SLOPES, INTERCEPTS = range(1, 10), range(-9, 10)
@@ -117,22 +118,12 @@ def warm_up_code(model: Any, tokenizer: Any, rows: Sequence[dict], config: Any, 
 
 
 def _load(root: Path, key: dict) -> CodeTask | None:
-    try:
-        record = json.loads((root / TASK_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    if record.get("key") != key or not (root / "model" / "config.json").exists():
+    record = read_record(root, key)
+    if record is None:
         return None
     return CodeTask(root=root, model_dir=root / "model", train_path=root / "train.parquet",
                     test_path=root / "test.parquet", initial_greedy_accuracy=record["initial_greedy_accuracy"],
                     initial_sampled_accuracy=record["initial_sampled_accuracy"], warmup_steps=record["warmup_steps"])
-
-
-def _write_parquet(out: Path, rows: list[dict], name: str) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    pq.write_table(pa.Table.from_pylist(rows), out / name)
 
 
 def _build(tmp: Path, *, seed: int, num_train: int, num_test: int, target: float, warmup: Any, key: dict) -> None:
@@ -141,8 +132,8 @@ def _build(tmp: Path, *, seed: int, num_train: int, num_test: int, target: float
     from flowrl.models.warmup import torch_threads
 
     train, test = make_rows(num_train, seed, "train"), make_rows(num_test, seed, "test")
-    _write_parquet(tmp, train, "train.parquet")
-    _write_parquet(tmp, test, "test.parquet")
+    write_parquet(tmp, train, "train.parquet")
+    write_parquet(tmp, test, "test.parquet")
     tokenizer = build_char_tokenizer()
     # llama, not qwen2: AutoTokenizer would load a qwen2 directory's tokenizer as Qwen2Tokenizer,
     # whose byte-level pre-tokenizer changes the spaces of the answers (as in the agent task).
