@@ -12,6 +12,11 @@ imports in 36 s instead of 81 s; a second cluster in the same process reuses the
 A forked worker gets the driver's ``sys.path`` as a spawned one does (multiprocessing sends it
 with every start), but its environment would be the server's, fixed when the server started:
 :func:`worker_env` gives the nanny the driver's environment as it is when the cluster starts.
+A forked worker also starts with the server's umask, until its preload
+(``flowrl.cluster.worker_setup``) sets the run's policy, and Dask makes its scratch folder's lock
+files before that. :func:`use` therefore starts the server itself, under umask 077: what a worker
+makes before its preload is then private whatever the umask of the process that first started a
+run (a notebook or test process that ran another ``trainer.file_mode`` before).
 ``cluster.start_method=spawn`` keeps Dask's default.
 """
 
@@ -52,6 +57,15 @@ def use(method: str) -> None:
     already = list(getattr(forkserver._forkserver, "_preload_modules", None) or [])
     multiprocessing.get_context("forkserver").set_forkserver_preload(
         already + [m for m in PRELOAD if m not in already])
+    old = os.umask(SERVER_UMASK)  # the server imports PRELOAD in its own process: this returns at once
+    try:
+        forkserver.ensure_running()
+    finally:
+        os.umask(old)
+
+
+#: The fork server's umask (the strictest policy's): workers start with it, then take the run's.
+SERVER_UMASK = 0o077
 
 
 def worker_env(base: dict[str, str]) -> dict[str, str]:

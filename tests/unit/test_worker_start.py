@@ -1,0 +1,29 @@
+"""The fork server that starts a LocalCluster's workers (flowrl/cluster/worker_start.py): a
+worker it forks makes files under umask 077 until its preload sets the run's policy, whatever
+the umask of the process that asked for it (the CI failure of test_listeners: a pytest process
+whose fork server was started under 022 by an earlier run gave Dask's scratch locks 0644)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+
+def test_forked_workers_start_private_whatever_the_callers_umask(tmp_path):
+    script = textwrap.dedent(f"""
+        import multiprocessing, os, pathlib, stat
+        from flowrl.cluster import worker_start
+        worker_start.PRELOAD = ()           # the server's imports do not matter here
+        os.umask(0o022)                     # the notebook or test process's umask
+        worker_start.use("forkserver")
+        target = pathlib.Path({str(tmp_path)!r}) / "made-by-a-worker"
+        proc = multiprocessing.get_context("forkserver").Process(target=target.touch)
+        proc.start(); proc.join(60)
+        print(proc.exitcode, oct(stat.S_IMODE(target.stat().st_mode)), oct(os.umask(0o022)))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    exitcode, mode, caller = out.stdout.split()
+    assert exitcode == "0" and mode == "0o600", out.stdout
+    assert caller == "0o22", "use() left the caller's umask changed"
