@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from flowrl.config.errors import check, check_one_of, check_positive
+from flowrl.parallel.dtypes import COMPUTE_DTYPES, MODEL_DTYPES
 
-DTYPES = ("float32", "bfloat16")
+DTYPES = COMPUTE_DTYPES  # concrete dtypes (fsdp_config.mixed_precision); model.dtype takes MODEL_DTYPES
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")  # trainer.logger; sinks in flowrl/metrics/logger.py
 LR_SCHEDULES = ("constant", "cosine", "linear")  # optim.lr_scheduler_type; flowrl/backends/train/optim.py
 
@@ -55,8 +56,13 @@ class ModelConfig:
     path: str = ""
     """A local transformers model directory (Llama or Qwen2 family). Empty: the embedded tiny
     model of the default task."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Parameter dtype of the trained model (fp32 on CPU)."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """The compute dtype of every engine: ``auto`` is bf16 on GPU ranks and fp32 on CPU ranks, as
+    the device plan says (``flowrl devices``). On a GPU a trained engine keeps fp32 parameters
+    (the optimizer's master weights) and computes in this dtype (dp: autocast; fsdp:
+    ``MixedPrecisionPolicy``; megatron: ``bf16`` with fp32 main parameters and gradient
+    reduction); frozen engines and generation hold their weights in it. On the CPU the
+    parameters are held in it (``bfloat16``: bf16 parameters and optimizer state)."""
     enable_gradient_checkpointing: bool = False
     """Recompute each block's activations in backward (the policy; ``actor.strategy=fsdp``)."""
     lora_rank: int = 0
@@ -83,7 +89,7 @@ class ModelConfig:
     ``embed_tokens``, not without it."""
 
     def __post_init__(self) -> None:
-        check_one_of("dtype", self.dtype, DTYPES)
+        check_one_of("dtype", self.dtype, MODEL_DTYPES)
         check(isinstance(self.lora_rank, int) and self.lora_rank >= 0, "lora_rank", self.lora_rank,
               "must be an integer >= 0", "use 0 (no LoRA) or e.g. 8")
         check(isinstance(self.lora_alpha, int) and self.lora_alpha > 0, "lora_alpha", self.lora_alpha,

@@ -123,6 +123,9 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k(f"{AR}.rollout.data_parallel_size", "noop", does="the rollout's data-parallel size, which verl derives "
        "from the GPUs", nearest="trainer.n_gpus_per_node (or flowrl's rollout.data_parallel_size)"),
     _k(f"{AR}.rollout.n", "map", "rollout.n", default=1),
+    # verl's rollout dtype is the generation engine's; flowrl's model.dtype is every engine's compute
+    # dtype. A verl YAML's default (bfloat16) is not adopted: flowrl's auto is bf16 on GPU already.
+    _k(f"{AR}.rollout.dtype", "map", "model.dtype", default="bfloat16", adopt=False),
     _k(f"{AR}.rollout.response_length", "map", "rollout.response_length", default=512),
     _k(f"{AR}.rollout.free_cache_engine", "map", "rollout.free_cache_engine", default=True,
        adopt=False),  # vllm only: verl's default would refuse rollout.name=hf
@@ -182,6 +185,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
 VALUE_ALIASES: dict[tuple[str, Any], Any] = {
     ("trainer.save_freq", -1): 0, ("trainer.test_freq", -1): 0,  # verl's -1: never
     ("actor.strategy", "fsdp2"): "fsdp",  # flowrl's fsdp strategy is FSDP2
+    ("model.dtype", "bf16"): "bfloat16", ("model.dtype", "fp32"): "float32",  # verl's short dtype names
 }
 
 _EXACT = {e.verl: e for e in VERL_KEYS if not e.verl.endswith(".*")}

@@ -18,6 +18,7 @@ from flowrl.config import CriticConfig
 from flowrl.data import experience
 from flowrl.data.packed import PackedBatch
 from flowrl.metrics import names
+from flowrl.parallel.dtypes import resolve_dtype
 from flowrl.registry import import_string
 from flowrl.roles import checkpoints
 from flowrl.roles.epochs import run_epochs
@@ -32,6 +33,7 @@ class CriticRole:
         model_dir: str,
         critic: CriticConfig,
         dtype: str = "float32",
+        device: str = "cpu",
         response_length: int = 1,
         seed: int = 0,
         total_steps: int = 0,
@@ -44,7 +46,7 @@ class CriticRole:
         self.checkpoint_kind = spec.checkpoint
         engine_kwargs = import_string(spec.engine_kwargs)(critic) if spec.engine_kwargs else {}
         self.engine = spec.engine_class()(
-            model_dir, dtype=dtype, seed=seed, **AdamWSettings.from_config(o).engine_kwargs(), **engine_kwargs,
+            model_dir, dtype=resolve_dtype(dtype, device), device=device, seed=seed, **AdamWSettings.from_config(o).engine_kwargs(), **engine_kwargs,
         )
         self.rate = ScheduledRate(o, total_steps)  # critic.optim.lr_scheduler_type, once per RL step
 

@@ -111,10 +111,15 @@ def shares_layout(train_engine: Any, backend: str, tensor_model_parallel_size: i
 
 class HybridRole:
     """One rank of the fused ``actor_rollout_ref`` group. ``parts``: part name -> (role class by
-    import string, its keyword arguments), as the separate groups' specs would build them."""
+    import string, its keyword arguments), as the separate groups' specs would build them.
+    The run places the parts themselves (each part's kwargs carry the rank's ``device`` and
+    dtype); a ``device`` or ``dtype`` given here instead (None: not given) goes to every part."""
 
-    def __init__(self, *, rank: int, world_size: int, parts: dict[str, tuple[str, dict]], num_threads: int = 1) -> None:
+    def __init__(self, *, rank: int, world_size: int, parts: dict[str, tuple[str, dict]], num_threads: int = 1,
+                 device: str | None = None, dtype: str | None = None) -> None:
         self.rank, self.world_size, self.num_threads = rank, world_size, max(1, int(num_threads))
+        placed = {k: v for k, v in (("device", device), ("dtype", dtype)) if v is not None}
+        parts = {name: (cls, {**kwargs, **placed}) for name, (cls, kwargs) in parts.items()}
         torch.set_num_threads(self.num_threads)
         missing = {"actor", "rollout"} - set(parts)
         if missing:

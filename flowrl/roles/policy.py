@@ -21,6 +21,7 @@ from flowrl.config import ActorConfig
 from flowrl.data import experience
 from flowrl.data.packed import PackedBatch
 from flowrl.metrics import names
+from flowrl.parallel.dtypes import resolve_dtype
 from flowrl.roles import checkpoints
 from flowrl.roles.epochs import run_epochs
 
@@ -37,6 +38,7 @@ class PolicyRole:
         model_dir: str,
         actor: ActorConfig,
         dtype: str = "float32",
+        device: str = "cpu",
         temperature: float = 1.0,
         response_length: int = 1,
         use_old_logprobs: bool = True,
@@ -45,7 +47,10 @@ class PolicyRole:
         ref_micro_batch_size: int | None = None,
         total_steps: int = 0,
     ) -> None:
+        """``device``: the rank's (``cuda:0`` on a GPU rank, from its device plan entry);
+        ``dtype``: ``model.dtype``, the compute dtype (``auto``: bf16 on a GPU, fp32 on the CPU)."""
         self.rank, self.world_size = rank, world_size
+        self.device = device
         self.ref_micro_batch_size = ref_micro_batch_size or actor.ppo_micro_batch_size_per_gpu
         self.cfg = actor
         self.temperature = temperature
@@ -58,7 +63,8 @@ class PolicyRole:
         self.engine = engine_cls(
             model_dir,
             trainable=True,
-            dtype=dtype,
+            dtype=resolve_dtype(dtype, device),
+            device=device,
             seed=seed,
             **AdamWSettings.from_config(o).engine_kwargs(),
             **(engine_kwargs or {}),

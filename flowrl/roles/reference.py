@@ -7,6 +7,7 @@ import pyarrow as pa
 from flowrl.catalog.backends import TRAIN_BACKENDS
 from flowrl.data import experience
 from flowrl.data.packed import PackedBatch
+from flowrl.parallel.dtypes import resolve_dtype
 
 
 class ReferenceRole:
@@ -18,6 +19,7 @@ class ReferenceRole:
         model_dir: str,
         strategy: str = "dp",
         dtype: str = "float32",
+        device: str = "cpu",
         micro_batch_size: int = 256,
         temperature: float = 1.0,
         max_token_len: int = 0,
@@ -26,7 +28,8 @@ class ReferenceRole:
     ) -> None:
         self.rank = rank
         engine_cls = TRAIN_BACKENDS.spec(strategy).engine_class()
-        self.engine = engine_cls(model_dir, trainable=False, dtype=dtype, **(engine_kwargs or {}))
+        self.engine = engine_cls(model_dir, trainable=False, dtype=resolve_dtype(dtype, device), device=device,
+                                 **(engine_kwargs or {}))
         self.micro_batch_size = micro_batch_size
         self.temperature = temperature
         self.max_token_len = max_token_len  # > 0: micro-batches by tokens, packed (log_prob_use_dynamic_bsz)

@@ -19,17 +19,24 @@ from flowrl.data.packed import PackedBatch
 
 
 class RewardModelRole:
-    def __init__(self, *, rank: int, world_size: int, model_dir: str, dtype: str = "float32", micro_batch_size: int = 64) -> None:
+    def __init__(self, *, rank: int, world_size: int, model_dir: str, dtype: str = "float32", device: str = "cpu",
+                 micro_batch_size: int = 64) -> None:
+        """``device``: the rank's; ``dtype``: ``model.dtype`` (``auto``: bf16 on a GPU, fp32 on the
+        CPU; frozen, so the weights are held in it)."""
         import transformers
         from transformers import AutoConfig, AutoModelForSequenceClassification
 
+        from flowrl.backends.train.precision import placement
+
         self.rank = rank
+        self.device, precision = placement(device, dtype, trainable=False)
         self.micro_batch_size = micro_batch_size
         config = AutoConfig.from_pretrained(model_dir, num_labels=1)
         verbosity = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()  # a causal-LM directory gets a new head: expected
         try:
-            self.model = AutoModelForSequenceClassification.from_pretrained(model_dir, config=config, dtype=torch_dtype(dtype))
+            self.model = AutoModelForSequenceClassification.from_pretrained(
+                model_dir, config=config, dtype=torch_dtype(precision.param_dtype)).to(self.device)
         finally:
             transformers.logging.set_verbosity(verbosity)
         self.model.eval()
@@ -46,10 +53,11 @@ class RewardModelRole:
 
     def _score(self, mb: PackedBatch) -> torch.Tensor:
         padded = mb.padded(self.pad_id)
-        hidden_BLH = self.model.base_model(input_ids=padded.input_ids_BL, attention_mask=padded.attention_mask_BL).last_hidden_state
-        last_B = padded.attention_mask_BL.sum(-1) - 1
-        hidden_BH = hidden_BLH[torch.arange(hidden_BLH.shape[0]), last_B]
-        return self.model.score(hidden_BH)[:, 0].float()
+        ids_BL, mask_BL = padded.input_ids_BL.to(self.device), padded.attention_mask_BL.to(self.device)
+        hidden_BLH = self.model.base_model(input_ids=ids_BL, attention_mask=mask_BL).last_hidden_state
+        last_B = mask_BL.sum(-1) - 1
+        hidden_BH = hidden_BLH[torch.arange(hidden_BLH.shape[0], device=self.device), last_B]
+        return self.model.score(hidden_BH)[:, 0].float().cpu()  # scores to the host, for Arrow
 
     def close(self) -> None:
         pass

@@ -32,19 +32,25 @@ class RolloutRole:
     trajectory (:mod:`flowrl.agents`): tool answers are in ``response_ids`` with
     ``response_mask`` 0, and the table gets the agent columns (:data:`AGENT_COLUMNS`)."""
 
-    def __init__(self, *, rank: int, world_size: int, model_dir: str, backend: str = "hf", dtype: str = "float32", micro_batch_size: int = 256, sampling: SamplingParams, tensor_model_parallel_size: int = 1, engine_kwargs: dict | None = None, multi_turn: Any = None, lora: dict | None = None) -> None:
+    def __init__(self, *, rank: int, world_size: int, model_dir: str, backend: str = "hf", dtype: str = "float32", device: str = "cpu", micro_batch_size: int = 256, sampling: SamplingParams, tensor_model_parallel_size: int = 1, engine_kwargs: dict | None = None, multi_turn: Any = None, lora: dict | None = None) -> None:
+        """``device``: the rank's (an engine in this process runs there; one with processes of
+        its own, vLLM, finds its GPUs as the rank's ``CUDA_VISIBLE_DEVICES`` says);
+        ``dtype``: ``model.dtype`` (``auto``: bf16 on a GPU, fp32 on the CPU), resolved here."""
         from flowrl.backends.reshard.adapters import takes_adapters
+        from flowrl.parallel.dtypes import resolve_dtype
 
         self.rank = rank
         self.tp = tensor_model_parallel_size
-        self.dtype = dtype
+        self.dtype = resolve_dtype(dtype, device)
+        self.device = device
         self.holds_engine = rank % self.tp == 0
         spec = GEN_BACKENDS.spec(backend)
         self.staged_reshard = spec.reshard is ReshardMode.STAGED
         # LoRA (model.lora_rank > 0): an engine that serves adapters starts with LoRA on and gets
         # the adapters at each sync (AdapterJob); the others get the merged weights
-        kwargs = {**(engine_kwargs or {}), **({"lora": lora} if lora and takes_adapters(backend) else {})}
-        self.engine = spec.engine_class()(model_dir, dtype=dtype, **kwargs) if self.holds_engine else None
+        kwargs = {**(engine_kwargs or {}), **({"lora": lora} if lora and takes_adapters(backend) else {}),
+                  **({"device": device} if spec.in_process else {})}
+        self.engine = spec.engine_class()(model_dir, dtype=self.dtype, **kwargs) if self.holds_engine else None
         self.sampling = sampling
         self.micro_batch_size = micro_batch_size
         self.agent = _agent(multi_turn, model_dir) if multi_turn is not None and multi_turn.enable else None
@@ -186,7 +192,7 @@ class RolloutRole:
         from flowrl.backends.interfaces import torch_dtype
 
         spec = job.specs()[1]  # the destination spec (no whole plan)
-        staged = staging_tensors(spec, self.rank, torch_dtype(self.dtype))
+        staged = staging_tensors(spec, self.rank, torch_dtype(self.dtype), self.device)
         stats = run_rank(job, dst_rank=self.rank, dst=staged)
         state = gather_replica_state(spec, self.rank, self.tp, staged)
         if state is not None:

@@ -1,5 +1,7 @@
-"""The ``hf`` generation backend: a KV-cache decode loop over a transformers model, batched (CPU
-default); rows that reach EOS leave the batch (``hf_decode``), samples as ``generate``'s.
+"""The ``hf`` generation backend: a KV-cache decode loop over a transformers model, batched, on the
+rank's device (the CPU by default; a GPU rank's ``cuda:0``, the model loaded in bf16 unless
+``model.dtype`` says otherwise); rows that reach EOS leave the batch (``hf_decode``), samples as
+``generate``'s. Tokens and log-probs come back to the host as lists.
 
 Returns, per sampled sequence, the response tokens up to and including EOS and the log-prob of
 each sampled token under ``logits / temperature`` (the quantity the trainer recomputes, as in
@@ -19,13 +21,23 @@ class HFGenerator:
     last_stats = None
     """The last ``generate``'s ``DecodeStats`` (positions computed, real tokens fed)."""
 
-    def __init__(self, model_dir: str, *, dtype: str = "float32", model: torch.nn.Module | None = None) -> None:
+    def __init__(self, model_dir: str, *, dtype: str = "float32", device: str = "cpu",
+                 model: torch.nn.Module | None = None) -> None:
+        """``device``: the rank's; ``dtype``: ``model.dtype`` (``auto``: bf16 on a GPU, fp32 on the
+        CPU). With ``model`` (the hybrid engine's shared module) the module stays where and as
+        the trainer holds it, and generation runs under the trainer's autocast."""
         from transformers import AutoModelForCausalLM
+
+        from flowrl.backends.train.precision import placement
 
         if model is not None:  # the hybrid engine: the trainer's live module, not loaded, not frozen
             self.model = model
+            where = next(model.parameters()).device  # the trainer's placement wins
+            self.device, self.precision = placement(str(where), dtype, trainable=True)
         else:
-            self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype(dtype))
+            self.device, self.precision = placement(device, dtype, trainable=False)
+            self.model = AutoModelForCausalLM.from_pretrained(
+                model_dir, dtype=torch_dtype(self.precision.param_dtype)).to(self.device)
             self.model.eval()
             self.model.requires_grad_(False)
         cfg = self.model.generation_config
@@ -42,6 +54,7 @@ class HFGenerator:
         samples first). Finished rows leave the decode batch (``hf_decode``); what the model
         computed is in :attr:`last_stats`."""
         from flowrl.backends.generate.hf_decode import DecodeStats, decode
+        from flowrl.backends.train.precision import autocast
 
         torch.manual_seed(seed)
         responses: list[list[int]] = []
@@ -49,8 +62,9 @@ class HFGenerator:
         self.last_stats = DecodeStats()
         prompts_per_call = max(1, micro_batch_size // params.n)
         for start in range(0, len(prompts), prompts_per_call):
-            r, lp, stats = decode(self.model, prompts[start : start + prompts_per_call], params,
-                                  eos_ids=self.eos_ids, pad_id=self.pad_id)
+            with autocast(self.device, self.precision):
+                r, lp, stats = decode(self.model, prompts[start : start + prompts_per_call], params,
+                                      eos_ids=self.eos_ids, pad_id=self.pad_id, device=self.device)
             responses += r
             logprobs += lp
             self.last_stats.add(stats)
@@ -68,7 +82,11 @@ class HFGenerator:
         for i, x in enumerate(rows):
             ids_BL[i, : len(x)] = torch.tensor(x, dtype=torch.long)
             mask_BL[i, : len(x)] = 1
-        logits_BLV = self.model(input_ids=ids_BL, attention_mask=mask_BL).logits.float()
+        from flowrl.backends.train.precision import autocast
+
+        with autocast(self.device, self.precision):
+            logits_BLV = self.model(input_ids=ids_BL.to(self.device), attention_mask=mask_BL.to(self.device)).logits
+        logits_BLV = logits_BLV.float().cpu()
         if temperature != 1.0:
             logits_BLV = logits_BLV / temperature
         logp_BLV = torch.log_softmax(logits_BLV, dim=-1)

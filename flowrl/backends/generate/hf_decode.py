@@ -72,14 +72,15 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def decode(model, prompts: list[list[int]], params: SamplingParams, *, eos_ids: set[int], pad_id: int
-           ) -> tuple[list[list[int]], list[list[float]], DecodeStats]:
+def decode(model, prompts: list[list[int]], params: SamplingParams, *, eos_ids: set[int], pad_id: int,
+           device: torch.device | str = "cpu") -> tuple[list[list[int]], list[list[float]], DecodeStats]:
     """``params.n`` responses per prompt (prompt-major), each up to and including its first EOS,
-    with the log-prob of every sampled token; and what the model computed."""
+    with the log-prob of every sampled token; and what the model computed. Every tensor of the
+    loop lives on ``device`` (the model's); the results come back as host lists."""
     from transformers import DynamicCache
 
     n, max_new = params.n, params.max_new_tokens
-    ids_BP, mask = _left_padded(prompts, pad_id)
+    ids_BP, mask = (t.to(device) for t in _left_padded(prompts, pad_id))
     stats = DecodeStats(slots=ids_BP.numel(), tokens=int(mask.sum()))
     cache = DynamicCache(config=model.config)
     logits_AV = model(input_ids=ids_BP, attention_mask=mask, position_ids=_positions(mask), past_key_values=cache,
@@ -89,11 +90,11 @@ def decode(model, prompts: list[list[int]], params: SamplingParams, *, eos_ids: 
         cache.batch_repeat_interleave(n)
     num_rows, vocab = logits_AV.shape
     warpers = [] if params.greedy else _warpers(params)
-    eos = torch.tensor(sorted(eos_ids), dtype=torch.long)
-    live = torch.arange(num_rows)  # the row of each cache entry
-    tokens_NL = torch.full((num_rows, max_new), pad_id, dtype=torch.long)
-    logp_NL = torch.zeros((num_rows, max_new))
-    lengths_N = torch.full((num_rows,), max_new, dtype=torch.long)
+    eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)
+    live = torch.arange(num_rows, device=device)  # the row of each cache entry
+    tokens_NL = torch.full((num_rows, max_new), pad_id, dtype=torch.long, device=device)
+    logp_NL = torch.zeros((num_rows, max_new), device=device)
+    lengths_N = torch.full((num_rows,), max_new, dtype=torch.long, device=device)
     for step in range(max_new):
         token_A = _choose(logits_AV, live, num_rows, vocab, warpers, params.greedy)
         scaled = logits_AV if params.greedy or params.temperature == 1.0 else logits_AV / params.temperature
@@ -113,8 +114,9 @@ def decode(model, prompts: list[list[int]], params: SamplingParams, *, eos_ids: 
         logits_AV = model(input_ids=token_A[:, None], attention_mask=mask, position_ids=mask.sum(-1, keepdim=True) - 1,
                           past_key_values=cache, use_cache=True).logits[:, -1].float()
     stats.response_tokens = int(lengths_N.sum())
-    responses = [row[:k].tolist() for row, k in zip(tokens_NL, lengths_N.tolist())]
-    logprobs = [row[:k].tolist() for row, k in zip(logp_NL, lengths_N.tolist())]
+    tokens_NL, logp_NL, lengths = tokens_NL.cpu(), logp_NL.cpu(), lengths_N.tolist()  # to the host once
+    responses = [row[:k].tolist() for row, k in zip(tokens_NL, lengths)]
+    logprobs = [row[:k].tolist() for row, k in zip(logp_NL, lengths)]
     return responses, logprobs, stats
 
 

@@ -23,9 +23,11 @@ if TYPE_CHECKING:
     from flowrl.parallel.shard_spec import ShardSpec
 
 
-def staging_tensors(spec: ShardSpec, rank: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Zeroed local tensors of ``rank``'s shard (the padding rows stay zero)."""
-    return {local: torch.zeros(shape, dtype=dtype) for local, shape in spec.shard_of(rank).tensors.items()}
+def staging_tensors(spec: ShardSpec, rank: int, dtype: torch.dtype,
+                    device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """Zeroed local tensors of ``rank``'s shard (the padding rows stay zero), on ``device`` (the
+    rank's: a GPU rank receives its shard, and hands it to its engine, on its GPU)."""
+    return {local: torch.zeros(shape, dtype=dtype, device=device) for local, shape in spec.shard_of(rank).tensors.items()}
 
 
 def assemble_hf(spec: ShardSpec, shards: dict[int, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -34,7 +36,7 @@ def assemble_hf(spec: ShardSpec, shards: dict[int, dict[str, torch.Tensor]]) -> 
     Raises ValueError when the ranks together do not cover every element of every parameter.
     """
     some = next(iter(next(iter(shards.values())).values()))
-    full = {name: torch.empty(shape, dtype=some.dtype) for name, shape in spec.params.items()}
+    full = {name: torch.empty(shape, dtype=some.dtype, device=some.device) for name, shape in spec.params.items()}
     covered: dict[str, list[tuple[int, int]]] = {name: [] for name in spec.params}
     for rank, tensors in shards.items():
         for piece in spec.shard_of(rank).pieces:
@@ -79,7 +81,8 @@ def gather_replica_state(spec: ShardSpec, rank: int, tp: int, local: dict[str, t
         return None
     shards = {rank: local}
     for peer in ranks[1:]:
-        received = staging_tensors(spec, peer, next(iter(local.values())).dtype)
+        some = next(iter(local.values()))
+        received = staging_tensors(spec, peer, some.dtype, some.device)
         for name in sorted(received):
             dist.recv(received[name], peer)
         shards[peer] = received

@@ -185,13 +185,27 @@ def _model_shape(path: str) -> ModelShape:
     return ModelShape.from_hf_config(path)
 
 
-def job_for_run(cfg: Any, *, timeout_s: float | None = None, colocated: bool = False) -> ReshardJob | AdapterJob:
+def run_wire_dtype(model_dtype: str, plan_dtype: str | None = None) -> str:
+    """The dtype weights travel in for ``model.dtype``: a named dtype is itself; ``auto`` is the
+    device plan's dtype when the caller has the plan (``plan_dtype``: bf16 on GPU ranks), else
+    fp32, which is exact for every destination (a bf16 engine rounds on arrival) and is what
+    ``auto`` means on the CPU."""
+    from flowrl.parallel.dtypes import AUTO, COMPUTE_DTYPES
+
+    if model_dtype != AUTO:
+        return model_dtype
+    return plan_dtype if plan_dtype in COMPUTE_DTYPES else "float32"
+
+
+def job_for_run(cfg: Any, *, timeout_s: float | None = None, colocated: bool = False,
+                plan_dtype: str | None = None) -> ReshardJob | AdapterJob:
     """The actor -> rollout job of a run config (``RunConfig``), split placement (``colocated``:
     both layouts on the same processes, the hybrid engine's, placed by ``micro_dp_placement``
     and run over the group's own process group); the storage styles are the backends'
     ``shard_style`` fields of their specs (``flowrl.catalog.backends``). With LoRA (``model.lora_rank`` > 0)
     and a generation backend that serves adapters (``vllm``), split placement: an
-    :class:`~flowrl.backends.reshard.adapters.AdapterJob`, the adapters only."""
+    :class:`~flowrl.backends.reshard.adapters.AdapterJob`, the adapters only. ``plan_dtype``: the
+    device plan's dtype, for ``model.dtype=auto`` (:func:`run_wire_dtype`)."""
     from flowrl.catalog.backends import GEN_BACKENDS, TRAIN_BACKENDS
 
     actor, rollout = cfg.actor, cfg.rollout
@@ -203,6 +217,7 @@ def job_for_run(cfg: Any, *, timeout_s: float | None = None, colocated: bool = F
                        pp=rollout.pipeline_model_parallel_size)
     dst_style = GEN_BACKENDS.spec(rollout.name).shard_style
     bucket_mb = getattr(rollout, "reshard_bucket_mb", 64)
+    wire = run_wire_dtype(cfg.model.dtype, plan_dtype)
     timeout_s = timeout_s if timeout_s is not None else cfg.cluster.timeout_s
     if cfg.model.lora_rank and not colocated and takes_adapters(rollout.name):
         # LoRA into an engine that serves adapters: only the adapters travel (adapters.py)
@@ -210,17 +225,17 @@ def job_for_run(cfg: Any, *, timeout_s: float | None = None, colocated: bool = F
 
         return AdapterJob(model_path=cfg.model.path, lora=LoraSpec.from_config(cfg.model).to_dict(),
                           src_world_size=src.world_size, dst_world_size=dst.world_size, dst_tp=dst.tp,
-                          wire_dtype=cfg.model.dtype,
+                          wire_dtype=wire,
                           joint=JointSpec(JOINT_NAME, "", 0, src.world_size + dst.world_size, timeout_s))
     if colocated:
         return make_job(_model_shape(cfg.model.path), src=src, dst=dst, placement="colocated", src_style=src_style,
                         dst_style=dst_style, transport=getattr(rollout, "reshard_transport", "planned"),
-                        bucket_bytes=int(bucket_mb * 2**20) if bucket_mb else None, wire_dtype=cfg.model.dtype)
+                        bucket_bytes=int(bucket_mb * 2**20) if bucket_mb else None, wire_dtype=wire)
     return ReshardJob(
         model=_model_shape(cfg.model.path), src_dims=src, src_style=src_style, dst_dims=dst,
         dst_style=dst_style, placement=Placement.split(src.world_size, dst.world_size),
         transport=getattr(rollout, "reshard_transport", "planned"),
-        bucket_bytes=int(bucket_mb * 2**20) if bucket_mb else None, wire_dtype=cfg.model.dtype,
+        bucket_bytes=int(bucket_mb * 2**20) if bucket_mb else None, wire_dtype=wire,
         # the rendezvous address is filled in by the node (nodes.reshard)
         joint=JointSpec(JOINT_NAME, "", 0, src.world_size + dst.world_size, timeout_s),
     )

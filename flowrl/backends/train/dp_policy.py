@@ -24,8 +24,10 @@ import torch.distributed as dist
 from flowrl.algos import entropy_from_logits, logprobs_from_logits
 from flowrl.backends.interfaces import LossFn, model_kwargs, torch_dtype
 from flowrl.backends.train.optim import AdamWSettings
+from flowrl.backends.train.precision import autocast, placement, to_host
 from flowrl.data.packed import PackedBatch
 from flowrl.metrics import names
+from flowrl.parallel.dtypes import engine_precision
 
 if TYPE_CHECKING:
     from flowrl.models.lora import LoraSpec
@@ -46,7 +48,11 @@ def adamw(params: list[torch.nn.Parameter], **kwargs: Any) -> torch.optim.AdamW:
 
 class TorchDPEngine:
     device = torch.device("cpu")
-    """Where the model computes (the dp backend: the CPU; batches and results stay on the host)."""
+    """Where the model, its optimizer state and each micro-batch are (the rank's ``device``);
+    log-probs, values and every tensor that leaves the engine come back to the host."""
+    precision = engine_precision("cpu", "float32")
+    """Parameter and compute dtypes (:func:`flowrl.parallel.dtypes.engine_precision`): on a GPU
+    fp32 parameters under bf16 autocast, on the CPU the compute dtype throughout."""
     lora: LoraSpec | None = None
     """The LoRA adapters (``model.lora_rank`` > 0): only they train; None: every weight trains."""
     peft_model: Any = None
@@ -58,14 +64,18 @@ class TorchDPEngine:
         *,
         trainable: bool = True,
         dtype: str = "float32",
+        device: str = "cpu",
         seed: int = 0,
         lora: dict | None = None,
         **optim: Any,
     ) -> None:
-        """``optim``: the optimizer keywords of :class:`~flowrl.backends.train.optim.AdamWSettings`."""
+        """``optim``: the optimizer keywords of :class:`~flowrl.backends.train.optim.AdamWSettings`;
+        ``device``: the rank's (``cuda:0`` on a GPU rank), ``dtype``: ``model.dtype`` (``auto``
+        resolved by the device)."""
         settings = AdamWSettings(**optim)
         torch.manual_seed(seed)
-        self.model = self._load_model(model_dir, torch_dtype(dtype))
+        self.device, self.precision = placement(device, dtype, trainable=trainable)
+        self.model = self._load_model(model_dir, torch_dtype(self.precision.param_dtype)).to(self.device)
         self._add_adapters(lora)
         self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
         self.grad_clip = settings.grad_clip
@@ -167,10 +177,12 @@ class TorchDPEngine:
         padded, dev = mb.model_inputs(self.pad_id, self.pair_cost), self.device
         self.slots_computed += padded.num_slots
         kwargs = model_kwargs(padded, dev, self.model.config._attn_implementation)
-        hidden_BLH = self.model.get_decoder()(**kwargs).last_hidden_state
-        # Logits only where a response token is predicted: at pred_T (pos - 1 unless prompts are shared).
-        hidden_TH = hidden_BLH[padded.row_T.to(dev), padded.pred_T.to(dev)]
-        logits_TV = self.model.get_output_embeddings()(hidden_TH).float()
+        with autocast(dev, self.precision):
+            hidden_BLH = self.model.get_decoder()(**kwargs).last_hidden_state
+            # Logits only where a response token is predicted: at pred_T (pos - 1 unless prompts are shared).
+            hidden_TH = hidden_BLH[padded.row_T.to(dev), padded.pred_T.to(dev)]
+            logits_TV = self.model.get_output_embeddings()(hidden_TH)
+        logits_TV = logits_TV.float()
         if temperature != 1.0:
             logits_TV = logits_TV / temperature
         logp_T = logprobs_from_logits(logits_TV, mb.response_T.long().to(dev))
@@ -257,8 +269,8 @@ class TorchDPEngine:
 
     # ----------------------------------------------------------------- weights
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """The full HF-named state (every rank holds it; rank 0's is used), adapters merged."""
-        return self._plain({k: v.detach().clone() for k, v in self.model.state_dict().items()})
+        """The full HF-named state on the host (every rank holds it; rank 0's is used), adapters merged."""
+        return to_host(self._plain(dict(self.model.state_dict())))
 
     def reshard_source(self) -> dict[str, torch.Tensor]:
         """The live parameters by HF name (tied weights once): this rank's source tensors for a
@@ -266,8 +278,8 @@ class TorchDPEngine:
         return self._plain({n: p.detach() for n, p in self.model.named_parameters()})
 
     def grad_state_dict(self) -> dict[str, torch.Tensor]:
-        """The data-parallel-reduced gradients of the last step, by HF name (for checks)."""
-        return {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
+        """The data-parallel-reduced gradients of the last step, by HF name, on the host (for checks)."""
+        return to_host({n: p.grad for n, p in self.model.named_parameters() if p.grad is not None})
 
     def save_hf(self, directory: str) -> None:
         """A transformers directory (with LoRA: the merged model, as ``export-hf --merge-lora``)."""
@@ -284,7 +296,7 @@ class TorchDPEngine:
         ``optim`` is empty before the first optimizer step. Replicas are identical, so any
         rank's state is the model's."""
         named = self._state_named()
-        params = {n: p.detach().clone() for n, p in named.items()}
+        params = to_host(named)
         optim: dict[str, dict[str, torch.Tensor]] = {}
         step = 0
         if self.optimizer is not None:
@@ -293,7 +305,7 @@ class TorchDPEngine:
                 if not state:
                     continue
                 for key in self.OPTIM_STATES:
-                    optim.setdefault(key, {})[n] = state[key].detach().clone()
+                    optim.setdefault(key, {})[n] = state[key].detach().to("cpu", copy=True)
                 step = max(step, int(float(state["step"])))
         return {"params": params, "optim": optim, "optim_step": step}
 
@@ -319,9 +331,14 @@ class TorchDPEngine:
         self.optimizer.state.clear()
         for n, p in named.items():
             self.optimizer.state[p] = {
-                "step": torch.tensor(float(optim_step), dtype=torch.float32),
+                # fused AdamW keeps its step count on the parameter's device
+                "step": torch.tensor(float(optim_step), dtype=torch.float32,
+                                     device=p.device if self._fused_optimizer() else "cpu"),
                 **{key: torch.as_tensor(optim[key][n]).to(device=p.device, dtype=p.dtype).clone() for key in self.OPTIM_STATES},
             }
+
+    def _fused_optimizer(self) -> bool:
+        return bool(self.optimizer is not None and self.optimizer.defaults.get("fused"))
 
     def generation_module(self) -> torch.nn.Module:
         """The live module a generation engine in this process may generate with (the hybrid

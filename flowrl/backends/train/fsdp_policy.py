@@ -11,7 +11,9 @@ the global gradient norm over all shards, the same AdamW per element.
 Weights leave the engine whole: ``reshard_source`` all-gathers every parameter (``hf`` style,
 every rank a full replica for the planner, which sends each generation rank only what it lacks),
 ``hf_state_dict`` gathers on every rank and keeps it on rank 0. Checkpoints are sharded: each rank
-writes its own rows (``fsdp_checkpoint``). Computes on the CPU over gloo.
+writes its own rows (``fsdp_checkpoint``). Computes on the rank's ``device``: on the CPU over gloo
+in the compute dtype; on a GPU (NCCL) with fp32 sharded parameters gathered in bf16 and gradients
+reduced in fp32 (``flowrl.parallel.dtypes.fsdp_mixed_precision``).
 
 LoRA (``lora=``, ``model.lora_rank`` > 0): peft's adapters are injected before sharding (sharded
 with their blocks; the frozen base weights too, FSDP2 handles the mix), AdamW holds only the
@@ -35,7 +37,9 @@ from flowrl.backends.train.dp_policy import TorchDPEngine
 from flowrl.backends.train.optim import AdamWSettings
 from flowrl.backends.train.fsdp_tensors import full as _full
 from flowrl.backends.train.fsdp_tensors import local as _local
+from flowrl.backends.train.precision import placement
 from flowrl.data.packed import PackedBatch
+from flowrl.parallel.dtypes import Precision, fsdp_mixed_precision
 
 __all__ = ["FSDPEngine"]
 
@@ -63,6 +67,7 @@ class FSDPEngine(TorchDPEngine):
         *,
         trainable: bool = True,
         dtype: str = "float32",
+        device: str = "cpu",
         seed: int = 0,
         reshard_after_forward: bool = True,
         param_offload: bool = False,
@@ -79,9 +84,12 @@ class FSDPEngine(TorchDPEngine):
         if not dist.is_initialized():
             raise RuntimeError("FSDPEngine needs torch.distributed.init_process_group first (a worker group)")
         torch.manual_seed(seed)
-        if dist.get_backend() == "nccl":  # NCCL on GPU, gloo on CPU: the same code
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        self.model = self._load_model(model_dir, torch_dtype(dtype)).to(self.device)
+        # the device is the rank's (its plan entry), not the group's backend: the same code on both
+        self.device, precision = placement(device, dtype, trainable=trainable)
+        # FSDP2 casts itself (MixedPrecisionPolicy), so the forward runs without autocast
+        self.precision = Precision(precision.param_dtype, precision.compute_dtype, autocast=False)
+        param_dtype, reduce_dtype = fsdp_mixed_precision(precision, param_dtype, reduce_dtype)
+        self.model = self._load_model(model_dir, torch_dtype(precision.param_dtype)).to(self.device)
         self._add_adapters(lora)  # LoRA: adapters injected before sharding, sharded with their blocks
         self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
         self.grad_clip = settings.grad_clip

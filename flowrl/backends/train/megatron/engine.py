@@ -65,13 +65,30 @@ def _check_layout(*, world: int, dp: int, tp: int, pp: int, vpp: int | None, arc
                          f"{arch.ffn_hidden_size}")
 
 
+def _engine_device(device: str | None) -> torch.device:
+    """The engine's torch device: ``device`` (a bare ``cuda`` is the current CUDA device), or
+    without one the current CUDA device where CUDA is available, else the CPU."""
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
 class MegatronEngine:
     """One rank's share of a megatron-core policy: forward log-probs, train steps, HF export."""
 
     def __init__(self, model_dir: str, *, tp: int, pp: int, vpp: int | None = None, dp: int,
                  lr: float, weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, grad_clip: float = 1.0, use_distributed_optimizer: bool = False,
-                 bf16: bool = False, seed: int = 0, make_vocab_size_divisible_by: int = 128):
+                 bf16: bool = False, seed: int = 0, make_vocab_size_divisible_by: int = 128,
+                 device: str | None = None):
+        """``device``: the rank's (``cuda:0``: the GPU its process was given and set current;
+        ``cpu``: gloo with the CPU shims of ``compat``); None: the current CUDA device where
+        CUDA is available, else the CPU (the multi-process test harnesses). ``bf16``: bf16
+        weights and compute, fp32 main parameters in the optimizer and fp32 gradient reduction
+        (``flowrl.parallel.dtypes.megatron_bf16``)."""
         from transformers import AutoConfig
 
         if not dist.is_initialized():
@@ -89,15 +106,16 @@ class MegatronEngine:
         self.lr, self.weight_decay = lr, weight_decay
         self.make_vocab_size_divisible_by = make_vocab_size_divisible_by
         self.dtype = torch.bfloat16 if bf16 else torch.float32
-        self.device = (torch.device("cuda", torch.cuda.current_device())
-                       if torch.cuda.is_available() else torch.device("cpu"))
-        apply_cpu_compat()
+        self.device = _engine_device(device)
+        if self.device.type == "cpu":
+            apply_cpu_compat()
         ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                                      virtual_pipeline_model_parallel_size=vpp)
         torch.manual_seed(seed)
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
         self.config = transformer_config_from_hf(self.hf_config, tp=tp, pp=pp, vpp=vpp,
-                                                 params_dtype=self.dtype)
+                                                 params_dtype=self.dtype,
+                                                 use_cpu_initialization=self.device.type == "cpu")
         self.models = self._build_and_load()
         self.chunks = self._wrap_ddp(use_distributed_optimizer)
         self.config.no_sync_func = [c.no_sync for c in self.chunks]
@@ -106,7 +124,8 @@ class MegatronEngine:
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(optimizer="adam", lr=lr, weight_decay=weight_decay, adam_beta1=betas[0],
                             adam_beta2=betas[1], adam_eps=eps, clip_grad=grad_clip, bf16=bf16,
-                            params_dtype=self.dtype,
+                            params_dtype=self.dtype, main_params_dtype=torch.float32,
+                            main_grads_dtype=torch.float32,
                             use_distributed_optimizer=use_distributed_optimizer),
             self.chunks)
         self.set_lr(lr)

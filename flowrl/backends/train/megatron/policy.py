@@ -20,7 +20,9 @@ import torch.distributed as dist
 
 from flowrl.backends.interfaces import LossFn
 from flowrl.backends.train.optim import AdamWSettings
+from flowrl.backends.train.precision import placement
 from flowrl.data.packed import PackedBatch
+from flowrl.parallel.dtypes import megatron_bf16
 
 
 def _items(batch: PackedBatch) -> list[dict]:
@@ -64,18 +66,22 @@ class MegatronTrainEngine:
         vpp: int | None = None,
         trainable: bool = True,
         dtype: str = "float32",
+        device: str = "cpu",
         seed: int = 0,
         use_distributed_optimizer: bool = False,
         **optim: Any,
     ) -> None:
-        """``optim``: the optimizer keywords of :class:`~flowrl.backends.train.optim.AdamWSettings`."""
+        """``optim``: the optimizer keywords of :class:`~flowrl.backends.train.optim.AdamWSettings`;
+        ``device``: the rank's; ``dtype``: ``model.dtype`` (``auto``: bf16 on a GPU, with fp32
+        main parameters and gradient reduction; fp32 on the CPU)."""
         from flowrl.backends.train.megatron.engine import MegatronEngine
 
         self.trainable = trainable
+        self.device, self.precision = placement(device, dtype, trainable=trainable)
         self.engine = MegatronEngine(
             model_dir, tp=tp, pp=pp, vpp=vpp, dp=dp, **AdamWSettings(**optim).engine_kwargs(),
             use_distributed_optimizer=use_distributed_optimizer and trainable,
-            bf16=dtype == "bfloat16", seed=seed,
+            bf16=megatron_bf16(self.precision), seed=seed, device=str(self.device),
         )
 
     @property
@@ -101,7 +107,11 @@ class MegatronTrainEngine:
         names = list(batch.token_fields)
 
         def megatron_loss(logp_T, entropy_T, items, cu_seqlens_B1):  # noqa: ANN001, ANN202
-            return loss_fn(logp_T, entropy_T if with_entropy else None, _packed(items, cu_seqlens_B1, names))
+            # the loss is computed on the host, where the role's token fields are (as dp's), and
+            # goes back to the device for megatron's backward (no copy on the CPU)
+            entropy_T = entropy_T.cpu() if with_entropy and entropy_T is not None else None
+            loss, stats = loss_fn(logp_T.cpu(), entropy_T, _packed(items, cu_seqlens_B1, names))
+            return loss.to(logp_T.device), stats
 
         return self.engine.train_step(_items(batch), micro_batch_size=micro_batch_size, loss_fn=megatron_loss, temperature=temperature)
 

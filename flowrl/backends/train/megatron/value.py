@@ -30,6 +30,8 @@ from flowrl.backends.train.megatron.convert import chunk_role, hf_to_megatron, m
 from flowrl.backends.train.megatron.engine import MegatronEngine
 from flowrl.backends.train.megatron.model import build_gpt_model
 from flowrl.backends.train.optim import AdamWSettings
+from flowrl.backends.train.precision import placement
+from flowrl.parallel.dtypes import megatron_bf16
 
 ValueLossFn = Callable[[torch.Tensor, list, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 HEAD_PREFIX = "output_layer."  # the head sits where GPTModel calls its output layer
@@ -178,12 +180,15 @@ class MegatronValueTrainEngine:
     the data-parallel group), ``hf_state_dict``, ``save_hf``, ``close``."""
 
     def __init__(self, model_dir: str, *, tp: int, pp: int, dp: int, vpp: int | None = None,
-                 dtype: str = "float32", seed: int = 0, use_distributed_optimizer: bool = False, **optim: Any):
-        """``optim``: the optimizer keywords of :class:`~flowrl.backends.train.optim.AdamWSettings`."""
+                 dtype: str = "float32", device: str = "cpu", seed: int = 0, use_distributed_optimizer: bool = False,
+                 **optim: Any):
+        """``optim``: the optimizer keywords of :class:`~flowrl.backends.train.optim.AdamWSettings`;
+        ``device`` and ``dtype`` as :class:`~flowrl.backends.train.megatron.policy.MegatronTrainEngine`'s."""
+        self.device, self.precision = placement(device, dtype)
         self.engine = MegatronValueEngine(
             model_dir, tp=tp, pp=pp, vpp=vpp, dp=dp, **AdamWSettings(**optim).engine_kwargs(),
             use_distributed_optimizer=use_distributed_optimizer,
-            bf16=dtype == "bfloat16", seed=seed)
+            bf16=megatron_bf16(self.precision), seed=seed, device=str(self.device))
 
     @property
     def optimizer(self):  # noqa: ANN201 - megatron-core's optimizer (its param_groups carry the rate)
@@ -204,7 +209,8 @@ class MegatronValueTrainEngine:
         names = list(batch.token_fields)
 
         def megatron_loss(values_T, items, cu_seqlens_B1):  # noqa: ANN001, ANN202
-            return loss_fn(values_T, _packed(items, cu_seqlens_B1, names))
+            loss, stats = loss_fn(values_T.cpu(), _packed(items, cu_seqlens_B1, names))  # on the host, as dp's
+            return loss.to(values_T.device), stats
 
         stats = self.engine.train_step_values(_items(batch), micro_batch_size=micro_batch_size,
                                               loss_fn=megatron_loss)
