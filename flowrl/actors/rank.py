@@ -12,6 +12,7 @@ worker's event loop free, so heartbeats continue during long steps.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +30,14 @@ def _resolve(role: Any, method: str) -> Any:
     for name in method.split("."):
         target = getattr(target, name)
     return target
+
+
+def _torch_modules() -> tuple[Any, Any]:
+    """``(torch, torch.distributed)``, imported when a rank sets up (tests replace them)."""
+    import torch
+    import torch.distributed as dist
+
+    return torch, dist
 
 
 class OutOfOrderTimeout(TimeoutError):
@@ -121,28 +130,38 @@ class RankActor:
         return host, reserve_port(host)
 
     # ----------------------------------------------------------------- built-in ordered calls
-    def _setup(self, master: tuple[str, int], role_cls: str, role_kwargs: dict, backend: str, timeout_s: float) -> dict:
-        """Join the group's ``torch.distributed`` process group, then build the role."""
-        import torch
-        import torch.distributed as dist
+    def _setup(self, master: tuple[str, int], role_cls: str, role_kwargs: dict, backend: str, timeout_s: float,
+               placement: dict | None = None) -> dict:
+        """Place this rank on its device (``placement``: its part of the run's device plan,
+        ``flowrl.actors.device``; None on CPU), join the group's ``torch.distributed`` process
+        group, then build the role. The placement comes first: ``CUDA_VISIBLE_DEVICES`` counts
+        only until CUDA initialises, and NCCL binds a communicator to the current device."""
+        torch, dist = _torch_modules()
+        from flowrl.actors.device import apply_placement
 
+        device = apply_placement(placement or {}, torch=torch)
         torch.set_num_threads(1)
         host, port = master
         if host.startswith("127.") or host == "localhost":
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # keep gloo off external interfaces
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = host, str(port)
         os.environ["RANK"], os.environ["WORLD_SIZE"] = str(self.rank), str(self.world_size)
+        extra = {}
+        if device != "cpu" and "device_id" in inspect.signature(dist.init_process_group).parameters:
+            extra["device_id"] = torch.device(device)  # NCCL's communicator made now, on this rank's GPU
         dist.init_process_group(
             backend=backend,
             store=rendezvous_store(host, port, self.rank, self.world_size, timedelta(seconds=timeout_s)),
             rank=self.rank,
             world_size=self.world_size,
             timeout=timedelta(seconds=timeout_s),
+            **extra,
         )
         cls = import_string(role_cls)
         self.role = cls(rank=self.rank, world_size=self.world_size, **role_kwargs)
         # a hybrid rank whose generation runs on the training parameters (flowrl.roles.hybrid)
-        return {"pid": os.getpid(), "backend": backend, "shares_weights": bool(getattr(self.role, "shared", False))}
+        return {"pid": os.getpid(), "backend": backend, "shares_weights": bool(getattr(self.role, "shared", False)),
+                "device": device}
 
     def _teardown(self) -> None:
         import torch.distributed as dist

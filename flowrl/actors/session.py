@@ -20,7 +20,7 @@ from flowrl.actors.dispatch import GroupMesh
 from flowrl.actors.group import WorkerGroup, wait_all
 from flowrl.actors.rank import RankActor
 from flowrl.cluster.launch import WORKER_ENV  # noqa: F401 - re-exported (it used to live here)
-from flowrl.cluster.pools import choose_workers
+from flowrl.cluster.pools import choose_workers, worker_nodes
 
 log = logging.getLogger(__name__)
 
@@ -32,13 +32,18 @@ TEARDOWN_TIMEOUT_S = 2.5
 
 @dataclass(frozen=True)
 class GroupSpec:
-    """What to build: a named group of ``mesh.world_size`` ranks, each holding ``role_cls``."""
+    """What to build: a named group of ``mesh.world_size`` ranks, each holding ``role_cls``.
+    ``backend``: the group's ``torch.distributed`` backend (``cpu:gloo,cuda:nccl`` on GPU);
+    ``placements``: one ``flowrl.actors.device.placement_of`` dict per rank, from the run's device
+    plan (``flowrl.run.placement.place_specs``): its GPUs, local rank and, for the choice of its
+    worker, ``pool_node`` (which of its pool's nodes holds it). Empty: CPU ranks on any worker."""
 
     name: str
     role_cls: str
     role_kwargs: dict
     mesh: GroupMesh
     backend: str = "gloo"
+    placements: tuple[dict, ...] = ()
 
 
 class Session:
@@ -55,6 +60,8 @@ class Session:
         self.controller_lost = False  # set when the scheduler removes the controller worker
         self._graph_futures: Any = weakref.WeakSet()  # what submit() started, cancelled if the controller goes
         self.local_graphs: Any = None  # cluster.controller=driver: flowrl.actors.local_graph.LocalGraphs
+        self.node_kind = "local"  # how a worker's node is read (flowrl.cluster.pools.worker_nodes)
+        self.processes_per_job = 1  # cluster.slurm.processes: workers per SLURM job
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
@@ -105,6 +112,8 @@ class Session:
 
             session.local_graphs = LocalGraphs()
         session.pool_of = pool_of(pools) if group_sizes and handle.enforce_pools else {}
+        session.node_kind = cluster.kind
+        session.processes_per_job = cluster.slurm.processes if cluster.kind == "slurm" else 1
         session.controller = handle.controller
         session._used.add(session.controller)
         session._watch_controller()
@@ -139,7 +148,8 @@ class Session:
     def worker_addresses(self) -> list[str]:
         return sorted(self.client.scheduler_info(n_workers=-1)["workers"])
 
-    def create_group(self, name: str, role_cls: str, role_kwargs: dict | None = None, *, mesh: GroupMesh, backend: str = "gloo") -> WorkerGroup:
+    def create_group(self, name: str, role_cls: str, role_kwargs: dict | None = None, *, mesh: GroupMesh,
+                     backend: str = "gloo") -> WorkerGroup:
         """Place ``mesh.world_size`` rank actors on free workers and build the role on each."""
         return self.create_groups([GroupSpec(name, role_cls, role_kwargs or {}, mesh, backend)])[name]
 
@@ -157,11 +167,17 @@ class Session:
                 f"({len(self._used)} already hold other groups); start more workers"
             )
         start = time.perf_counter()
-        resources = {a: w.get("resources", {}) for a, w in self.client.scheduler_info(n_workers=-1)["workers"].items()}
+        workers = self.client.scheduler_info(n_workers=-1)["workers"]
+        resources = {a: w.get("resources", {}) for a, w in workers.items()}
+        nodes = worker_nodes(workers, self.node_kind, self.processes_per_job)
         placed: list[tuple[GroupSpec, list[str], list[Any]]] = []
         for spec in specs:
             size = spec.mesh.world_size
-            addresses = choose_workers(free, resources, self.pool_of.get(spec.name), size)
+            if spec.placements and len(spec.placements) != size:
+                raise ValueError(f"group {spec.name!r}: {len(spec.placements)} placements for {size} ranks")
+            rank_nodes = [p.get("pool_node", 0) for p in spec.placements] if spec.placements else None
+            addresses = choose_workers(free, resources, self.pool_of.get(spec.name), size,
+                                       rank_nodes=rank_nodes, nodes=nodes)
             free = [a for a in free if a not in addresses]
             futures = [
                 self.client.submit(RankActor, spec.name, rank, size, actor=True, workers=[addr], allow_other_workers=False, pure=False)
@@ -176,7 +192,9 @@ class Session:
             self.groups[spec.name] = created[spec.name] = group
             master = actors[0].host_port().result(timeout=self.startup_timeout_s)
             args = (master, spec.role_cls, spec.role_kwargs, spec.backend, self.timeout_s)
-            setups += [a.call(0, "_setup", args, {}, self.startup_timeout_s) for a in actors]
+            placements = spec.placements or (None,) * len(actors)
+            setups += [a.call(0, "_setup", args, {"placement": p} if p else {}, self.startup_timeout_s)
+                       for a, p in zip(actors, placements, strict=True)]
             setup_addresses += addresses
             setup_groups += [group] * len(actors)
         done = wait_all(setups, self.startup_timeout_s, f"{'/'.join(names)} setup", setup_addresses)

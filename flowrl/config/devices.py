@@ -5,34 +5,56 @@ itself is ``flowrl.parallel.device_plan``; what this machine has is asked by the
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from flowrl.catalog.backends import GEN_BACKENDS
 from flowrl.config.errors import ConfigError
-from flowrl.config.pools import HYBRID_GROUP, resolve_pools
+from flowrl.config.pools import HYBRID_GROUP, HYBRID_GROUPS, resolve_pools
 from flowrl.parallel.device_plan import DevicePlan, DevicePlanError, GroupLayout, Inventory, plan_devices
 
-__all__ = ["device_plan", "group_layouts", "slurm_inventory"]
+__all__ = ["device_plan", "group_layouts", "slurm_inventory", "started_sizes"]
 
-#: The config section of each worker group (whose ``data_parallel_size`` sets its size).
-_SECTIONS = {"rollout": "rollout", "actor": "actor", "ref": "ref", "critic": "critic", "rm": "reward_model"}
+#: The config section of each worker group (whose ``data_parallel_size`` sets its size); the fused
+#: hybrid group is sized by the actor's.
+_SECTIONS = {"rollout": "rollout", "actor": "actor", "ref": "ref", "critic": "critic", "rm": "reward_model",
+             HYBRID_GROUP: "actor"}
+_TRAINERS = ("actor", HYBRID_GROUP)
 
 
-def group_layouts(cfg: Any) -> list[GroupLayout]:
+def started_sizes(cfg: Any) -> dict[str, int]:
+    """The worker groups the run starts and their world sizes, as the session starts them: with
+    ``placement=hybrid`` the rollout, actor and ref fused into one group, :data:`HYBRID_GROUP`, of
+    the actor's size (``flowrl.roles.specs.hybrid_specs``: one process per rank holds the three),
+    the others as they are."""
+    sizes = dict(cfg.worker_group_sizes)
+    if cfg.placement != "hybrid" or not {"actor", "rollout"} <= set(sizes):
+        return sizes
+    return {HYBRID_GROUP: sizes["actor"], **{n: s for n, s in sizes.items() if n not in HYBRID_GROUPS}}
+
+
+def group_layouts(cfg: Any, sizes: dict[str, int] | None = None) -> list[GroupLayout]:
     """The run's worker groups in start order, each in the pool whose devices it shares: one pool
-    for ``colocated`` and ``hybrid`` (and ``auto``), one per group for ``split``, or the declared
-    ``cluster.pools``. The rollout's engine spans its replica's tensor-parallel devices when the
-    generation backend runs its engine in processes of its own (vLLM)."""
-    sizes = cfg.worker_group_sizes
-    pool_of = {g: p.name for p in resolve_pools(cfg.cluster, sizes) for g in p.groups}
+    for ``colocated`` and ``hybrid``, one per group for ``split``, or the declared
+    ``cluster.pools`` (pools resolved as the session resolves them, ``auto`` placement resolved).
+    ``sizes``: the groups as started ({name: world size}; default :func:`started_sizes`), so the
+    plan names exactly the groups the session creates, a family's own groups included. The
+    rollout's engine spans its replica's tensor-parallel devices when the generation backend
+    runs its engine in processes of its own (vLLM)."""
+    sizes = started_sizes(cfg) if sizes is None else dict(sizes)
+    cluster = dataclasses.replace(cfg.cluster, placement=cfg.placement)
+    pool_of = {g: p.name for p in resolve_pools(cluster, sizes) for g in p.groups}
     spec = GEN_BACKENDS.spec(cfg.rollout.name)
     out = []
-    for name in sorted(sizes, key=lambda n: n != "actor"):  # the trainer first: refusals name its key
-        section = _SECTIONS[name]
+    for name in sorted(sizes, key=lambda n: n not in _TRAINERS):  # the trainer first: refusals name its key
         span = cfg.rollout.tensor_model_parallel_size if name == "rollout" and not spec.in_process else 1
+        if name in _SECTIONS:
+            key = f"{_SECTIONS[name]}.data_parallel_size"
+            value = getattr(cfg, _SECTIONS[name]).data_parallel_size
+        else:  # a family's own group: its size is its GroupSpec's mesh
+            key, value = f"the {name} group's mesh (its family's group_specs)", sizes[name]
         out.append(GroupLayout(name=name, world_size=sizes[name], pool=pool_of.get(name, HYBRID_GROUP),
-                               size_key=f"{section}.data_parallel_size",
-                               size_value=getattr(cfg, section).data_parallel_size, engine_span=span))
+                               size_key=key, size_value=value, engine_span=span))
     return out
 
 
@@ -58,12 +80,13 @@ def _by_pool(layouts: list[GroupLayout]) -> dict[str, list[GroupLayout]]:
     return out
 
 
-def device_plan(cfg: Any, inventory: Inventory) -> DevicePlan:
-    """The plan of ``cfg`` on ``inventory``; a layout the inventory cannot hold is a
-    :class:`ConfigError` naming the key and the fix. ``model.dtype=auto`` (or absent) takes the
-    device kind's default (bf16 on GPU, fp32 on CPU)."""
+def device_plan(cfg: Any, inventory: Inventory, sizes: dict[str, int] | None = None) -> DevicePlan:
+    """The plan of ``cfg`` on ``inventory`` (``sizes``: the groups as started, see
+    :func:`group_layouts`); a layout the inventory cannot hold is a :class:`ConfigError` naming
+    the key and the fix. ``model.dtype=auto`` (or absent) takes the device kind's default (bf16
+    on GPU, fp32 on CPU)."""
     dtype = getattr(cfg.model, "dtype", "auto")
     try:
-        return plan_devices(inventory, group_layouts(cfg), dtype=None if dtype == "auto" else dtype)
+        return plan_devices(inventory, group_layouts(cfg, sizes), dtype=None if dtype == "auto" else dtype)
     except DevicePlanError as exc:
         raise ConfigError(exc.key, exc.value, exc.problem, exc.fix) from None

@@ -108,6 +108,8 @@ class RankDevice:
     local_rank: int
     backend: str
     dtype: str
+    pool: str = ""
+    """The pool whose devices the rank's group shares (each pool's SLURM jobs are its own)."""
 
     @property
     def visible_devices(self) -> str:
@@ -145,6 +147,11 @@ class DevicePlan:
         """The process-group backend of group ``name`` (every rank of a group agrees)."""
         return self.group(name)[0].backend
 
+    def pool_node(self, rank: RankDevice) -> int:
+        """The index of ``rank``'s node among the nodes its pool uses: which of the pool's own
+        SLURM jobs (or hosts) must hold the rank (pools get jobs of their own, in order)."""
+        return sorted({r.node for r in self.ranks if r.pool == rank.pool}).index(rank.node)
+
     def gpus_used(self) -> set[tuple[int, int]]:
         """``(node, gpu)`` pairs any rank uses."""
         return {(r.node, g) for r in self.ranks for g in r.gpus}
@@ -171,7 +178,8 @@ def plan_devices(inventory: Inventory, groups: Sequence[GroupLayout], *, dtype: 
 
 
 def _cpu_ranks(groups: Sequence[GroupLayout], dtype: str) -> list[RankDevice]:
-    return [RankDevice(group=g.name, rank=r, node=0, gpus=(), local_rank=r, backend=CPU_BACKEND, dtype=dtype)
+    return [RankDevice(group=g.name, rank=r, node=0, gpus=(), local_rank=r, backend=CPU_BACKEND, dtype=dtype,
+                       pool=g.pool)
             for g in groups for r in range(g.world_size)]
 
 
@@ -236,6 +244,6 @@ def _gpu_ranks(inventory: Inventory, g: GroupLayout, offset: int, dtype: str) ->
         else:
             gpus = (gpu,)
         out.append(RankDevice(group=g.name, rank=r, node=node, gpus=gpus, local_rank=local[node],
-                              backend=GPU_BACKEND, dtype=dtype))
+                              backend=GPU_BACKEND, dtype=dtype, pool=g.pool))
         local[node] += 1
     return out

@@ -1,7 +1,9 @@
 """``flowrl devices [CONFIG.yaml] [key=value ...] [--gpus-per-node N] [--nodes M]``: the run's
 device plan as a table (group, rank, node, GPUs, local rank, backend, dtype), without a GPU and
 without starting anything. The inventory: ``--gpus-per-node``/``--nodes`` when given; else the SLURM
-jobs of ``cluster.slurm`` (``cluster.kind=slurm``); else what this machine shows."""
+jobs of ``cluster.slurm`` (``cluster.kind=slurm``); else what this machine shows (``FLOWRL_DEVICES``
+overrides: ``flowrl.cluster.inventory``). The groups are those ``flowrl train`` starts: with the hybrid
+placement, the one fused ``actor_rollout_ref`` group."""
 
 from __future__ import annotations
 
@@ -9,33 +11,22 @@ import argparse
 import sys
 from typing import Any
 
-__all__ = ["format_plan", "local_inventory", "run"]
-
-
-def local_inventory() -> Any:
-    """This machine's GPUs (``torch.cuda.device_count()``, which reads the driver without making
-    a CUDA context; 0 where torch has no CUDA)."""
-    from flowrl.parallel.device_plan import Inventory
-
-    try:
-        import torch
-
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:  # noqa: BLE001 - a broken CUDA install counts as none
-        count = 0
-    return Inventory(nodes=1, gpus_per_node=count, source="this machine")
+__all__ = ["format_plan", "run"]
 
 
 def _inventory(cfg: Any, args: argparse.Namespace) -> Any:
-    from flowrl.config.devices import slurm_inventory
+    """``--gpus-per-node``/``--nodes`` when given (the other from the run's inventory), else what
+    ``flowrl train`` plans on (``flowrl.cluster.inventory.run_inventory``: FLOWRL_DEVICES, the
+    SLURM jobs, or this machine's GPUs counted without initialising CUDA)."""
+    from flowrl.cluster.inventory import run_inventory
     from flowrl.parallel.device_plan import Inventory
 
     if args.gpus_per_node is not None or args.nodes is not None:
-        base = slurm_inventory(cfg) if cfg.cluster.kind == "slurm" else local_inventory()
+        base = run_inventory(cfg) if args.gpus_per_node is None else None
         return Inventory(nodes=args.nodes if args.nodes is not None else 1,
-                         gpus_per_node=args.gpus_per_node if args.gpus_per_node is not None else base.gpus_per_node,
+                         gpus_per_node=args.gpus_per_node if base is None else base.gpus_per_node,
                          source="--gpus-per-node/--nodes")
-    return slurm_inventory(cfg) if cfg.cluster.kind == "slurm" else local_inventory()
+    return run_inventory(cfg)
 
 
 def format_plan(plan: Any) -> str:

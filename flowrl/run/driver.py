@@ -76,6 +76,10 @@ class Run:
                               f"exceeds the {len(self.dataset)} usable prompts", f"use at most {len(self.dataset)}")
         self.cfg = cfg = final_config(cfg, len(self.dataset))  # the family is built with the final config
         self.family = resolve_family(cfg)(cfg)
+        # the device plan, before any worker starts: a layout the inventory cannot hold is refused here
+        from flowrl.run.topology import plan_devices_for
+
+        self.devices = plan_devices_for(cfg, self.family.group_specs())
         self.val_prompts: Any = None  # trainer.test_freq > 0: the held-out prompts (checked before workers)
         if cfg.trainer.test_freq > 0:
             from flowrl.graphs.validation import load_val_prompts
@@ -108,7 +112,7 @@ class Run:
         """Start the session and the family's worker groups; restore the resume checkpoint."""
         from flowrl.run.topology import start_groups
 
-        self.session, self.groups = start_groups(self.cfg, self.family.group_specs(), self.run_dir)
+        self.session, self.groups = start_groups(self.cfg, self.family.group_specs(), self.run_dir, plan=self.devices)
         if self.resume_from is not None:
             start = time.perf_counter()
             checkpointing.restore(self.groups, self.resume_from, run_dir=self.run_dir,

@@ -30,24 +30,55 @@ def describe_placement(cfg: RunConfig) -> str:
     return f"placement: {cfg.placement}" + (f" ({why})" if why else "")
 
 
-def start_groups(cfg: RunConfig, specs: list[GroupSpec], run_dir: Path) -> tuple[Session, dict[str, WorkerGroup]]:
+def started_specs(cfg: RunConfig, specs: list[GroupSpec]) -> tuple[list[GroupSpec], dict]:
+    """The specs the session starts and the views to add (:func:`add_views`): with
+    ``cfg.placement`` hybrid the rollout, actor and ref specs fused into one group
+    (``flowrl.roles.specs.hybrid_specs``), else ``specs`` as they are. Pure (no worker starts):
+    the device plan is made for what this returns."""
+    cluster = _cluster(cfg)
+    if cluster.placement != "hybrid":
+        return list(specs), {}
+    from flowrl.cluster.pools import rank_threads
+    from flowrl.config.pools import resolve_pools
+    from flowrl.roles.specs import hybrid_specs
+
+    fused_sizes = {s.name: s.mesh.world_size for s in specs}
+    workers = sum(p.workers for p in resolve_pools(cluster, fused_sizes))
+    return hybrid_specs(specs, num_threads=rank_threads(cluster, workers))
+
+
+def plan_devices_for(cfg: RunConfig, specs: list[GroupSpec]) -> Any:
+    """The pre-flight: the device plan of the groups the run will start (``flowrl.run.placement``),
+    before any worker starts. Raises ``ConfigError`` naming the key and the fix when the inventory
+    cannot hold them (more NCCL ranks than GPUs, a replica that does not fit a node)."""
+    from flowrl.run.placement import plan_for_specs
+
+    return plan_for_specs(cfg, started_specs(cfg, specs)[0])
+
+
+def _cluster(cfg: RunConfig) -> Any:
+    """``cfg.cluster`` with ``auto`` placement and controller resolved."""
+    return dataclasses.replace(cfg.cluster, placement=cfg.placement, controller=cfg.graph_controller)
+
+
+def start_groups(cfg: RunConfig, specs: list[GroupSpec], run_dir: Path, *,
+                 plan: Any = None) -> tuple[Session, dict[str, WorkerGroup]]:
     """A session with one worker process per rank of ``specs`` (cluster kind, pools and network
     from ``cfg.cluster``) and the groups built on it, by name.
 
     With ``cfg.placement`` hybrid (``cluster.placement=hybrid``, or ``auto`` where the config
     allows it) the rollout, actor and ref specs start as one fused group
     (``flowrl.roles.specs.hybrid_specs``) and their names are views of it: ``groups["rollout"]``
-    and ``groups["actor"]`` are the same ranks, so the families call them as ever."""
-    views: dict = {}
-    cluster = dataclasses.replace(cfg.cluster, placement=cfg.placement, controller=cfg.graph_controller)  # auto resolved
-    if cluster.placement == "hybrid":
-        from flowrl.cluster.pools import rank_threads
-        from flowrl.config.pools import resolve_pools
-        from flowrl.roles.specs import hybrid_specs
+    and ``groups["actor"]`` are the same ranks, so the families call them as ever.
 
-        fused_sizes = {s.name: s.mesh.world_size for s in specs}
-        workers = sum(p.workers for p in resolve_pools(cluster, fused_sizes))
-        specs, views = hybrid_specs(specs, num_threads=rank_threads(cluster, workers))
+    Every group is placed by the device plan (``plan``: the driver's pre-flight one, else made
+    here, before the cluster starts): on GPU each rank gets its GPUs and the group NCCL for CUDA
+    tensors; on CPU the specs start unchanged (``flowrl.run.placement``)."""
+    from flowrl.run.placement import place_specs, plan_for_specs
+
+    cluster = _cluster(cfg)
+    specs, views = started_specs(cfg, specs)
+    specs = place_specs(specs, plan if plan is not None else plan_for_specs(cfg, specs))
     session = Session.start(sum(s.mesh.world_size for s in specs), cluster=cluster,
                             group_sizes={s.name: s.mesh.world_size for s in specs}, log_dir=str(run_dir / "slurm"),
                             scratch_dir=str(run_dir / "dask-scratch"))

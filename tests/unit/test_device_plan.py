@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from flowrl.config import ConfigError, load_config
-from flowrl.config.devices import device_plan, slurm_inventory
+from flowrl.config.devices import device_plan, group_layouts, slurm_inventory
+from flowrl.config.pools import HYBRID_GROUP
 from flowrl.parallel.device_plan import (CPU_BACKEND, GPU_BACKEND, DevicePlanError, GroupLayout, Inventory,
                                          plan_devices)
 
@@ -20,9 +21,15 @@ def _gpu_sets(plan, group: str) -> list[tuple[int, tuple[int, ...]]]:
     return [(r.node, r.gpus) for r in plan.group(group)]
 
 
+def _trainer(plan) -> str:
+    """The group holding the actor's ranks: the fused hybrid group, or ``actor``."""
+    return HYBRID_GROUP if plan.group(HYBRID_GROUP) else "actor"
+
+
 @pytest.mark.parametrize("gpus", [1, 2, 8])
 def test_one_node_every_rank_its_own_gpu_shared_by_colocated_roles(gpus):
-    plan = device_plan(load_config(None, _sizes(gpus)), Inventory(gpus_per_node=gpus))
+    plan = device_plan(load_config(None, _sizes(gpus, **{"cluster.placement": "colocated"})),
+                       Inventory(gpus_per_node=gpus))
     for group in ("actor", "rollout", "ref"):
         # rank r of every colocated group on GPU r: distinct within a group, shared across groups
         assert _gpu_sets(plan, group) == [(0, (r,)) for r in range(gpus)]
@@ -57,10 +64,25 @@ def test_split_pools_take_disjoint_gpus():
 
 
 def test_hybrid_and_colocated_share_the_same_gpus():
-    for placement in ("hybrid", "colocated"):
-        plan = device_plan(load_config(None, _sizes(4, **{"cluster.placement": placement})), Inventory(gpus_per_node=4))
-        assert plan.gpus_used() == {(0, g) for g in range(4)}
-        assert _gpu_sets(plan, "actor") == _gpu_sets(plan, "rollout") == _gpu_sets(plan, "ref")
+    colocated = device_plan(load_config(None, _sizes(4, **{"cluster.placement": "colocated"})),
+                            Inventory(gpus_per_node=4))
+    assert colocated.gpus_used() == {(0, g) for g in range(4)}
+    assert _gpu_sets(colocated, "actor") == _gpu_sets(colocated, "rollout") == _gpu_sets(colocated, "ref")
+    # hybrid: the plan names the one fused group the session starts (one process per rank), same GPUs
+    hybrid = device_plan(load_config(None, _sizes(4, **{"cluster.placement": "hybrid"})), Inventory(gpus_per_node=4))
+    assert {r.group for r in hybrid.ranks} == {HYBRID_GROUP}
+    assert _gpu_sets(hybrid, HYBRID_GROUP) == _gpu_sets(colocated, "actor")
+
+
+@pytest.mark.parametrize("placement", ["hybrid", "colocated", "split"])
+def test_the_plan_names_the_groups_the_session_starts(placement):
+    """The layouts' names and sizes are the specs ``start_groups`` creates, after hybrid fusion."""
+    from flowrl.roles.specs import actor_spec, ref_spec, rollout_spec
+    from flowrl.run.topology import started_specs
+
+    cfg = load_config(None, _sizes(2, **{"cluster.placement": placement}))
+    specs, _ = started_specs(cfg, [rollout_spec(cfg), actor_spec(cfg), ref_spec(cfg)])
+    assert sorted((g.name, g.world_size) for g in group_layouts(cfg)) == sorted((s.name, s.mesh.world_size) for s in specs)
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4])
@@ -82,8 +104,9 @@ def test_two_nodes_of_eight_on_slurm():
     inv = slurm_inventory(cfg)
     assert (inv.nodes, inv.gpus_per_node) == (2, 8)
     plan = device_plan(cfg, inv)
-    assert _gpu_sets(plan, "actor") == [(r // 8, (r % 8,)) for r in range(16)]
-    assert [r.local_rank for r in plan.group("actor")] == [r % 8 for r in range(16)]
+    assert _gpu_sets(plan, _trainer(plan)) == [(r // 8, (r % 8,)) for r in range(16)]
+    assert [r.local_rank for r in plan.group(_trainer(plan))] == [r % 8 for r in range(16)]
+    assert [plan.pool_node(r) for r in plan.group(_trainer(plan))] == [r // 8 for r in range(16)]
     assert len(plan.gpus_used()) == 16
 
 
@@ -111,7 +134,7 @@ def test_flowrl_devices_prints_the_plan_and_refuses_with_exit_2(capsys):
 
     assert main(["devices", *_sizes(8), "--gpus-per-node", "8"]) == 0
     out = capsys.readouterr().out
-    rows = [line.split() for line in out.splitlines() if line.startswith("actor ")]
+    rows = [line.split() for line in out.splitlines() if line.startswith(f"{HYBRID_GROUP} ")]  # auto: hybrid
     assert [r[3] for r in rows] == [str(g) for g in range(8)] and {r[5] for r in rows} == {GPU_BACKEND}
     assert main(["devices", "actor.data_parallel_size=2", "--gpus-per-node", "1"]) == 2
     assert "error: actor.data_parallel_size=2" in capsys.readouterr().err
