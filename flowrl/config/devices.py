@@ -13,7 +13,7 @@ from flowrl.config.errors import ConfigError
 from flowrl.config.pools import HYBRID_GROUP, HYBRID_GROUPS, resolve_pools
 from flowrl.parallel.device_plan import DevicePlan, DevicePlanError, GroupLayout, Inventory, plan_devices
 
-__all__ = ["device_plan", "group_layouts", "slurm_inventory", "started_sizes"]
+__all__ = ["check_slurm_jobs", "device_plan", "group_layouts", "slurm_inventory", "started_sizes"]
 
 #: The config section of each worker group (whose ``data_parallel_size`` sets its size); the fused
 #: hybrid group is sized by the actor's.
@@ -90,3 +90,31 @@ def device_plan(cfg: Any, inventory: Inventory, sizes: dict[str, int] | None = N
         return plan_devices(inventory, group_layouts(cfg, sizes), dtype=None if dtype == "auto" else dtype)
     except DevicePlanError as exc:
         raise ConfigError(exc.key, exc.value, exc.problem, exc.fix) from None
+
+
+def check_slurm_jobs(cfg: Any, plan: DevicePlan, sizes: dict[str, int] | None = None) -> None:
+    """On SLURM with GPUs, the jobs must hold the plan: each pool's workers come in jobs of
+    ``cluster.slurm.processes`` workers, one node each, and a rank must run in the job of its plan
+    node (``flowrl.cluster.pools.choose_workers``). So every job needs room for the pool's ranks
+    on one node, and the pool needs a job per node it uses. Raises :class:`ConfigError` naming
+    ``cluster.slurm.processes`` and the value that fits, before any job is submitted."""
+    if cfg.cluster.kind != "slurm" or not plan.inventory.has_gpus:
+        return
+    processes = cfg.cluster.slurm.processes
+    sizes = started_sizes(cfg) if sizes is None else dict(sizes)
+    cluster = dataclasses.replace(cfg.cluster, placement=cfg.placement)
+    workers = {p.name: p.workers for p in resolve_pools(cluster, sizes)}
+    per_node: dict[str, dict[int, int]] = {}
+    for r in plan.ranks:
+        counts = per_node.setdefault(r.pool, {})
+        counts[plan.pool_node(r)] = counts.get(plan.pool_node(r), 0) + 1
+    for pool, counts in per_node.items():
+        most, nodes = max(counts.values()), len(counts)
+        jobs = -(-workers.get(pool, sum(counts.values())) // max(processes, 1))
+        if most > processes or jobs < nodes:
+            problem = (f"starts {processes} worker(s) per SLURM job, and the device plan puts {most} rank(s) of pool "
+                       f"{pool!r} on one node" if most > processes else
+                       f"puts pool {pool!r}'s {workers.get(pool)} worker(s) in {jobs} job(s), and the device plan "
+                       f"spreads its ranks over {nodes} node(s) (one job per node)")
+            raise ConfigError("cluster.slurm.processes", processes, problem,
+                              f"set cluster.slurm.processes={most} (the pool's ranks per node; flowrl devices shows them)")

@@ -43,7 +43,7 @@ def format_plan(plan: Any) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from flowrl.config import ConfigError
-    from flowrl.config.devices import device_plan
+    from flowrl.config.devices import check_slurm_jobs, device_plan
     from flowrl.config.loader import load_config
     from flowrl.parallel.device_plan import DevicePlanError
 
@@ -53,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
         inventory = _inventory(cfg, args)
     except DevicePlanError as exc:
         raise ConfigError(f"--{exc.key.replace('_', '-')}", exc.value, exc.problem, exc.fix) from None
-    print(format_plan(device_plan(cfg, inventory)))
+    plan = device_plan(cfg, inventory)
+    check_slurm_jobs(cfg, plan)  # the SLURM jobs must hold the plan's nodes, as flowrl train checks
+    print(format_plan(plan))
     sys.stdout.flush()
     return 0

@@ -37,12 +37,15 @@ GPU_DEVICE = "cuda:0"
 
 def plan_for_specs(cfg: Any, specs: Sequence[GroupSpec], *, environ: Any = None, runner: Any = None) -> DevicePlan:
     """The device plan of the groups ``specs`` (as the session starts them) on the inventory the
-    run may use; raises ``ConfigError`` naming the key and the fix when it cannot hold them."""
+    run may use; raises ``ConfigError`` naming the key and the fix when it cannot hold them, or
+    when SLURM jobs of ``cluster.slurm.processes`` workers cannot hold its nodes."""
     from flowrl.cluster.inventory import run_inventory
-    from flowrl.config.devices import device_plan
+    from flowrl.config.devices import check_slurm_jobs, device_plan
 
-    return device_plan(cfg, run_inventory(cfg, environ=environ, runner=runner),
-                       sizes={s.name: s.mesh.world_size for s in specs})
+    sizes = {s.name: s.mesh.world_size for s in specs}
+    plan = device_plan(cfg, run_inventory(cfg, environ=environ, runner=runner), sizes=sizes)
+    check_slurm_jobs(cfg, plan, sizes)
+    return plan
 
 
 def place_specs(specs: Sequence[GroupSpec], plan: DevicePlan) -> list[GroupSpec]:

@@ -366,3 +366,17 @@ def test_a_cpu_rank_sets_up_as_before(monkeypatch):
     assert calls[1] == ("init_process_group", "gloo", None, None)
     assert "LOCAL_RANK" not in environ or environ.get("LOCAL_RANK") == os.environ.get("LOCAL_RANK")
     assert info["device"] == "cpu" and info["backend"] == "gloo"
+
+
+def test_slurm_jobs_that_cannot_hold_the_plan_s_nodes_are_refused_before_submission():
+    """Colocated 3 x 16 ranks on 2 nodes of 8 GPUs: 24 ranks per node, so 24 workers per job."""
+    over = {"cluster.kind": "slurm", "cluster.slurm.gpus_per_job": 8, "cluster.slurm.cores": 48}
+    for processes in (8, 48):  # too few per job; too many (one job for two nodes)
+        cfg = load_config(None, _sizes(16, "colocated", **over, **{"cluster.slurm.processes": processes}))
+        with pytest.raises(ConfigError) as err:
+            plan_for_specs(cfg, _specs(cfg), environ={})
+        assert err.value.key == "cluster.slurm.processes" and "cluster.slurm.processes=24" in str(err.value)
+    cfg = load_config(None, _sizes(16, "hybrid", **over, **{"cluster.slurm.processes": 8}))
+    specs, _ = started_specs(cfg, _specs(cfg))
+    assert plan_for_specs(cfg, specs, environ={}).inventory.nodes == 2  # hybrid: 8 processes per node fit
+    assert plan_for_specs(cfg, specs, environ={DEVICES_ENV: "cpu"}).inventory.gpus_per_node == 0  # CPU: no check
