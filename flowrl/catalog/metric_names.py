@@ -20,6 +20,7 @@ TRAIN_TOKENS_PER_S = "perf/train_tokens_per_s"
 GEN_PADDING_RATIO = "perf/gen_padding_ratio"
 TRAIN_PADDING_RATIO = "perf/train_padding_ratio"
 MAX_MEMORY_ALLOCATED_GB = "perf/max_memory_allocated_gb"
+MFU_ACTOR = "perf/mfu/actor"  # the actor update's model FLOPs utilisation against the GPU's peak bf16 rate (verl's)
 MAX_RSS_GB = "perf/max_rss_gb"
 ROLLOUT_MAX_RSS_GB = "perf/rollout_max_rss_gb"
 ROLLOUT_MAX_MEMORY_ALLOCATED_GB = "perf/rollout_max_memory_allocated_gb"

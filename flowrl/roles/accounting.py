@@ -3,13 +3,16 @@ computed, handed to the graph nodes with the results (``experience.with_stats``)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from flowrl.backends.interfaces import ReportsStats
 from flowrl.data import experience
 from flowrl.metrics import names
+
+if TYPE_CHECKING:
+    from flowrl.metrics.mfu import UpdateMfu
 
 
 def peak_memory_gb(rss_name: str, device_name: str) -> dict[str, float]:
@@ -24,6 +27,29 @@ def peak_memory_gb(rss_name: str, device_name: str) -> dict[str, float]:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         out[device_name] = torch.cuda.max_memory_allocated() / 1e9
     return out
+
+
+def update_mfu(model_dir: str, device: str, *, num_devices: int = 1) -> "UpdateMfu | None":
+    """What a trainer on ``device`` needs to report its MFU (``flowrl.metrics.mfu``): the model's
+    FLOPs per token from its config and the GPU's peak bf16 rate by its name; None on the CPU, on
+    a GPU of unknown peak, or for a model whose config does not say its shape."""
+    from flowrl.metrics.mfu import ModelFlops, UpdateMfu, peak_bf16_flops
+    from flowrl.parallel.dtypes import device_kind
+
+    if device_kind(device) != "cuda":
+        return None
+    import torch
+
+    peak = peak_bf16_flops(torch.cuda.get_device_name(torch.device(device)))
+    if peak is None:
+        return None
+    from transformers import AutoConfig
+
+    try:
+        model = ModelFlops.from_hf_config(AutoConfig.from_pretrained(model_dir))
+    except (AttributeError, TypeError):  # not a Llama/Qwen2-shaped decoder: no estimate
+        return None
+    return UpdateMfu(model, peak, num_devices)
 
 
 GEN_SLOTS = "gen_slots"

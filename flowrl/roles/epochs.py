@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from flowrl.data.packed import PackedBatch
 from flowrl.metrics import names
 from flowrl.roles.accounting import peak_memory_gb
 
+if TYPE_CHECKING:
+    from flowrl.metrics.mfu import UpdateMfu
+
 
 def run_epochs(
-    batch: PackedBatch, *, epochs: int, mini_batch_rows: int, step: Callable[[PackedBatch], dict[str, float]], prefix: str
+    batch: PackedBatch, *, epochs: int, mini_batch_rows: int, step: Callable[[PackedBatch], dict[str, float]], prefix: str,
+    mfu: "UpdateMfu | None" = None,
 ) -> dict[str, float]:
     """``epochs`` passes over ``batch``, one ``step`` (an optimizer step) per mini-batch of
     ``mini_batch_rows`` rows; returns each stat averaged over the steps as ``<prefix>/<stat>``,
-    plus ``<prefix>/num_optimizer_steps``, ``<prefix>/update_s`` and :func:`phase_metrics`."""
+    plus ``<prefix>/num_optimizer_steps``, ``<prefix>/update_s``, :func:`phase_metrics` and, with
+    ``mfu`` (a GPU of known peak), ``perf/mfu/actor``: this rank's rows, every epoch."""
     history: dict[str, list[float]] = {}
     start = time.perf_counter()
     for _ in range(epochs):
@@ -28,6 +33,9 @@ def run_epochs(
     metrics = {names.update_stat(prefix, k): sum(v) / len(v) for k, v in history.items()}
     metrics[names.update_stat(prefix, names.NUM_OPTIMIZER_STEPS)] = float(len(history.get(names.GRAD_NORM, [])))
     metrics[names.update_stat(prefix, names.UPDATE_S)] = update_s
+    if mfu is not None and batch.num_rows:
+        seqlens = (batch.prompt_cu_B1.diff() + batch.response_cu_B1.diff()).tolist()
+        metrics[names.MFU_ACTOR] = mfu.of(seqlens, update_s, epochs=epochs)
     return {**metrics, **phase_metrics(prefix, slots=slots, tokens=tokens, seconds=update_s)}
 
 

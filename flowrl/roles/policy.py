@@ -23,6 +23,7 @@ from flowrl.data.packed import PackedBatch
 from flowrl.metrics import names
 from flowrl.parallel.dtypes import resolve_dtype
 from flowrl.roles import checkpoints
+from flowrl.roles.accounting import update_mfu
 from flowrl.roles.epochs import run_epochs
 
 if TYPE_CHECKING:
@@ -70,6 +71,8 @@ class PolicyRole:
             **(engine_kwargs or {}),
         )
         self.rate = ScheduledRate(o, total_steps)  # actor.optim.lr_scheduler_type, once per RL step
+        # perf/mfu/actor on a GPU of known peak; a replica spans tp x pp of the group's ranks
+        self.mfu = update_mfu(model_dir, device, num_devices=max(1, world_size // max(1, actor.data_parallel_size)))
         self.loss = ActorLoss(
             policy_loss=POLICY_LOSSES.get(actor.policy_loss), kl_estimator=KL_ESTIMATORS.get(actor.kl_loss_type),
             mode=actor.loss_agg_mode, max_response_length=response_length, use_old_logprobs=use_old_logprobs,
@@ -112,7 +115,8 @@ class PolicyRole:
             fields.append("ref_logprobs")
         batch = PackedBatch.from_table(table, tuple(fields))
         self.rate.before_update(self.engine.optimizer)
-        return run_epochs(batch, epochs=self.cfg.ppo_epochs, mini_batch_rows=mini_batch_rows, step=self._step, prefix=names.ACTOR)
+        return run_epochs(batch, epochs=self.cfg.ppo_epochs, mini_batch_rows=mini_batch_rows, step=self._step,
+                          prefix=names.ACTOR, mfu=self.mfu)
 
     def _step(self, mini: PackedBatch) -> dict[str, float]:
         """One optimizer step on a mini-batch: the global denominator, then the engine's

@@ -213,6 +213,7 @@ class _Specs:
 @pytest.fixture
 def recorded(monkeypatch):
     _Recorder.built = []
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")  # the policy's MFU
     from flowrl.roles import critic, policy, reference, rollout
 
     for mod, attr in ((policy, "TRAIN_BACKENDS"), (reference, "TRAIN_BACKENDS"), (critic, "VALUE_BACKENDS"),
@@ -221,7 +222,7 @@ def recorded(monkeypatch):
     return _Recorder.built
 
 
-def test_every_role_passes_its_device_and_a_concrete_dtype(recorded):
+def test_every_role_passes_its_device_and_a_concrete_dtype(recorded, tiny_model_dir):
     from flowrl.backends.interfaces import SamplingParams
     from flowrl.config import RunConfig
     from flowrl.roles.critic import CriticRole
@@ -230,11 +231,13 @@ def test_every_role_passes_its_device_and_a_concrete_dtype(recorded):
     from flowrl.roles.rollout import RolloutRole
 
     cfg = RunConfig()
-    PolicyRole(rank=0, world_size=1, model_dir="m", actor=cfg.actor, dtype="auto", device="cuda:0")
+    policy = PolicyRole(rank=0, world_size=1, model_dir=str(tiny_model_dir), actor=cfg.actor, dtype="auto", device="cuda:0")
+    assert policy.mfu is not None and policy.mfu.peak_flops == 989e12  # perf/mfu/actor on the GPU
     ReferenceRole(rank=0, world_size=1, model_dir="m", dtype="auto", device="cuda:0")
     CriticRole(rank=0, world_size=1, model_dir="m", critic=cfg.critic, dtype="auto", device="cuda:0")
     RolloutRole(rank=0, world_size=1, model_dir="m", dtype="auto", device="cuda:0", sampling=SamplingParams())
-    PolicyRole(rank=0, world_size=1, model_dir="m", actor=cfg.actor, dtype="auto")  # a CPU rank: no device key
+    cpu = PolicyRole(rank=0, world_size=1, model_dir="m", actor=cfg.actor, dtype="auto")  # a CPU rank: no device key
+    assert cpu.mfu is None
     assert [(b["device"], b["dtype"]) for b in recorded] == [("cuda:0", BF16)] * 4 + [("cpu", FP32)]
 
 
