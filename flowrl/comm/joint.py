@@ -11,6 +11,16 @@ actor group send to a rollout group (split placement), every rank of both builds
 so a graph node can pass the rendezvous address on every call and only the first one pays for it.
 Each rank calls it from its group's ordered call, so all ranks of all member groups reach the
 rendezvous together. ``close_all`` (from ``RankActor._teardown``) drops the groups.
+
+The group is gloo only, on the CPU and on GPUs alike, so it moves host tensors only: the reshard
+transports (``flowrl.backends.reshard``) stage every tensor that crosses it in host memory (a
+device -> host copy before a send, a host buffer then a copy onto the destination's device after
+a receive). That is correct for any mix of devices, including trainer and generation processes
+that share a GPU (a colocated GPU placement across two worker groups), which NCCL cannot serve
+(one NCCL rank per GPU), and a mixed ``cpu:gloo,cuda:nccl`` group would need both ends of every
+message on the same kind of device. An NCCL fast path (device tensors on the wire, no host copy)
+is a later step: NCCL ignores tags and serialises separately posted sends and receives, so each
+round would be one ``batch_isend_irecv`` in the same order on both ends.
 """
 
 from __future__ import annotations

@@ -16,6 +16,12 @@ the adapters whole (FSDP: an all-gather of their shards; dp: they are whole alre
 ``r % tp == 0``), which cuts it into tensors by :func:`~flowrl.backends.train.lora.adapter_layout`
 (names and shapes derived on both ends from ``model.path`` and the LoRA settings, so no header
 crosses the network). Per sync the network carries exactly the adapters' bytes per engine.
+
+Devices: as every reshard transport (:mod:`flowrl.backends.reshard.exchange`), the flat buffer is
+in host memory on both ends and travels over the gloo joint group: the sender casts its adapters
+to the wire dtype on their device and copies them to the host (free on the CPU); an engine rank
+receives into a host buffer and hands host tensors to its engine, whose loading copies them onto
+its device (vLLM's LoRA manager takes host tensors).
 """
 
 from __future__ import annotations
@@ -95,6 +101,7 @@ def run_adapter_rank(job: AdapterJob, *, src_rank: int | None = None, dst_rank: 
     import torch
 
     from flowrl.backends.interfaces import torch_dtype
+    from flowrl.backends.reshard.exchange import HOST, _check_wire
 
     start = time.perf_counter()
     if (src_rank is None) == (dst_rank is None):
@@ -109,14 +116,14 @@ def run_adapter_rank(job: AdapterJob, *, src_rank: int | None = None, dst_rank: 
     received = None
     if src_rank == 0:
         flat = _flatten(layout, adapters or {}, wire)
-        works = [pg.send([flat], p, ADAPTER_TAG) for p in job.receivers()]
+        works = [pg.send([_check_wire(flat, "send")], p, ADAPTER_TAG) for p in job.receivers()]
         for work in works:
             work.wait()
         out["bytes_sent"] = flat.nbytes * len(works)
         out["peak_extra_bytes"] = flat.nbytes
     elif process in job.receivers():
-        flat = torch.empty(nbytes // wire.itemsize, dtype=wire)
-        pg.recv([flat], 0, ADAPTER_TAG).wait()
+        flat = torch.empty(nbytes // wire.itemsize, dtype=wire, device=HOST)
+        pg.recv([_check_wire(flat, "receive")], 0, ADAPTER_TAG).wait()
         received, at = {}, 0
         for name, shape in layout:
             n = _numel(shape)
@@ -128,9 +135,12 @@ def run_adapter_rank(job: AdapterJob, *, src_rank: int | None = None, dst_rank: 
 
 
 def _flatten(layout: tuple[tuple[str, tuple[int, ...]], ...], adapters: Mapping[str, Any], wire: Any) -> Any:
-    """The adapters in ``layout`` order as one flat tensor of dtype ``wire``; ValueError when
-    they are not the layout's (other names, other shapes)."""
+    """The adapters in ``layout`` order as one flat host tensor of dtype ``wire`` (each cast on its
+    device, then copied to the host); ValueError when they are not the layout's (other names,
+    other shapes)."""
     import torch
+
+    from flowrl.backends.reshard.exchange import HOST
 
     from flowrl.backends.train.lora import sync_names
 
@@ -143,7 +153,7 @@ def _flatten(layout: tuple[tuple[str, tuple[int, ...]], ...], adapters: Mapping[
     for name, shape in layout:
         if tuple(tensors[name].shape) != shape:
             raise ValueError(f"LoRA sync: adapter {name} has shape {tuple(tensors[name].shape)}, the layout {shape}")
-    return torch.cat([tensors[name].detach().reshape(-1).to(wire) for name, _ in layout])
+    return torch.cat([tensors[name].detach().reshape(-1).to(wire).to(HOST) for name, _ in layout])
 
 
 def _process_group(job: AdapterJob, process: int) -> Any:

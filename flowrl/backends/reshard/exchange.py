@@ -10,9 +10,10 @@ own group; split: the joint group of ``flowrl.comm.joint``).
   1. local copies: ``dst[slice].copy_(src[slice])``, no buffer;
   2. per round (in round order), every message to or from this process is posted at once
      (``recv``/``send`` on the group, tag ``Round.tag``), then waited for; a message that is
-     one contiguous slice of a tensor of the wire dtype travels without staging (dim-0 slices:
-     most of a model), others are packed into (or unpacked from) a staging buffer. Staging
-     never exceeds one bucket per process.
+     one contiguous slice of a host tensor of the wire dtype travels without staging (dim-0
+     slices: most of a model on the CPU), others (and every message of a device tensor) are
+     packed into (or unpacked from) a host staging buffer. Staging never exceeds one bucket per
+     process.
 ``naive`` (verl's gather-then-broadcast, for comparison): source rank 0's process gathers the full
   model (every other source sends it what it lacks), sends it whole to every destination process,
   and each slices its shard out; the full model is materialised on every destination process.
@@ -21,6 +22,22 @@ Both report ``bytes_sent`` / ``bytes_received`` (over the group), ``bytes_local`
 place), ``peak_extra_bytes`` (the most staging alive at once, counted by the transport itself, as
 every buffer it allocates goes through :class:`Staging`) and this process's ``bytes_min`` (the
 processes' sum is the plan's).
+
+Devices: every tensor that crosses between processes is in host memory and travels over gloo.
+On a GPU the trainer's shards and the engine's tensors live on ``cuda:0`` (each rank sees only its
+own GPUs); a message whose tensor is not on the host is packed into a host staging buffer (one
+device -> host copy) and a message into a tensor not on the host is received into a host buffer
+and then copied onto that tensor's device. Local copies (same process) go device to device.
+This is correct for any mix of devices: a colocated reshard over the worker group's world group
+(``cpu:gloo,cuda:nccl`` on GPU: torch dispatches host tensors to its gloo backend) and a split
+one over the joint group (``flowrl.comm.joint``, gloo only), including trainer and generation
+processes that share a GPU (colocated GPU placement), which NCCL cannot serve (one NCCL rank per
+GPU). On the CPU it is exactly the path it always was: a host tensor is sent or received in place
+as before (:func:`on_host`), no extra copy. The NCCL fast path (device tensors on the wire) is a
+later step: NCCL ignores tags and serialises separately posted sends and receives, so a round
+would have to be one ``batch_isend_irecv`` in the same message order on both ends, and each pair
+of processes would need distinct GPUs. Host copies here are synchronous (pageable memory), so a
+staging buffer is free to reuse as soon as its copy returns.
 """
 
 from __future__ import annotations
@@ -37,9 +54,28 @@ from flowrl.parallel.reshard_plan import Placement, Transfer, plan_for_rank
 from flowrl.parallel.reshard_schedule import Schedule, schedule_rank
 from flowrl.parallel.shard_spec import ShardSpec, piece_index, shard_spec
 
-__all__ = ["Staging", "check_tensors", "execute_schedule", "run_rank"]
+__all__ = ["HOST", "Staging", "check_tensors", "execute_schedule", "on_host", "run_rank"]
 
 Tensors = Mapping[str, torch.Tensor]
+
+HOST = torch.device("cpu")
+"""Where every tensor that crosses between processes is (staging buffers are allocated here)."""
+
+
+def on_host(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is in host memory, so it may go on the wire as is (gloo) without a
+    staging copy. (Tests replace it to mark some host tensors as "device" ones.)"""
+    return tensor.device.type == "cpu"
+
+
+def _check_wire(buf: torch.Tensor, what: str) -> torch.Tensor:
+    """``buf`` if it may be posted to the group (host memory); RuntimeError otherwise, naming it:
+    a device tensor must never reach a gloo group, nor a mixed group with a host tensor on the
+    other end."""
+    if not on_host(buf):
+        raise RuntimeError(f"reshard: a {what} buffer on {buf.device} reached the process group; "
+                           "every tensor crossing processes must be staged in host memory")
+    return buf
 
 
 class Staging:
@@ -50,7 +86,7 @@ class Staging:
         self.peak = 0
 
     def alloc(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        buf = torch.empty(numel, dtype=dtype)
+        buf = torch.empty(numel, dtype=dtype, device=HOST)
         self.live += buf.nbytes
         self.peak = max(self.peak, self.live)
         return buf
@@ -89,7 +125,9 @@ def _dst_view(t: Transfer, dst: Tensors) -> torch.Tensor:
 
 
 def _as_is(view: torch.Tensor, wire: torch.dtype) -> bool:
-    return view.is_contiguous() and view.dtype == wire
+    """Whether a message may use ``view`` itself on the wire: one contiguous slice, of the wire
+    dtype, in host memory (else it is staged in host memory)."""
+    return on_host(view) and view.is_contiguous() and view.dtype == wire
 
 
 @torch.no_grad()
@@ -113,7 +151,7 @@ def execute_schedule(schedule: Schedule, *, process: int, pg: Any, src: Tensors 
                     buf = staging.alloc(m.nbytes // bpe, wire)
                     held.append(buf)
                     unpack.append((m, buf))
-                works.append(pg.recv([buf], m.src_process, i))
+                works.append(pg.recv([_check_wire(buf, "receive")], m.src_process, i))
                 out["bytes_received"] += m.nbytes
             elif m.src_process == process:
                 views = [_src_view(t, src) for t in m.transfers]
@@ -126,7 +164,7 @@ def execute_schedule(schedule: Schedule, *, process: int, pg: Any, src: Tensors 
                     for v in views:
                         buf[at:at + v.numel()].view(v.shape).copy_(v)
                         at += v.numel()
-                works.append(pg.send([buf], m.dst_process, i))
+                works.append(pg.send([_check_wire(buf, "send")], m.dst_process, i))
                 out["bytes_sent"] += m.nbytes
         for work in works:
             work.wait()
@@ -168,12 +206,12 @@ def _run_naive(job: ReshardJob, *, process: int, pg: Any, src: Tensors | None,
     out = execute_schedule(gather, process=process, pg=pg, src=src,
                            dst=views if process == root else None, wire=wire, staging=staging)
     if process == root:
-        works = [pg.send([flat], p, BROADCAST_TAG) for p in receivers]
+        works = [pg.send([_check_wire(flat, "send")], p, BROADCAST_TAG) for p in receivers]
         for work in works:
             work.wait()
         out["bytes_sent"] += flat.nbytes * len(receivers)
     elif process in receivers:
-        pg.recv([flat], root, BROADCAST_TAG).wait()
+        pg.recv([_check_wire(flat, "receive")], root, BROADCAST_TAG).wait()
         out["bytes_received"] += flat.nbytes
     if dst_rank is not None:  # cut this process's destination shard out of the full model
         for piece in dst_spec.shard_of(dst_rank).pieces:
@@ -198,6 +236,8 @@ def _process_group(job: ReshardJob, process: int) -> Any:
     if not dist.is_initialized() or dist.get_rank() != process:
         raise RuntimeError(f"colocated reshard: process {process} must be this worker group's rank "
                            "(dist.get_rank())")
+    # the world group: gloo on the CPU, "cpu:gloo,cuda:nccl" on a GPU, where the host tensors
+    # this transport posts (_check_wire) go to its gloo backend
     return dist.distributed_c10d._get_default_group()
 
 
