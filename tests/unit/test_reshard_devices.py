@@ -207,40 +207,47 @@ def test_adapters_are_flattened_into_host_memory():
 
 
 # --------------------------------------------------------------------------- real gloo, 2 processes
-def _gloo_worker(rank: int, store_path: str, out_path: str) -> None:
+def _gloo_worker(rank: int, store_dir: str, out_path: str) -> None:
+    """Both cases and transports, each as is and with every tensor a "device" one, over a world
+    group of each backend string (GPU ranks get "cpu:gloo,cuda:nccl"; no NCCL here, so its
+    stand-in is "cpu:gloo,cuda:gloo": the same two-backend group dispatching host tensors to gloo)
+    and, split, over a gloo group of its own as ``flowrl.comm.joint`` makes."""
+    from datetime import timedelta
+
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    store = dist.FileStore(store_path, 2)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=2,
-                            timeout=__import__("datetime").timedelta(seconds=TIMEOUT_S))
-    joint = dist.ProcessGroupGloo(dist.PrefixStore("joint/", store), rank, 2,
-                                  __import__("datetime").timedelta(seconds=TIMEOUT_S))
+    timeout = timedelta(seconds=TIMEOUT_S)
     device: set[int] = set()
     real_on_host = exchange.on_host
     exchange.on_host = lambda t: real_on_host(t) and _storage(t) not in device
     out = {}
     try:
-        for case in ("TP2 -> DP2 colocated", "TP1 megatron -> TP1 hf split"):
-            for transport in ("planned", "naive"):
-                for staged in (False, True):
-                    job = _job(case, transport, bucket=256)
-                    src_rank, dst_rank, src, dst = _shards(job, rank)
-                    device.clear()
-                    if staged:
-                        device.update(_storage(t) for d in (src, dst) for t in (d or {}).values())
-                    stats = exchange.run_rank(job, src_rank=src_rank, dst_rank=dst_rank, src=src, dst=dst,
-                                              pg=None if job.placement.kind == "colocated" else joint)
-                    exact = True
-                    if dst_rank is not None:
-                        want = expected_shard(job.specs()[1], dst_rank, WIRE)
-                        exact = all(torch.equal(dst[k], want[k]) for k in want)
-                    out[f"{case}/{transport}/{'staged' if staged else 'cpu'}"] = {
-                        "exact": exact, "sent": stats["bytes_sent"], "received": stats["bytes_received"],
-                        "peak": stats["peak_extra_bytes"]}
+        for world in ("gloo", "cpu:gloo,cuda:gloo"):
+            store = dist.FileStore(f"{store_dir}/{world.replace(':', '_').replace(',', '_')}", 2)
+            dist.init_process_group(world, store=store, rank=rank, world_size=2, timeout=timeout)
+            joint = dist.ProcessGroupGloo(dist.PrefixStore("joint/", store), rank, 2, timeout)
+            for case in ("TP2 -> DP2 colocated", "TP1 megatron -> TP1 hf split"):
+                for transport in ("planned", "naive"):
+                    for staged in (False, True):
+                        job = _job(case, transport, bucket=256)
+                        src_rank, dst_rank, src, dst = _shards(job, rank)
+                        device.clear()
+                        if staged:
+                            device.update(_storage(t) for d in (src, dst) for t in (d or {}).values())
+                        stats = exchange.run_rank(job, src_rank=src_rank, dst_rank=dst_rank, src=src, dst=dst,
+                                                  pg=None if job.placement.kind == "colocated" else joint)
+                        exact = True
+                        if dst_rank is not None:
+                            want = expected_shard(job.specs()[1], dst_rank, WIRE)
+                            exact = all(torch.equal(dst[k], want[k]) for k in want)
+                        out[f"{world}/{case}/{transport}/{'staged' if staged else 'cpu'}"] = {
+                            "exact": exact, "sent": stats["bytes_sent"], "received": stats["bytes_received"],
+                            "peak": stats["peak_extra_bytes"]}
+            del joint
+            dist.destroy_process_group()
     finally:
         exchange.on_host = real_on_host
-        dist.destroy_process_group()
     with open(out_path, "w", encoding="utf-8") as fh:
         json.dump(out, fh)
 
@@ -249,7 +256,7 @@ def test_bitwise_equal_weights_over_real_gloo_with_and_without_staging(tmp_path)
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_gloo_worker, args=(r, str(tmp_path / "store"), str(tmp_path / f"out{r}.json")))
+    procs = [ctx.Process(target=_gloo_worker, args=(r, str(tmp_path), str(tmp_path / f"out{r}.json")))
              for r in range(2)]
     for p in procs:
         p.start()
@@ -260,7 +267,7 @@ def test_bitwise_equal_weights_over_real_gloo_with_and_without_staging(tmp_path)
             p.kill()
     assert [p.exitcode for p in procs] == [0, 0]
     results = [json.loads((tmp_path / f"out{r}.json").read_text()) for r in range(2)]
-    assert len(results[0]) == 8
+    assert len(results[0]) == 16
     for r in results:
         for key, row in r.items():
             assert row["exact"], (key, row)
@@ -270,3 +277,4 @@ def test_bitwise_equal_weights_over_real_gloo_with_and_without_staging(tmp_path)
             for r in results:  # the same bytes on the wire either way
                 assert (r[key]["sent"], r[key]["received"]) == (r[staged]["sent"], r[staged]["received"])
                 assert r[staged]["peak"] >= r[key]["peak"]
+                assert r[staged]["peak"] > 0 or not r[key]["sent"] + r[key]["received"]  # device: staged
