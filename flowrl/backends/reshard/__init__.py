@@ -5,7 +5,8 @@ executes it with torch: ``run_rank(job, ...)`` on every process of the plan (see
 described by a picklable :class:`ReshardJob` (``job.py``); with LoRA into an engine that serves
 adapters, :class:`AdapterJob` moves the adapters only (``adapters.py``). Roles expose
 ``reshard(job)``; the graph node ``nodes.reshard`` calls both groups at once and reports
-``reshard/*`` metrics.
+``reshard/*`` metrics. On any devices every tensor that crosses between processes is staged in
+host memory and travels over gloo (``exchange.py``'s docstring says why; NCCL is a later step).
 """
 
 from flowrl.backends.reshard.adapters import AdapterJob, run_adapter_rank, takes_adapters
