@@ -160,11 +160,13 @@ class ClusterHandle:
 
 # --------------------------------------------------------------------------- starting
 def start_cluster(cfg: Any, pools: list[Pool], *, log_dir: str | Path | None = None, controller: bool = True,
-                  scratch_dir: str | Path | None = None) -> ClusterHandle:
+                  scratch_dir: str | Path | None = None, model_path: str | Path = "") -> ClusterHandle:
     """Start (or connect to) the cluster ``cfg`` (a ClusterConfig) describes with the workers
     of ``pools`` plus a controller worker; wait for them; return the handle (closed on failure).
     ``scratch_dir``: the workers' Dask scratch space (``local_directory``; a run passes a
-    directory of its run directory), else Dask's default in the system temp dir."""
+    directory of its run directory), else Dask's default in the system temp dir. ``model_path``:
+    the model the ranks load, whose checkpoint size ``cluster.memory_limit`` must allow
+    (``flowrl.cluster.host_memory``; refused here, before any worker starts, when it cannot)."""
     import dask
 
     # Dask's nanny sets MALLOC_TRIM_THRESHOLD_=65536 in new workers, which pins glibc's mmap
@@ -176,6 +178,10 @@ def start_cluster(cfg: Any, pools: list[Pool], *, log_dir: str | Path | None = N
 
         latency.apply()
     total = sum(p.workers for p in pools) + (1 if controller else 0)
+    if cfg.kind == "local":
+        from flowrl.cluster.host_memory import local_memory_limit
+
+        memory_limit = local_memory_limit(cfg.memory_limit, workers=total, model_path=str(model_path or ""))
     if cfg.kind != "address":
         private.prepare()  # TMPDIR, the fork server's socket, the rendezvous stores: 0700, before any worker
     if cfg.kind == "address":
@@ -183,7 +189,7 @@ def start_cluster(cfg: Any, pools: list[Pool], *, log_dir: str | Path | None = N
     elif cfg.kind == "slurm":
         handle = _start_slurm(cfg, pools, log_dir=log_dir, controller=controller, scratch_dir=scratch_dir)
     else:
-        handle = _start_local(cfg, pools, controller=controller, scratch_dir=scratch_dir)
+        handle = _start_local(cfg, pools, controller=controller, scratch_dir=scratch_dir, memory_limit=memory_limit)
     try:
         _wait_for_workers(handle, total, cfg.startup_timeout_s, log_dir)
         workers = handle.client.scheduler_info(n_workers=-1)["workers"]
@@ -244,7 +250,8 @@ def _scale_pool(cluster: Any, base: dict, resources: dict[str, float], count: in
     cluster.scale(len(cluster.worker_spec) + count)
 
 
-def _start_local(cfg: Any, pools: list[Pool], *, controller: bool, scratch_dir: Any) -> ClusterHandle:
+def _start_local(cfg: Any, pools: list[Pool], *, controller: bool, scratch_dir: Any,
+                 memory_limit: Any = None) -> ClusterHandle:
     from distributed import Client
 
     security = make_security(cfg)
@@ -254,7 +261,8 @@ def _start_local(cfg: Any, pools: list[Pool], *, controller: bool, scratch_dir: 
     env = dict(WORKER_ENV, **private.worker_env(cfg.dashboard, rendezvous=True))  # one machine: a FileStore rendezvous
     with listeners.servers(cfg.dashboard) as dashboard:  # no HTTP server without the dashboard; else loopback only
         cluster = _local_cluster(cfg, security, env=worker_start.worker_env(env) if forked else env,
-                                 scratch_dir=scratch_dir, dashboard=dashboard)
+                                 scratch_dir=scratch_dir, dashboard=dashboard,
+                                 memory_limit=cfg.memory_limit if memory_limit is None else memory_limit)
     handle = ClusterHandle("local", None, cluster, pools=pools)
     try:
         # direct_to_workers: the driver's actor calls and result fetches go straight to the
@@ -272,7 +280,8 @@ def _start_local(cfg: Any, pools: list[Pool], *, controller: bool, scratch_dir: 
     return handle
 
 
-def _local_cluster(cfg: Any, security: Any, *, env: dict[str, str], scratch_dir: Any, dashboard: str) -> Any:
+def _local_cluster(cfg: Any, security: Any, *, env: dict[str, str], scratch_dir: Any, dashboard: str,
+                   memory_limit: Any) -> Any:
     from distributed import LocalCluster
 
     return LocalCluster(
@@ -282,7 +291,7 @@ def _local_cluster(cfg: Any, security: Any, *, env: dict[str, str], scratch_dir:
         host=cfg.host,
         dashboard_address=dashboard,  # the dashboard (when on) only on the loopback: an SSH tunnel reaches it
         scheduler_kwargs={"dashboard": cfg.dashboard},
-        memory_limit=cfg.memory_limit,
+        memory_limit=memory_limit,  # cluster.memory_limit resolved (flowrl.cluster.host_memory)
         env=env,
         preload=[WORKER_PRELOAD] + (["flowrl.cluster.latency"] if cfg.low_latency else []),
         silence_logs=logging.WARNING,

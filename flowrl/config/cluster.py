@@ -118,9 +118,12 @@ class ClusterConfig:
     """SLURM job settings (kind=slurm)."""
     dashboard: bool = False
     """Serve the Dask dashboard (on ``host``, a free port)."""
-    memory_limit: str = "4GiB"
+    memory_limit: str = "default"
     """Memory limit per LocalCluster worker process: a size (``4GiB``, ``8GB``), a fraction of
-    the machine's memory (``0.25``), ``auto`` (the machine's memory / workers) or ``0`` (none)."""
+    the machine's memory (``0.25``), ``auto`` (90% of the machine's memory / its workers, refused
+    before any worker starts when that is below what loading the model needs: 2 x its safetensors
+    bytes + 1 GiB), ``0`` (none) or ``default``: ``auto`` on a machine with GPUs, ``4GiB``
+    without (``flowrl.cluster.host_memory``). SLURM jobs split ``cluster.slurm.memory`` instead."""
     timeout_s: float = 600.0
     """Timeout of every wait on a worker group call or graph result."""
     low_latency: bool = True

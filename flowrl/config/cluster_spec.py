@@ -114,16 +114,17 @@ def shell_errors(s: Any) -> list[ConfigError]:
 
 
 def check_memory_limit(value: Any) -> None:
-    """``cluster.memory_limit``: a Dask memory size, a fraction in (0, 1], ``auto`` or 0/none."""
+    """``cluster.memory_limit``: a Dask memory size, a fraction in (0, 1], ``auto``, ``default``
+    or 0/none (``flowrl.cluster.host_memory`` resolves it)."""
     text = str(value).strip()
-    ok = bool(_MEMORY.match(text)) or text.lower() in ("auto", "0", "none") or text.isdigit()
+    ok = bool(_MEMORY.match(text)) or text.lower() in ("auto", "default", "0", "none") or text.isdigit()
     if not ok:
         try:
             ok = 0 < float(text) <= 1
         except ValueError:
             ok = False
     check(ok, "memory_limit", value, "is not a memory limit (a size, a fraction of the memory, or auto)",
-          "write e.g. memory_limit=4GiB, memory_limit=0.25 or memory_limit=auto")
+          "write e.g. memory_limit=4GiB, memory_limit=0.25, memory_limit=auto or memory_limit=default")
 
 
 def check_cluster(c: Any) -> None:
