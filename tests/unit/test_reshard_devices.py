@@ -3,7 +3,7 @@ processes is staged in host memory and travels over gloo; device tensors are cop
 before a send and received into host buffers, then copied onto their device. On the CPU nothing
 changes: host tensors go on the wire as they are, no extra copy.
 
-No GPU here, so "device" tensors are simulated two ways: host tensors that ``exchange.on_host`` is
+No GPU here, so "device" tensors are simulated two ways: host tensors that ``wire.on_host`` is
 told are not on the host (every path a device tensor takes, with values to check bit for bit),
 and destinations on torch's ``meta`` device (a real other device: the final copies land there).
 Processes run as threads over an in-process group that records every tensor posted to it, and
@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from flowrl.backends.reshard import exchange
+from flowrl.backends.reshard import exchange, wire
 from flowrl.backends.reshard.adapters import _flatten
 from flowrl.backends.reshard.job import make_job
 from flowrl.comm import JointSpec
@@ -135,10 +135,10 @@ def _check_exact(job, results) -> None:
 
 def test_host_tensors_are_not_copied_to_the_host():
     t = torch.arange(6.0)
-    assert t.to("cpu") is t and t.to(exchange.HOST) is t and t.to(WIRE).to(exchange.HOST) is t
-    assert exchange.on_host(t) and not exchange.on_host(torch.empty(2, device="meta"))
+    assert t.to("cpu") is t and t.to(wire.HOST) is t and t.to(WIRE).to(wire.HOST) is t
+    assert wire.on_host(t) and not wire.on_host(torch.empty(2, device="meta"))
     staging = exchange.Staging()
-    assert staging.alloc(4, WIRE).device == exchange.HOST
+    assert staging.alloc(4, WIRE).device == wire.HOST
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -155,12 +155,12 @@ def test_device_tensors_are_staged_in_host_memory(monkeypatch, case, transport):
 
     # now every source and destination tensor is a "device" tensor
     device: set[int] = set()
-    real_on_host = exchange.on_host
-    monkeypatch.setattr(exchange, "on_host", lambda t: real_on_host(t) and _storage(t) not in device)
+    real_on_host = wire.on_host
+    monkeypatch.setattr(wire, "on_host", lambda t: real_on_host(t) and _storage(t) not in device)
     staged = _run_threads(job, device=device)
     _check_exact(job, staged)  # the final copies landed in the "device" tensors
     posted = [(op, t) for *_, g in staged.values() for op, t in g.posted]
-    assert posted and all(t.device == exchange.HOST and _storage(t) not in device for _, t in posted)
+    assert posted and all(t.device == wire.HOST and _storage(t) not in device for _, t in posted)
     peaks = {p: s["peak_extra_bytes"] for p, (s, _, _) in staged.items()}
     moved = {p: s["bytes_sent"] + s["bytes_received"] for p, (s, _, _) in staged.items()}
     assert all(peaks[p] > 0 for p in peaks if moved[p])  # what crossed was staged
@@ -173,7 +173,7 @@ def test_receive_buffers_are_host_and_the_copy_lands_on_the_destination_device(c
     job = _job(case)
     results = _run_threads(job, dst_device="meta")
     for p, (stats, (_, dst_rank, _, dst), group) in results.items():
-        assert all(t.device == exchange.HOST for _, t in group.posted)
+        assert all(t.device == wire.HOST for _, t in group.posted)
         if dst_rank is not None:
             assert all(t.device.type == "meta" for t in dst.values())
             if stats["bytes_received"]:
@@ -188,11 +188,11 @@ def test_a_device_tensor_never_reaches_the_group(monkeypatch):
         recv = send
 
     with pytest.raises(RuntimeError, match="must be staged in host memory"):
-        exchange._check_wire(torch.empty(2, device="meta"), "send")
+        wire.check_wire(torch.empty(2, device="meta"), "send")
     job = _job("TP1 megatron -> TP1 hf split")
     src = synthetic_shard(job.specs()[0], 0, WIRE)
     dst = synthetic_shard(job.specs()[1], 0, WIRE, fill=False)
-    monkeypatch.setattr(exchange, "on_host", lambda t: False)  # were a buffer not on the host...
+    monkeypatch.setattr(wire, "on_host", lambda t: False)  # were a buffer not on the host...
     for kw in ({"src_rank": 0, "src": src}, {"dst_rank": 0, "dst": dst}):
         with pytest.raises(RuntimeError, match="must be staged in host memory"):  # ...it is refused unposted
             exchange.run_rank(job, pg=Refuse(), **kw)
@@ -202,7 +202,7 @@ def test_adapters_are_flattened_into_host_memory():
     layout = (("a", (2, 3)), ("b", (3,)))
     tensors = {"a": torch.arange(6.0).view(2, 3), "b": torch.ones(3)}
     flat = _flatten(layout, tensors, torch.bfloat16)
-    assert flat.device == exchange.HOST and flat.dtype == torch.bfloat16
+    assert flat.device == wire.HOST and flat.dtype == torch.bfloat16
     assert torch.equal(flat, torch.tensor([0, 1, 2, 3, 4, 5, 1, 1, 1], dtype=torch.bfloat16))
 
 
@@ -219,8 +219,8 @@ def _gloo_worker(rank: int, store_dir: str, out_path: str) -> None:
     torch.set_num_threads(1)
     timeout = timedelta(seconds=TIMEOUT_S)
     device: set[int] = set()
-    real_on_host = exchange.on_host
-    exchange.on_host = lambda t: real_on_host(t) and _storage(t) not in device
+    real_on_host = wire.on_host
+    wire.on_host = lambda t: real_on_host(t) and _storage(t) not in device
     out = {}
     try:
         for world in ("gloo", "cpu:gloo,cuda:gloo"):
@@ -247,7 +247,7 @@ def _gloo_worker(rank: int, store_dir: str, out_path: str) -> None:
             del joint
             dist.destroy_process_group()
     finally:
-        exchange.on_host = real_on_host
+        wire.on_host = real_on_host
     with open(out_path, "w", encoding="utf-8") as fh:
         json.dump(out, fh)
 

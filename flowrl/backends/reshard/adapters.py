@@ -101,7 +101,7 @@ def run_adapter_rank(job: AdapterJob, *, src_rank: int | None = None, dst_rank: 
     import torch
 
     from flowrl.backends.interfaces import torch_dtype
-    from flowrl.backends.reshard.exchange import HOST, _check_wire
+    from flowrl.backends.reshard.wire import HOST, check_wire
 
     start = time.perf_counter()
     if (src_rank is None) == (dst_rank is None):
@@ -116,14 +116,14 @@ def run_adapter_rank(job: AdapterJob, *, src_rank: int | None = None, dst_rank: 
     received = None
     if src_rank == 0:
         flat = _flatten(layout, adapters or {}, wire)
-        works = [pg.send([_check_wire(flat, "send")], p, ADAPTER_TAG) for p in job.receivers()]
+        works = [pg.send([check_wire(flat, "send")], p, ADAPTER_TAG) for p in job.receivers()]
         for work in works:
             work.wait()
         out["bytes_sent"] = flat.nbytes * len(works)
         out["peak_extra_bytes"] = flat.nbytes
     elif process in job.receivers():
         flat = torch.empty(nbytes // wire.itemsize, dtype=wire, device=HOST)
-        pg.recv([_check_wire(flat, "receive")], 0, ADAPTER_TAG).wait()
+        pg.recv([check_wire(flat, "receive")], 0, ADAPTER_TAG).wait()
         received, at = {}, 0
         for name, shape in layout:
             n = _numel(shape)
@@ -140,7 +140,7 @@ def _flatten(layout: tuple[tuple[str, tuple[int, ...]], ...], adapters: Mapping[
     other shapes)."""
     import torch
 
-    from flowrl.backends.reshard.exchange import HOST
+    from flowrl.backends.reshard.wire import HOST
 
     from flowrl.backends.train.lora import sync_names
 

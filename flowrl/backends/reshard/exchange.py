@@ -33,7 +33,7 @@ This is correct for any mix of devices: a colocated reshard over the worker grou
 one over the joint group (``flowrl.comm.joint``, gloo only), including trainer and generation
 processes that share a GPU (colocated GPU placement), which NCCL cannot serve (one NCCL rank per
 GPU). On the CPU it is exactly the path it always was: a host tensor is sent or received in place
-as before (:func:`on_host`), no extra copy. The NCCL fast path (device tensors on the wire) is a
+as before (``wire.on_host``), no extra copy. The NCCL fast path (device tensors on the wire) is a
 later step: NCCL ignores tags and serialises separately posted sends and receives, so a round
 would have to be one ``batch_isend_irecv`` in the same message order on both ends, and each pair
 of processes would need distinct GPUs. Host copies here are synchronous (pageable memory), so a
@@ -48,35 +48,17 @@ from typing import Any, Mapping
 import torch
 
 from flowrl.backends.interfaces import torch_dtype
+from flowrl.backends.reshard import wire as _wire
 from flowrl.backends.reshard.job import ReshardJob
+from flowrl.backends.reshard.wire import HOST
 from flowrl.parallel.mesh import ParallelDims
 from flowrl.parallel.reshard_plan import Placement, Transfer, plan_for_rank
 from flowrl.parallel.reshard_schedule import Schedule, schedule_rank
 from flowrl.parallel.shard_spec import ShardSpec, piece_index, shard_spec
 
-__all__ = ["HOST", "Staging", "check_tensors", "execute_schedule", "on_host", "run_rank"]
+__all__ = ["HOST", "Staging", "check_tensors", "execute_schedule", "run_rank"]
 
 Tensors = Mapping[str, torch.Tensor]
-
-HOST = torch.device("cpu")
-"""Where every tensor that crosses between processes is (staging buffers are allocated here)."""
-
-
-def on_host(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor`` is in host memory, so it may go on the wire as is (gloo) without a
-    staging copy. (Tests replace it to mark some host tensors as "device" ones.)"""
-    return tensor.device.type == "cpu"
-
-
-def _check_wire(buf: torch.Tensor, what: str) -> torch.Tensor:
-    """``buf`` if it may be posted to the group (host memory); RuntimeError otherwise, naming it:
-    a device tensor must never reach a gloo group, nor a mixed group with a host tensor on the
-    other end."""
-    if not on_host(buf):
-        raise RuntimeError(f"reshard: a {what} buffer on {buf.device} reached the process group; "
-                           "every tensor crossing processes must be staged in host memory")
-    return buf
-
 
 class Staging:
     """Allocates the transport's buffers and tracks the bytes alive (and their peak)."""
@@ -127,7 +109,7 @@ def _dst_view(t: Transfer, dst: Tensors) -> torch.Tensor:
 def _as_is(view: torch.Tensor, wire: torch.dtype) -> bool:
     """Whether a message may use ``view`` itself on the wire: one contiguous slice, of the wire
     dtype, in host memory (else it is staged in host memory)."""
-    return on_host(view) and view.is_contiguous() and view.dtype == wire
+    return _wire.on_host(view) and view.is_contiguous() and view.dtype == wire
 
 
 @torch.no_grad()
@@ -151,7 +133,7 @@ def execute_schedule(schedule: Schedule, *, process: int, pg: Any, src: Tensors 
                     buf = staging.alloc(m.nbytes // bpe, wire)
                     held.append(buf)
                     unpack.append((m, buf))
-                works.append(pg.recv([_check_wire(buf, "receive")], m.src_process, i))
+                works.append(pg.recv([_wire.check_wire(buf, "receive")], m.src_process, i))
                 out["bytes_received"] += m.nbytes
             elif m.src_process == process:
                 views = [_src_view(t, src) for t in m.transfers]
@@ -164,7 +146,7 @@ def execute_schedule(schedule: Schedule, *, process: int, pg: Any, src: Tensors 
                     for v in views:
                         buf[at:at + v.numel()].view(v.shape).copy_(v)
                         at += v.numel()
-                works.append(pg.send([_check_wire(buf, "send")], m.dst_process, i))
+                works.append(pg.send([_wire.check_wire(buf, "send")], m.dst_process, i))
                 out["bytes_sent"] += m.nbytes
         for work in works:
             work.wait()
@@ -206,12 +188,12 @@ def _run_naive(job: ReshardJob, *, process: int, pg: Any, src: Tensors | None,
     out = execute_schedule(gather, process=process, pg=pg, src=src,
                            dst=views if process == root else None, wire=wire, staging=staging)
     if process == root:
-        works = [pg.send([_check_wire(flat, "send")], p, BROADCAST_TAG) for p in receivers]
+        works = [pg.send([_wire.check_wire(flat, "send")], p, BROADCAST_TAG) for p in receivers]
         for work in works:
             work.wait()
         out["bytes_sent"] += flat.nbytes * len(receivers)
     elif process in receivers:
-        pg.recv([_check_wire(flat, "receive")], root, BROADCAST_TAG).wait()
+        pg.recv([_wire.check_wire(flat, "receive")], root, BROADCAST_TAG).wait()
         out["bytes_received"] += flat.nbytes
     if dst_rank is not None:  # cut this process's destination shard out of the full model
         for piece in dst_spec.shard_of(dst_rank).pieces:
@@ -237,7 +219,7 @@ def _process_group(job: ReshardJob, process: int) -> Any:
         raise RuntimeError(f"colocated reshard: process {process} must be this worker group's rank "
                            "(dist.get_rank())")
     # the world group: gloo on the CPU, "cpu:gloo,cuda:nccl" on a GPU, where the host tensors
-    # this transport posts (_check_wire) go to its gloo backend
+    # this transport posts (wire.check_wire) go to its gloo backend
     return dist.distributed_c10d._get_default_group()
 
 
