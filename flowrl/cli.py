@@ -29,21 +29,34 @@ from flowrl import __version__
 EXIT_CONFIG = 2
 
 
-def _split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
-    path = None
+def _split_config_args(items: list[str], args: argparse.Namespace | None = None) -> tuple[Any, list[str]]:
+    """``(config file or None, overrides)``: a first item without ``=``, or Hydra's
+    ``--config-path``/``--config-name`` (as verl's main_ppo takes them); ``~key`` deletions
+    are passed on as ``~key=`` (see :mod:`flowrl.config.verl_hydra`)."""
+    from flowrl.config.verl_hydra import config_file, encode_deletions
+
+    path: Any = None
     overrides = []
     for i, item in enumerate(items):
-        if i == 0 and "=" not in item:
+        if i == 0 and "=" not in item and not item.startswith("~"):
             path = item
         else:
             overrides.append(item)
-    return path, overrides
+    hydra = config_file(getattr(args, "config_path", None), getattr(args, "config_name", None))
+    if hydra is not None:
+        if path is not None:
+            from flowrl.config import ConfigError
+
+            raise ConfigError("CONFIG", path, "is given with --config-path/--config-name",
+                              "give the config file one way: CONFIG.yaml, or --config-path/--config-name")
+        path = hydra
+    return path, encode_deletions(overrides)
 
 
-def _load(items: list[str], *, quiet: bool = False):  # noqa: ANN202 - RunConfig, imported lazily
+def _load(items: list[str], *, quiet: bool = False, args: argparse.Namespace | None = None):  # noqa: ANN202
     from flowrl.config.loader import load_config_with_notes
 
-    path, overrides = _split_config_args(items)
+    path, overrides = _split_config_args(items, args)
     cfg, notes, keys = load_config_with_notes(path, overrides)
     if not quiet:
         for note in notes:  # verl keys accepted without an effect in flowrl
@@ -57,7 +70,7 @@ def _load(items: list[str], *, quiet: bool = False):  # noqa: ANN202 - RunConfig
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    cfg = _load(args.items)  # config mistakes first: before torch and the run are imported
+    cfg = _load(args.items, args=args)  # config mistakes first: before torch and the run are imported
     from flowrl.run import train
 
     summary = train(cfg)
@@ -69,7 +82,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     """``flowrl train`` with the workers on a cluster (SLURM jobs or an existing scheduler)."""
     from flowrl.config import ConfigError
 
-    cfg = _load(args.items)
+    cfg = _load(args.items, args=args)
     if cfg.cluster.kind == "local":
         raise ConfigError("cluster.kind", "local", "flowrl submit runs the workers on a cluster, not this machine",
                           "pass a SLURM spec (flowrl submit cluster/slurm.yaml ..., or cluster.spec=cluster/slurm.yaml), "
@@ -120,19 +133,19 @@ def cmd_config(args: argparse.Namespace) -> int:
             print(f"{key} = {default}\n    {doc}")
         return 0
     if args.from_verl:
-        return _print_from_verl(args.items)
-    print(yaml.safe_dump(to_dict(_load(args.items)), sort_keys=False), end="")
+        return _print_from_verl(args.items, args)
+    print(yaml.safe_dump(to_dict(_load(args.items, args=args)), sort_keys=False), end="")
     return 0
 
 
-def _print_from_verl(items: list[str]) -> int:
+def _print_from_verl(items: list[str], args: argparse.Namespace | None = None) -> int:
     """The flowrl command line of a verl command line or YAML: every key whose value differs
     from flowrl's default, then the notes; checked by building the config."""
     from flowrl.config import RunConfig, to_dict
     from flowrl.config.loader import load_config_with_notes
     from flowrl.config.verl_yaml import flatten
 
-    cfg, notes, _ = load_config_with_notes(*_split_config_args(items))
+    cfg, notes, _ = load_config_with_notes(*_split_config_args(items, args))
     ours, fresh = flatten(to_dict(cfg)), flatten(to_dict(RunConfig()))
     args = [f"{k}={_value(v)}" for k, v in ours.items() if fresh.get(k, object()) != v]
     print(" \\\n    ".join(["flowrl train"] + args))
@@ -202,6 +215,7 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("submit", help="run GRPO with the workers as SLURM jobs (cluster.kind=slurm) or on a scheduler")
     p.add_argument("items", nargs="*", metavar="CONFIG.yaml key=value",
                    help="a run config or cluster spec (e.g. cluster/slurm.yaml), then dotted overrides")
+    _add_hydra_flags(p)
     p.add_argument("--dry-run", action="store_true",
                    help="print the SLURM job scripts and the sbatch command, submit nothing")
     p.set_defaults(func=cmd_submit)
@@ -216,6 +230,14 @@ def _add_devices(sub: Any) -> None:
     p.set_defaults(func=cmd_devices)
 
 
+def _add_hydra_flags(p: argparse.ArgumentParser) -> None:
+    """Hydra's flags as verl's main_ppo takes them (anywhere on the line: see verl_hydra.flags_first)."""
+    p.add_argument("--config-path", "-cp", default=None, metavar="DIR",
+                   help="Hydra: the directory of a verl config (relative: to verl/trainer/, so 'config' is verl's tree)")
+    p.add_argument("--config-name", "-cn", default=None, metavar="NAME",
+                   help="Hydra: the verl config to compose (ppo_trainer, ppo_megatron_trainer, or one of --config-path)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flowrl", description="RL post-training of LLMs as Dask task graphs.")
     parser.add_argument("--version", action="version", version=f"flowrl {__version__}")
@@ -224,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="run GRPO; no arguments runs the embedded default task on this machine")
     p.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key=value", help="an optional YAML file, then dotted overrides")
+    _add_hydra_flags(p)
     p.set_defaults(func=cmd_train)
 
     _add_submit(sub)
@@ -233,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fields", action="store_true", help="list every key, its default and what it does")
     p.add_argument("--from-verl", action="store_true",
                    help="print the flowrl command line of a verl command line or verl YAML (its keys as they are)")
+    _add_hydra_flags(p)
     p.set_defaults(func=cmd_config)
 
     p = sub.add_parser("parallel-plan", help="rank (dp, tp, pp) layouts for a model and a GPU count")
@@ -276,7 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from flowrl.config import ConfigError
 
-    args = build_parser().parse_args(argv)
+    from flowrl.config.verl_hydra import flags_first
+
+    args = build_parser().parse_args(flags_first(list(sys.argv[1:] if argv is None else argv)))
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # our own progress bar is enough
     if not args.verbose:  # read by dask's config when distributed is first imported
         os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")

@@ -21,6 +21,7 @@ def translate_all(yaml_items: list[tuple[str, Any, str]], cli_items: list[tuple[
     verl YAML, see :func:`~flowrl.config.verl_yaml.compose_verl_yaml`) then ``cli_items`` (later ones win), and the notes of accepted no-op
     keys, and which verl key set each translated flowrl key. Mistakes are appended to ``errors``; YAML keys left at verl's default that flowrl has
     no field for are skipped (they do what flowrl does: verl's default run)."""
+    cli_items = _apply_deletions(cli_items)
     verl_flat = {k: v for k, v, _ in yaml_items}
     verl_flat.update(cli_items)
     out: dict[str, Any] = {}
@@ -39,6 +40,21 @@ def translate_all(yaml_items: list[tuple[str, Any, str]], cli_items: list[tuple[
     for key, value in cli_items:
         _one(out, set_by, notes, errors, key, value, False)
     return out, notes, {target: key for target, key in set_by.items() if target != key}
+
+
+def _apply_deletions(items: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """Hydra's ``~key`` (``~key=value``: only if it holds that value) on a command line: the
+    earlier overrides of ``key`` are dropped, and the deletion itself sets nothing."""
+    from flowrl.config.verl_hydra import is_deletion
+
+    out: list[tuple[str, Any]] = []
+    for key, value in items:
+        if is_deletion(key):
+            gone = key[1:]
+            out = [(k, v) for k, v in out if not (k == gone and (value == "" or v == value))]
+        else:
+            out.append((key, value))
+    return out
 
 
 def _one(out: dict[str, Any], set_by: dict[str, str], notes: list[str], errors: list[ConfigError],

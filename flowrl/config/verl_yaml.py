@@ -10,6 +10,7 @@ what flowrl does anyway and are skipped; every other key goes through the table.
 from __future__ import annotations
 
 import importlib.util
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +30,12 @@ def compose_verl_yaml(path: Path, items: list[tuple[str, Any, str]]) -> tuple[li
     except ImportError as exc:
         raise ConfigError("CONFIG", str(path), f"is a verl (Hydra) YAML and hydra-core is not installed ({exc})",
                           "pip install hydra-core") from exc
+    from flowrl.config.verl_hydra import hydra_override
+
     base = _compose(path, [])
-    to_hydra = [i for i in items if OmegaConf.select(base, i[0], default=_MISSING) is not _MISSING]
+    to_hydra = [i for i in items if OmegaConf.select(base, i[0].lstrip("~"), default=_MISSING) is not _MISSING]
     rest = [i for i in items if i not in to_hydra]
-    cfg = _compose(path, [raw.lstrip("+") for _, _, raw in to_hydra]) if to_hydra else base
+    cfg = _compose(path, [hydra_override(*i).lstrip("+") for i in to_hydra]) if to_hydra else base
     flat = flatten(_container(cfg, path))
     reference = _reference(path, base)
     followers = _interpolated(cfg)
@@ -67,18 +70,66 @@ def _interpolated(cfg: Any, prefix: str = "") -> set[str]:
 
 
 def _compose(path: Path, overrides: list[str]) -> Any:
+    """Hydra's composition of ``path`` with ``overrides`` (cached: verl's tree takes seconds)."""
+    try:
+        stamp = path.stat().st_mtime_ns
+    except OSError:
+        stamp = 0
+    return _compose_cached(str(path.resolve()), stamp, tuple(overrides)).copy()
+
+
+@lru_cache(maxsize=32)
+def _compose_cached(file: str, _stamp: int, overrides: tuple[str, ...]) -> Any:
+    path = Path(file)
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(path.parent.resolve()), version_base=None):
-            return compose(config_name=path.stem, overrides=overrides)
+            return compose(config_name=path.stem, overrides=_search_path(path) + list(overrides))
     except Exception as exc:  # noqa: BLE001 - Hydra's errors, shortened into one config error
         raise ConfigError("CONFIG", str(path), f"Hydra could not compose it: {_short(exc)}",
                           "check the defaults list and the override values") from None
     finally:
         GlobalHydra.instance().clear()
+
+
+def _search_path(path: Path) -> list[str]:
+    """A user's config directory (``defaults: [ppo_trainer, _self_]``) finds verl's configs: the
+    installed tree is appended to Hydra's search path (after the file's own ``hydra.searchpath``)."""
+    import yaml
+
+    tree = verl_config_dir()
+    if tree is None or path.parent.resolve() == tree.resolve():
+        return []
+    try:
+        own = ((yaml.safe_load(path.read_text()) or {}).get("hydra") or {}).get("searchpath") or []
+    except (OSError, yaml.YAMLError, AttributeError):
+        own = []
+    entries = [str(e) for e in own if isinstance(e, str) and _exists(str(e), path.parent)] + [f"file://{tree}"]
+    return ["hydra.searchpath=[" + ",".join(entries) + "]"]
+
+
+def _exists(entry: str, base: Path) -> bool:
+    """A ``file://`` search-path entry that exists (relative: to the working directory or the
+    file's own directory); ``pkg://`` entries are kept."""
+    if not entry.startswith("file://"):
+        return True
+    where = Path(entry[len("file://"):])
+    return where.is_dir() or (not where.is_absolute() and (base / where).is_dir())
+
+
+def _base_name(path: Path) -> str:
+    """The verl trainer config that ``path``'s defaults list extends (``ppo_trainer`` if none)."""
+    import yaml
+
+    try:
+        defaults = (yaml.safe_load(path.read_text()) or {}).get("defaults") or []
+    except (OSError, yaml.YAMLError, AttributeError):
+        return "ppo_trainer"
+    names = [d if isinstance(d, str) else "" for d in defaults]
+    return next((n for n in names if n in ("ppo_megatron_trainer", "ppo_trainer")), "ppo_trainer")
 
 
 def _container(cfg: Any, path: Path) -> dict[str, Any]:
@@ -120,7 +171,7 @@ def _reference(path: Path, base: Any) -> dict[str, Any] | None:
         return flatten(_container(base, path))
     tree = verl_config_dir()
     if tree is not None and (tree / "ppo_trainer.yaml").is_file():
-        return flatten(_container(_compose(tree / "ppo_trainer.yaml", []), path))
+        return flatten(_container(_compose(tree / f"{_base_name(path)}.yaml", []), path))
     for candidate in (path.parent / f"_generated_{path.stem}.yaml",):
         if candidate.is_file():
             return flatten(OmegaConf.to_container(OmegaConf.load(candidate), resolve=True))  # type: ignore[arg-type]

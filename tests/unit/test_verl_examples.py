@@ -1,0 +1,94 @@
+"""verl's own example catalogue through ``flowrl config --from-verl`` (issue 37).
+
+``data/verl_example_argv.txt`` holds the argument lists of ``python3 -m verl.trainer.main_ppo`` in
+verl's example scripts (volcengine/verl at b178a3cd, January 2026), recorded by running each
+``examples/**/*.sh`` with a fake ``python3`` (and fake ``ray``, ``nvidia-smi``, ``wget``, ...) first on
+``PATH``, each under ``timeout 10``; kept are the 76 of the 120 lists that verl 0.9.1 composes with
+Hydra against its wheel's config tree. Each list is fed to flowrl as it is and counted as accepted,
+refused by name (a feature flowrl lacks, named), an unknown key, a value refused, or a Hydra flag
+refused.
+
+Ten lists name a config directory of their own (``--config-path=/verl/examples/sglang_multiturn/config``,
+whose YAML files extend verl's ``ppo_trainer``/``ppo_megatron_trainer``): the test writes stand-ins
+of those files (the defaults list and the rollout engine) into a temporary directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import shlex
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from flowrl.config.verl_yaml import verl_config_dir
+
+DATA = Path(__file__).parent / "data" / "verl_example_argv.txt"
+USER_DIR = "/verl/examples/sglang_multiturn/config"
+
+pytestmark = pytest.mark.skipif(verl_config_dir() is None, reason="verl's config tree is absent: "
+                                "pip install --no-deps verl==0.9.1 (as .ci/run does)")
+
+
+def example_lists() -> list[tuple[str, list[str]]]:
+    out = []
+    for line in DATA.read_text().splitlines():
+        if line and not line.startswith("#"):
+            script, _, args = line.partition("\t")
+            out.append((script, shlex.split(args)))
+    return out
+
+
+def write_user_configs(directory: Path) -> None:
+    """Stand-ins of verl's ``examples/sglang_multiturn/config/*.yaml``: a user's directory whose
+    defaults extend verl's trainer config."""
+    for name in ("geo3k_multiturn_grpo", "gsm8k_multiturn_grpo", "gsm8k_multiturn_grpo_server",
+                 "gsm8k_multiturn_grpo_w_interaction", "search_multiturn_grpo", "geo3k_multiturn_megatron_grpo",
+                 "gsm8k_multiturn_megatron_grpo"):
+        base = "ppo_megatron_trainer" if "megatron" in name else "ppo_trainer"
+        (directory / f"{name}.yaml").write_text(
+            f"defaults:\n  - {base}\n  - _self_\n\ndata:\n  max_prompt_length: 1024\n  return_raw_chat: true\n\n"
+            "actor_rollout_ref:\n  rollout:\n    name: sglang\n    multi_turn:\n      enable: true\n")
+
+
+def classify(args: list[str]) -> tuple[str, list[str]]:
+    """``(class, error lines)`` of ``flowrl config --from-verl ARGS``: accepted, named (refused
+    naming what flowrl lacks), unknown, value (a value refused) or hydra (a Hydra flag refused)."""
+    from flowrl.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            rc = main(["config", "--from-verl", *args])
+        except SystemExit as exc:  # argparse
+            rc = exc.code
+    lines = [line for line in err.getvalue().splitlines() if line.startswith("error")]
+    if rc == 0:
+        return "accepted", lines
+    if any("unrecognized arguments" in line for line in err.getvalue().splitlines()):
+        return "hydra", lines
+    if any("unknown key" in line for line in lines):
+        return "unknown", lines
+    if lines and all("flowrl has no equivalent" in line or "not implemented" in line or "flowrl lacks" in line
+                     for line in lines):
+        return "named", lines
+    return "value", lines
+
+
+def measure(tmp_path: Path) -> tuple[Counter, dict[str, list[str]]]:
+    write_user_configs(tmp_path)
+    counts, errors = Counter(), {}
+    for script, args in example_lists():
+        args = [a.replace(USER_DIR, str(tmp_path)) for a in args]
+        kind, lines = classify(args)
+        counts[kind] += 1
+        errors[script] = [kind, *lines]
+    return counts, errors
+
+
+def test_the_fixture_holds_the_76_lists_verl_accepts():
+    lists = example_lists()
+    assert len(lists) == 76 and len({s for s, _ in lists}) == 76
+    assert sum(any(a.startswith("--config-name") for a in args) for _, args in lists) == 24
