@@ -117,6 +117,7 @@ def test_fsdp_engine_takes_its_device_from_the_argument_not_the_backend(tiny_mod
     asked = {}
     monkeypatch.setattr(dist, "is_initialized", lambda: True)  # a gloo group: before, that meant the CPU
     monkeypatch.setattr(FSDPEngine, "_broadcast_parameters", lambda self: None)
+    monkeypatch.setattr(FSDPEngine, "_meta_model", lambda self, model_dir, dtype: None)  # the whole-load path
     monkeypatch.setattr(FSDPEngine, "_shard", lambda self, reshard, offload, param_dtype, reduce_dtype:
                         asked.update(param_dtype=param_dtype, reduce_dtype=reduce_dtype) or self.model)
     engine = FSDPEngine(str(tiny_model_dir), dtype="auto", device="cuda:0", lr=1e-3)

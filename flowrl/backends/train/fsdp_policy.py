@@ -89,8 +89,15 @@ class FSDPEngine(TorchDPEngine):
         # FSDP2 casts itself (MixedPrecisionPolicy), so the forward runs without autocast
         self.precision = Precision(precision.param_dtype, precision.compute_dtype, autocast=False)
         param_dtype, reduce_dtype = fsdp_mixed_precision(precision, param_dtype, reduce_dtype)
-        self.model = self._load_model(model_dir, torch_dtype(precision.param_dtype)).to(self.device)
-        self._add_adapters(lora)  # LoRA: adapters injected before sharding, sharded with their blocks
+        meta = self._meta_model(model_dir, torch_dtype(precision.param_dtype))  # None: this model loads whole
+        self.model = meta[0] if meta else self._load_model(model_dir, torch_dtype(precision.param_dtype)).to(self.device)
+        if meta and lora:
+            from flowrl.backends.train.fsdp_load import adapters_stay_real
+
+            with adapters_stay_real():  # drawn from the seed as on a real base, kept through sharding
+                self._add_adapters(lora)
+        else:
+            self._add_adapters(lora)  # LoRA: adapters injected before sharding, sharded with their blocks
         self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
         self.grad_clip = settings.grad_clip
         # with param_offload (config-enforced) CPUOffloadPolicy keeps AdamW's state on the host too
@@ -101,8 +108,22 @@ class FSDPEngine(TorchDPEngine):
                     buf.data = buf.data.to(torch_dtype(buffer_dtype))
         if gradient_checkpointing and trainable:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self._broadcast_parameters()  # heads new in the checkpoint (the critic's) start equal
-        self._root = self._shard(reshard_after_forward, param_offload, param_dtype, reduce_dtype)
+        if meta:  # the real tensors (adapters, buffers) set aside; each rank then reads its own rows
+            keep = self._kept_tensors()
+            if self.lora is not None:  # peft renamed the wrapped layers' weights (``.base_layer.``)
+                from flowrl.backends.train.fsdp_load import checkpoint_names
+                from flowrl.models.lora import plain_name
+
+                meta = (meta[0], checkpoint_names(self.model, meta[2], skip=keep, rename=plain_name), meta[2])
+                assert meta[1] is not None, "a LoRA-wrapped parameter has no checkpoint entry"
+            self._root = self._shard(reshard_after_forward, param_offload, param_dtype, reduce_dtype)
+            from flowrl.backends.train.fsdp_load import fill_from_checkpoint
+
+            on = "cpu" if param_offload and self.device.type == "cuda" else self.device
+            fill_from_checkpoint(self.model, model_dir, meta[1], meta[2], device=on, keep=keep)
+        else:
+            self._broadcast_parameters()  # heads new in the checkpoint (the critic's) start equal
+            self._root = self._shard(reshard_after_forward, param_offload, param_dtype, reduce_dtype)
         self.optimizer = None
         if trainable:
             self.model.train()
@@ -110,6 +131,33 @@ class FSDPEngine(TorchDPEngine):
         else:
             self.model.eval()
             self.model.requires_grad_(False)
+
+    def _meta_model(self, model_dir: str, dtype: torch.dtype) -> tuple[torch.nn.Module, dict, dict] | None:
+        """The model with its parameters on the meta device (buffers real), each parameter's
+        checkpoint name and the checkpoint's index (``flowrl.backends.train.fsdp_load``); None
+        when it must load whole: no safetensors checkpoint, or a parameter it lacks."""
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from flowrl.backends.train.fsdp_load import checkpoint_index, checkpoint_names, params_on_meta
+
+        index = checkpoint_index(model_dir)
+        if not index:
+            return None
+        with params_on_meta():
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=dtype)
+        names = checkpoint_names(model, index)
+        return (model, names, index) if names is not None else None
+
+    def _kept_tensors(self) -> dict[str, torch.Tensor]:
+        """Before sharding a meta-built model: the full tensors that are no checkpoint entry (LoRA
+        adapters, made from the seed; buffers such as rotary ``inv_freq``, by ``buffer:<name>``),
+        rank 0's everywhere (as ``_broadcast_parameters`` makes them)."""
+        keep = {n: p.detach().to(self.device).clone() for n, p in self.model.named_parameters() if not p.is_meta}
+        keep.update({f"buffer:{n}": b.detach().to(self.device).clone() for n, b in self.model.named_buffers()})
+        if self.dp_size > 1:
+            for t in keep.values():
+                dist.broadcast(t, src=0)
+        return keep
 
     def _shard(self, reshard_after_forward: bool, param_offload: bool, param_dtype: str | None,
                reduce_dtype: str | None) -> torch.nn.Module:

@@ -15,5 +15,9 @@ __all__ = ["FSDPValueEngine"]
 class FSDPValueEngine(FSDPEngine, TorchDPValueEngine):
     """``forward_values`` / ``train_step_values`` of ``dp_value``, every forward under the FSDP root."""
 
+    def _meta_model(self, model_dir: str, dtype: torch.dtype) -> None:
+        """The value head is new (not in the checkpoint): the model loads whole, as before."""
+        return None
+
     def _values(self, mb: PackedBatch) -> torch.Tensor:
         return self._root(TorchDPValueEngine._values, self, mb)
