@@ -97,6 +97,13 @@ def parse_devices(value: str) -> Inventory | None:
     return Inventory(nodes=nodes, gpus_per_node=gpus, source=f"{DEVICES_ENV}={value}")
 
 
+def machine_inventory(environ: Mapping[str, str] | None = None, runner: Runner | None = None) -> Inventory:
+    """This machine's inventory as a LocalCluster started here sees it: :data:`DEVICES_ENV` when
+    it says, else :func:`local_inventory`."""
+    environ = os.environ if environ is None else environ
+    return parse_devices(environ.get(DEVICES_ENV, "")) or local_inventory(environ, runner)
+
+
 def run_inventory(cfg: Any, *, environ: Mapping[str, str] | None = None, runner: Runner | None = None) -> Inventory:
     """The inventory a run of ``cfg`` plans on (see the module docstring): :data:`DEVICES_ENV`
     when it says, else by ``cluster.kind``."""

@@ -256,8 +256,11 @@ def _start_local(cfg: Any, pools: list[Pool], *, controller: bool, scratch_dir: 
 
     security = make_security(cfg)
     warn_exposed("LocalCluster scheduler", cfg.host, security is not None, False)  # the dashboard: 127.0.0.1 only
-    worker_start.use(cfg.start_method)
-    forked = cfg.start_method == "forkserver"
+    from flowrl.cluster.inventory import machine_inventory
+
+    method = worker_start.resolve(cfg.start_method, has_gpus=machine_inventory().has_gpus)
+    worker_start.use(method)
+    forked = method == "forkserver"
     env = dict(WORKER_ENV, **private.worker_env(cfg.dashboard, rendezvous=True))  # one machine: a FileStore rendezvous
     with listeners.servers(cfg.dashboard) as dashboard:  # no HTTP server without the dashboard; else loopback only
         cluster = _local_cluster(cfg, security, env=worker_start.worker_env(env) if forked else env,

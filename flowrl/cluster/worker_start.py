@@ -37,6 +37,15 @@ PRELOAD = (
 )
 
 
+def resolve(method: str, *, has_gpus: bool) -> str:
+    """``cluster.start_method`` with ``auto`` resolved: ``spawn`` when the machine has GPUs (the
+    fork server imports torch and transformers, and a fork after anything there initialised the
+    CUDA driver leaves the worker unable to use CUDA), else ``forkserver``."""
+    if method != "auto":
+        return method
+    return "spawn" if has_gpus else "forkserver"
+
+
 def use(method: str) -> None:
     """Make this process's Dask nannies start workers with ``method`` (``forkserver`` with
     :data:`PRELOAD` imported in the server, or ``spawn``). Applies to every worker started

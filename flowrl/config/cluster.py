@@ -129,10 +129,13 @@ class ClusterConfig:
     low_latency: bool = True
     """Cap Dask's message-batching intervals at 0.5 ms in this process (the LocalCluster's
     scheduler lives here): about 5x less scheduling latency per graph node."""
-    start_method: Literal["forkserver", "spawn"] = "forkserver"
+    start_method: Literal["auto", "forkserver", "spawn"] = "auto"
     """How a LocalCluster starts worker processes: ``forkserver`` forks each from one server
     that imported torch and transformers once (seconds faster per worker, restarts included);
-    ``spawn``: a fresh interpreter per worker (Dask's default)."""
+    ``spawn``: a fresh interpreter per worker (Dask's default); ``auto``: ``forkserver`` on a
+    machine without GPUs, ``spawn`` with GPUs (a process forked after anything initialised the
+    CUDA driver cannot use CUDA, and each rank must set ``CUDA_VISIBLE_DEVICES`` before that;
+    a fresh interpreter per rank is what verl's and NeMo-RL's Ray workers are too)."""
     startup_timeout_s: float = 180.0
     """Timeout for starting the cluster and the worker groups."""
 

@@ -27,3 +27,18 @@ def test_forked_workers_start_private_whatever_the_callers_umask(tmp_path):
     exitcode, mode, caller = out.stdout.split()
     assert exitcode == "0" and mode == "0o600", out.stdout
     assert caller == "0o22", "use() left the caller's umask changed"
+
+
+def test_auto_start_method_spawns_on_a_gpu_machine_and_forks_on_cpu():
+    from flowrl.cluster import worker_start
+    from flowrl.cluster.inventory import machine_inventory
+    from flowrl.config import load_config
+
+    assert load_config(None, []).cluster.start_method == "auto"
+    assert worker_start.resolve("auto", has_gpus=True) == "spawn"
+    assert worker_start.resolve("auto", has_gpus=False) == "forkserver"
+    assert worker_start.resolve("forkserver", has_gpus=True) == "forkserver"  # asked for by name: kept
+    no_smi = lambda cmd: (_ for _ in ()).throw(FileNotFoundError(cmd[0]))  # noqa: E731
+    assert machine_inventory({"FLOWRL_DEVICES": "cpu", "CUDA_VISIBLE_DEVICES": "0,1"}, no_smi).has_gpus is False
+    assert machine_inventory({"CUDA_VISIBLE_DEVICES": "0,1"}, no_smi).gpus_per_node == 2
+    assert machine_inventory({}, no_smi).has_gpus is False
