@@ -22,163 +22,12 @@ differences once at start when ``model.path`` is set (see :func:`default_differe
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from flowrl.config.errors import ConfigError
+from flowrl.config.verl_keys import _NO, _OFF, AR, VERL_KEYS, VerlKey, _k  # noqa: F401 - the table, re-exported
 
-_NO = object()  # no verl default recorded
-
-
-@dataclass(frozen=True)
-class VerlKey:
-    verl: str
-    kind: str  # map | dyn | noop | refuse | derive
-    flowrl: str = ""
-    does: str = ""
-    nearest: str = ""
-    accept: tuple = ()
-    verl_default: Any = _NO
-    adopt: bool = True  # a verl YAML's default value of this key is applied (False: flowrl's stays)
-
-
-def _k(verl: str, kind: str, flowrl: str = "", does: str = "", nearest: str = "", accept: tuple = (),
-       default: Any = _NO, adopt: bool = True) -> VerlKey:
-    return VerlKey(verl, kind, flowrl, does, nearest, accept, default, adopt)
-
-
-_OFF = (False, None, 0, 0.0, "", "none", "null")
-AR = "actor_rollout_ref"
-
-#: verl key -> flowrl key (or why not). Exact keys win over ``.*`` prefixes; longer prefixes win.
-VERL_KEYS: tuple[VerlKey, ...] = (
-    # --- prefixes: actor_rollout_ref.{actor,rollout,ref,model}.* -> actor.*, rollout.*, ref.*, model.*
-    _k(f"{AR}.actor.*", "map", "actor.*"),
-    _k(f"{AR}.rollout.*", "map", "rollout.*"),
-    _k(f"{AR}.ref.*", "map", "ref.*"),
-    _k(f"{AR}.model.*", "map", "model.*"),
-    # --- data
-    _k("data.max_response_length", "map", "rollout.response_length", default=512),
-    _k("data.max_prompt_length", "map", "data.max_prompt_length", default=512),
-    _k("data.train_batch_size", "map", "data.train_batch_size", default=1024),
-    _k("data.filter_overlong_prompts", "map", "data.filter_overlong_prompts", default=False),
-    _k("data.val_batch_size", "noop", does="validation batch size (deprecated in verl)",
-       nearest="flowrl validates all of data.val_files in one graph"),
-    _k("data.return_raw_chat", "noop", does="keeps the raw chat for the rollout",
-       nearest="flowrl renders the chat template once, at load"),
-    _k("data.dataloader_num_workers", "noop", does="torch DataLoader workers", nearest="flowrl tokenizes once at start"),
-    _k("data.reward_fn_key", "refuse", does="the column that selects the reward function",
-       nearest="algorithm.reward_fn (auto picks by data_source)", accept=("data_source",)),
-    _k("data.seed", "map", "trainer.seed"),
-    # --- model
-    _k(f"{AR}.model.use_remove_padding", "noop", does="packed (padding-free) forward passes, a speed option",
-       nearest="none needed: experience is stored ragged and each micro-batch is padded only to its "
-               "longest row; the results are the same"),
-    _k(f"{AR}.model.enable_gradient_checkpointing", "dyn", "model.enable_gradient_checkpointing",
-       does="recomputes activations in the backward pass to save memory",
-       nearest="lower actor.ppo_micro_batch_size_per_gpu (less activation memory)", accept=_OFF),
-    _k(f"{AR}.model.external_lib", "refuse", does="imports a module that registers a custom model",
-       nearest="model.path of a transformers directory", accept=_OFF),
-    _k(f"{AR}.model.trust_remote_code", "refuse", does="runs a model repository's own code",
-       nearest="model.path of a Llama/Qwen2-family directory", accept=_OFF),
-    # --- actor
-    _k(f"{AR}.actor.strategy", "dyn", "actor.strategy", does="the training engine (fsdp, fsdp2, megatron)",
-       nearest="actor.strategy=dp (data parallel) or megatron"),
-    _k(f"{AR}.actor.fsdp_config.*", "dyn", "actor.fsdp_config.*", does="FSDP sharding and CPU offload of the actor",
-       nearest="actor.strategy=dp (nothing offloaded)", accept=_OFF),
-    _k(f"{AR}.ref.fsdp_config.*", "dyn", "ref.fsdp_config.*", does="FSDP sharding and CPU offload of the reference",
-       nearest="ref.data_parallel_size (the reference keeps its weights on its own workers)", accept=_OFF),
-    _k("critic.model.fsdp_config.*", "dyn", "critic.fsdp_config.*", does="FSDP sharding and CPU offload of the critic",
-       nearest="critic.strategy=dp (nothing offloaded)", accept=_OFF),
-    _k(f"{AR}.actor.grad_clip", "map", "actor.optim.grad_clip"),
-    _k(f"{AR}.actor.policy_loss.loss_mode", "map", "actor.policy_loss"),
-    _k(f"{AR}.actor.policy_loss.*", "refuse", does="options of verl's policy losses",
-       nearest="actor.policy_loss, actor.clip_ratio_low/high/c", accept=_OFF),
-    _k(f"{AR}.actor.clip_ratio", "derive", does="sets clip_ratio_low and clip_ratio_high together"),
-    _k(f"{AR}.actor.ppo_micro_batch_size", "refuse", does="the global micro-batch size (deprecated in verl)",
-       nearest="actor.ppo_micro_batch_size_per_gpu", accept=_OFF),
-    _k(f"{AR}.actor.use_dynamic_bsz", "map", "actor.use_dynamic_bsz", default=False),
-    _k(f"{AR}.actor.ppo_max_token_len_per_gpu", "map", "actor.ppo_max_token_len_per_gpu", default=16384),
-    _k(f"{AR}.actor.use_prefix_grouper", "map", "actor.use_prefix_grouper"),  # verl: False, and not with use_dynamic_bsz
-    _k(f"{AR}.rollout.log_prob_use_dynamic_bsz", "map", "actor.log_prob_use_dynamic_bsz"),
-    _k(f"{AR}.rollout.log_prob_max_token_len_per_gpu", "map", "actor.log_prob_max_token_len_per_gpu"),
-    # lr_scheduler_type, lr_warmup_steps(_ratio), min_lr_ratio, num_cycles map by the actor.* prefix
-    _k(f"{AR}.actor.optim.warmup_style", "map", "actor.optim.lr_scheduler_type"),  # verl's deprecated name
-    _k("critic.optim.warmup_style", "map", "critic.optim.lr_scheduler_type"),
-    _k(f"{AR}.actor.optim.weight_decay", "map", "actor.optim.weight_decay", default=0.01),
-    _k(f"{AR}.actor.optim.betas", "map", "actor.optim.betas", default=(0.9, 0.999)),
-    _k(f"{AR}.actor.optim.lr", "map", "actor.optim.lr", default=1e-6),
-    _k(f"{AR}.actor.ppo_mini_batch_size", "map", "actor.ppo_mini_batch_size", default=256),
-    _k(f"{AR}.actor.use_kl_loss", "map", "actor.use_kl_loss", default=False),
-    # --- rollout
-    _k(f"{AR}.rollout.log_prob_micro_batch_size_per_gpu", "noop",
-       does="the micro-batch of the old-log-prob pass", nearest="flowrl's actor uses actor.ppo_micro_batch_size_per_gpu"),
-    _k(f"{AR}.rollout.log_prob_micro_batch_size", "noop", does="the global micro-batch of the old-log-prob pass",
-       nearest="actor.ppo_micro_batch_size_per_gpu"),
-    _k(f"{AR}.rollout.prompt_length", "noop", does="the rollout's prompt budget (= data.max_prompt_length in verl)",
-       nearest="data.max_prompt_length"),
-    _k(f"{AR}.rollout.max_num_batched_tokens", "map", "rollout.max_num_batched_tokens"),
-    _k(f"{AR}.rollout.mode", "refuse", does="sync or async (agent-loop) rollout", nearest="rollout.name",
-       accept=("sync", "async")),
-    _k(f"{AR}.rollout.data_parallel_size", "noop", does="the rollout's data-parallel size, which verl derives "
-       "from the GPUs", nearest="trainer.n_gpus_per_node (or flowrl's rollout.data_parallel_size)"),
-    _k(f"{AR}.rollout.n", "map", "rollout.n", default=1),
-    # verl's rollout dtype is the generation engine's; flowrl's model.dtype is every engine's compute
-    # dtype. A verl YAML's default (bfloat16) is not adopted: flowrl's auto is bf16 on GPU already.
-    _k(f"{AR}.rollout.dtype", "map", "model.dtype", default="bfloat16", adopt=False),
-    _k(f"{AR}.rollout.response_length", "map", "rollout.response_length", default=512),
-    _k(f"{AR}.rollout.free_cache_engine", "map", "rollout.free_cache_engine", default=True,
-       adopt=False),  # vllm only: verl's default would refuse rollout.name=hf
-    # --- ref
-    _k(f"{AR}.ref.log_prob_micro_batch_size", "noop", does="the reference's global micro-batch",
-       nearest="ref.log_prob_micro_batch_size_per_gpu"),
-    # --- critic and reward model
-    _k("critic.model.path", "map", "critic.model_path"),
-    _k("critic.model.*", "refuse", does="the critic's model options", nearest="critic.model_path", accept=_OFF),
-    _k("critic.grad_clip", "map", "critic.optim.grad_clip"),
-    _k("critic.ppo_micro_batch_size", "refuse", does="the critic's global micro-batch (deprecated)",
-       nearest="critic.ppo_micro_batch_size_per_gpu", accept=_OFF),
-    _k("reward_model.model.path", "map", "reward_model.model_path"),
-    _k("reward_model.model.input_tokenizer", "refuse", does="re-tokenises responses for a reward model with "
-       "another tokenizer", nearest="a reward model sharing the policy's tokenizer", accept=_OFF),
-    _k("reward_model.reward_manager", "refuse", does="how rule rewards are computed (naive, prime, dapo, ...)",
-       nearest="algorithm.reward_fn; reward_model.overlong_buffer for DAPO", accept=("naive", None)),
-    _k("sandbox_fusion.*", "map", "sandbox.*"),  # url, max_concurrent, memory_limit_mb (issue 38)
-    _k("reward.sandbox_fusion.*", "map", "sandbox.*"),
-    _k("reward_model.sandbox_fusion.*", "map", "sandbox.*"),
-    _k("custom_reward_function.path", "derive", does="a Python file holding your reward function"),
-    _k("custom_reward_function.name", "derive", does="the reward function's name in that file"),
-    _k("custom_reward_function.reward_kwargs", "refuse", does="keyword arguments for the reward function",
-       nearest="functools.partial in your module, named by algorithm.reward_fn", accept=({}, None)),
-    # --- trainer
-    _k("trainer.n_gpus_per_node", "derive", does="GPUs per node (with nnodes: the data-parallel sizes)"),
-    _k("trainer.nnodes", "derive", does="nodes (with n_gpus_per_node: the data-parallel sizes)"),
-    _k("trainer.resume_from_path", "derive", does="the checkpoint of resume_mode=resume_path"),
-    _k("trainer.total_epochs", "map", "trainer.total_epochs", default=30),
-    _k("trainer.val_before_train", "map", "trainer.val_before_train", default=True),
-    _k("trainer.default_local_dir", "map", "trainer.run_dir"),
-    _k("trainer.total_training_steps", "map", "trainer.total_training_steps"),
-    _k("trainer.test_freq", "map", "trainer.test_freq"),  # verl's -1 (never) is flowrl's 0 too
-    _k("trainer.device", "refuse", does="the accelerator kind", nearest="flowrl uses CUDA when present",
-       accept=("cuda", "cpu")),
-    _k("trainer.balance_batch", "noop", does="reorders samples to balance tokens over data-parallel ranks",
-       nearest="none: flowrl splits rows evenly"),
-    _k("trainer.log_val_generations", "noop", does="validation samples printed to the logger",
-       nearest="flowrl writes every validation sample to <run_dir>/validation/"),
-    _k("trainer.val_only", "refuse", does="validates and exits", nearest="trainer.test_freq", accept=_OFF),
-    _k("trainer.ray_wait_register_center_timeout", "noop", does="Ray start-up timeout", nearest="cluster.timeout_s"),
-    _k("trainer.del_local_ckpt_after_load", "refuse", does="deletes a checkpoint once loaded",
-       nearest="trainer.max_ckpt_to_keep", accept=_OFF),
-    _k("trainer.max_actor_ckpt_to_keep", "map", "trainer.max_ckpt_to_keep"),
-    _k("trainer.max_critic_ckpt_to_keep", "map", "trainer.max_ckpt_to_keep"),
-    _k("trainer.profile_steps", "refuse", does="Nsight profiling of steps", nearest="flowrl dashboard RUN_DIR",
-       accept=_OFF),
-    _k("model_engine", "refuse", does="the engine family of verl's actor, ref and critic configs",
-       nearest="actor.strategy", accept=("dp",)),
-    _k("ray_init.*", "noop", does="ray.init options", nearest="cluster.* (flowrl runs on Dask)"),
-    _k("ray_kwargs.*", "noop", does="ray.init options", nearest="cluster.* (flowrl runs on Dask)"),
-    _k("global_profiler.*", "refuse", does="verl's profilers", nearest="flowrl dashboard RUN_DIR", accept=_OFF),
-)
 
 #: verl's values that flowrl spells otherwise: applied to translated verl keys and to a verl
 #: YAML's keys at their default.
@@ -274,12 +123,119 @@ def _translate(key: str, value: Any) -> tuple[str | None, str | None]:
             raise _refusal(key, value, entry, pending=True)
         if field_exists(target):
             return target, None
-        if _accepted(value, entry.accept):
+        if _accepted(value, entry.accept) or is_verl_default(key, value):
             return None, f"{key}={value!r}: accepted, flowrl already behaves so"
         raise _refusal(key, value, entry, pending=True)
-    if _accepted(value, entry.accept):
+    if _accepted(value, entry.accept) or is_verl_default(key, value):
         return None, None
     raise _refusal(key, value, entry, pending=False)
+
+
+@lru_cache(maxsize=1)
+def _verl_defaults() -> dict[str, list[Any]]:
+    """verl's defaults, flat, from the installed wheel's generated configs ({} without the wheel):
+    each key's defaults in the FSDP and the Megatron config."""
+    from flowrl.config.verl_yaml import flatten, verl_config_dir
+
+    tree, out = verl_config_dir(), {}
+    if tree is None:
+        return out
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # fast: a refusal is checked before any worker starts
+    for name in ("_generated_ppo_megatron_trainer.yaml", "_generated_ppo_trainer.yaml"):
+        if (tree / name).is_file():
+            for key, value in flatten(yaml.load((tree / name).read_text(), Loader=loader) or {}).items():  # noqa: S506
+                out.setdefault(key, []).append(value)
+    return out
+
+
+def is_verl_default(key: str, value: Any) -> bool:
+    """``value`` is verl's own default of ``key`` (a refused feature left as verl leaves it)."""
+    defaults = _verl_defaults().get(key, ())
+    if any(_same(d, value) for d in defaults):
+        return True
+    if not defaults or any(isinstance(d, str) and "${" in d for d in defaults):  # under an interpolation: resolved (slower, rare)
+        return any(_same(d, value) for d in _resolved_defaults().get(key, ()))
+    return False
+
+
+def _same(default: Any, value: Any) -> bool:
+    """``value`` equals verl's ``default`` (YAML 1.1 reads ``1e-1`` as a string: numbers compared as numbers)."""
+    if isinstance(default, str) and isinstance(value, float):
+        try:
+            return float(default) == value
+        except ValueError:
+            return False
+    return type(default) is type(value) and default == value
+
+
+@lru_cache(maxsize=1)
+def _resolved_defaults() -> dict[str, list[Any]]:
+    from omegaconf import OmegaConf
+
+    from flowrl.config.verl_yaml import flatten, verl_config_dir
+
+    tree, out = verl_config_dir(), {}
+    for name in ("_generated_ppo_megatron_trainer.yaml", "_generated_ppo_trainer.yaml"):
+        if tree is not None and (tree / name).is_file():
+            for key, value in flatten(OmegaConf.to_container(OmegaConf.load(tree / name), resolve=True)).items():
+                out.setdefault(key, []).append(value)
+    return out
+
+
+DROP = object()  # verl_value: the key sets nothing (flowrl keeps its setting)
+_DERIVED = ("ppo_micro_batch_size_per_gpu", "log_prob_micro_batch_size_per_gpu", "forward_micro_batch_size_per_gpu",
+            "micro_batch_size_per_gpu", "virtual_pipeline_model_parallel_size", "ppo_max_token_len_per_gpu",
+            "log_prob_max_token_len_per_gpu", "forward_max_token_len_per_gpu")
+
+
+def verl_value(key: str, target: str, value: Any) -> Any:
+    """``value`` of verl key ``key`` as flowrl's ``target`` reads it: what it means in verl.
+
+    ``-1`` (any value <= 0) of ``trainer.save_freq``/``test_freq`` is never (flowrl's 0); ``null``
+    of ``trainer.total_training_steps`` is "the epochs decide" (0), of ``max_*_ckpt_to_keep`` keep
+    all (0), of a micro-batch size or token budget derived (:data:`DROP`: flowrl keeps its own);
+    a string logger is a list of one; a list of files is flowrl's comma-separated string;
+    ``${oc.env:NAME}`` is resolved; a rollout engine or logger flowrl lacks is refused by name."""
+    if isinstance(value, str) and "${" in value:
+        value = _resolve(key, value)
+    last = target.rsplit(".", 1)[-1]
+    if target in ("trainer.save_freq", "trainer.test_freq") and isinstance(value, int) and value < 0:
+        return 0
+    if value is None:
+        if target in ("trainer.total_training_steps", "trainer.max_ckpt_to_keep"):
+            return 0
+        if last in _DERIVED:
+            return DROP
+    if target in ("data.train_files", "data.val_files") and isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    if target == "trainer.logger":
+        from flowrl.config.sections import LOGGERS
+
+        value = [value] if isinstance(value, str) else value
+        lacking = [v for v in value or () if isinstance(v, str) and v not in LOGGERS]
+        if lacking:
+            raise ConfigError(key, value, f"flowrl lacks the {', '.join(lacking)} logger (verl has it); "
+                              "flowrl has no equivalent", f"use any of {', '.join(LOGGERS)}")
+    if target == "rollout.name" and value in ("sglang", "trtllm", "sglang_async"):
+        raise ConfigError(key, value, f"the {'SGLang' if 'sglang' in value else 'TensorRT-LLM'} rollout engine; "
+                          "flowrl has no equivalent", "rollout.name=vllm (or hf)")
+    if target == "trainer.device" or (key == "trainer.device" and value == "npu"):
+        if value == "npu":
+            raise ConfigError(key, value, "Ascend NPUs; flowrl has no equivalent", "trainer.device=cuda")
+    return value
+
+
+def _resolve(key: str, value: str) -> Any:
+    """``${oc.env:NAME[,default]}`` and other OmegaConf resolvers of a command-line value."""
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.to_container(OmegaConf.create({"v": value}), resolve=True)["v"]  # type: ignore[index]
+    except Exception as exc:  # noqa: BLE001 - an interpolation that does not resolve
+        raise ConfigError(key, value, f"the interpolation does not resolve ({' '.join(str(exc).split())[:120]})",
+                          "set the environment variable, or write the value") from None
 
 
 def _accepted(value: Any, accept: tuple) -> bool:

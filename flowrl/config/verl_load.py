@@ -12,7 +12,8 @@ from functools import lru_cache
 from typing import Any
 
 from flowrl.config.errors import ConfigError
-from flowrl.config.verl import _EXACT, VERL_KEYS, alias, derive, field_exists, lookup, translate_default, translate_item
+from flowrl.config.verl import (_EXACT, DROP, VERL_KEYS, alias, derive, field_exists, lookup, translate_default,
+                                translate_item, verl_value)
 
 
 def translate_all(yaml_items: list[tuple[str, Any, str]], cli_items: list[tuple[str, Any]],
@@ -81,6 +82,15 @@ def _one(out: dict[str, Any], set_by: dict[str, str], notes: list[str], errors: 
         return
     if target != key:
         value = alias(target, value)
+    try:
+        value = verl_value(key, target, value)
+    except ConfigError as exc:
+        errors.append(exc)
+        return
+    if value is DROP:
+        if not at_default:
+            notes.append(f"{key}=None: derived (verl computes it; flowrl keeps {target}={_current(target)!r})")
+        return
     earlier = set_by.get(target)
     if earlier is not None and earlier != key and out.get(target) != value:
         errors.append(ConfigError(key, value, f"sets flowrl's {target}, which {earlier}={out[target]!r} also sets",
@@ -88,6 +98,15 @@ def _one(out: dict[str, Any], set_by: dict[str, str], notes: list[str], errors: 
         return
     set_by[target] = key
     out[target] = value
+
+
+def _current(target: str) -> Any:
+    from flowrl.config.schema import RunConfig
+
+    value: Any = RunConfig()
+    for part in target.split("."):
+        value = getattr(value, part, None)
+    return value
 
 
 @lru_cache(maxsize=1)

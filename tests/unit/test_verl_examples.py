@@ -71,10 +71,12 @@ def classify(args: list[str]) -> tuple[str, list[str]]:
         return "hydra", lines
     if any("unknown key" in line for line in lines):
         return "unknown", lines
-    if lines and all("flowrl has no equivalent" in line or "not implemented" in line or "flowrl lacks" in line
-                     for line in lines):
+    if lines and all(any(w in line for w in NAMED) for line in lines):
         return "named", lines
     return "value", lines
+
+
+NAMED = ("flowrl has no equivalent", "not implemented", "flowrl lacks", "is not built in flowrl")
 
 
 def measure(tmp_path: Path) -> tuple[Counter, dict[str, list[str]]]:
