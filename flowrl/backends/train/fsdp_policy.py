@@ -91,13 +91,7 @@ class FSDPEngine(TorchDPEngine):
         param_dtype, reduce_dtype = fsdp_mixed_precision(precision, param_dtype, reduce_dtype)
         meta = self._meta_model(model_dir, torch_dtype(precision.param_dtype))  # None: this model loads whole
         self.model = meta[0] if meta else self._load_model(model_dir, torch_dtype(precision.param_dtype)).to(self.device)
-        if meta and lora:
-            from flowrl.backends.train.fsdp_load import adapters_stay_real
-
-            with adapters_stay_real():  # drawn from the seed as on a real base, kept through sharding
-                self._add_adapters(lora)
-        else:
-            self._add_adapters(lora)  # LoRA: adapters injected before sharding, sharded with their blocks
+        self._add_adapters_on(meta is not None, lora)  # LoRA: before sharding, sharded with their blocks
         self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
         self.grad_clip = settings.grad_clip
         # with param_offload (config-enforced) CPUOffloadPolicy keeps AdamW's state on the host too
@@ -109,18 +103,8 @@ class FSDPEngine(TorchDPEngine):
         if gradient_checkpointing and trainable:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if meta:  # the real tensors (adapters, buffers) set aside; each rank then reads its own rows
-            keep = self._kept_tensors()
-            if self.lora is not None:  # peft renamed the wrapped layers' weights (``.base_layer.``)
-                from flowrl.backends.train.fsdp_load import checkpoint_names
-                from flowrl.models.lora import plain_name
-
-                meta = (meta[0], checkpoint_names(self.model, meta[2], skip=keep, rename=plain_name), meta[2])
-                assert meta[1] is not None, "a LoRA-wrapped parameter has no checkpoint entry"
-            self._root = self._shard(reshard_after_forward, param_offload, param_dtype, reduce_dtype)
-            from flowrl.backends.train.fsdp_load import fill_from_checkpoint
-
-            on = "cpu" if param_offload and self.device.type == "cuda" else self.device
-            fill_from_checkpoint(self.model, model_dir, meta[1], meta[2], device=on, keep=keep)
+            self._root = self._shard_and_fill(meta, model_dir, reshard_after_forward, param_offload, param_dtype,
+                                              reduce_dtype)
         else:
             self._broadcast_parameters()  # heads new in the checkpoint (the critic's) start equal
             self._root = self._shard(reshard_after_forward, param_offload, param_dtype, reduce_dtype)
@@ -147,6 +131,34 @@ class FSDPEngine(TorchDPEngine):
             model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=dtype)
         names = checkpoint_names(model, index)
         return (model, names, index) if names is not None else None
+
+    def _add_adapters_on(self, meta: bool, lora: dict | None) -> None:
+        """``_add_adapters``; on a meta-built model the adapters stay real (drawn from the seed as
+        on a real base) to be kept through sharding."""
+        if not (meta and lora):
+            self._add_adapters(lora)
+            return
+        from flowrl.backends.train.fsdp_load import adapters_stay_real
+
+        with adapters_stay_real():
+            self._add_adapters(lora)
+
+    def _shard_and_fill(self, meta: tuple, model_dir: str, reshard_after_forward: bool, param_offload: bool,
+                        param_dtype: str | None, reduce_dtype: str | None) -> torch.nn.Module:
+        """Shard the meta-built model, then fill each rank's shards from the checkpoint's rows."""
+        from flowrl.backends.train.fsdp_load import checkpoint_names, fill_from_checkpoint
+
+        model, names, index = meta
+        keep = self._kept_tensors()
+        if self.lora is not None:  # peft renamed the wrapped layers' weights (``.base_layer.``)
+            from flowrl.models.lora import plain_name
+
+            names = checkpoint_names(self.model, index, skip=keep, rename=plain_name)
+            assert names is not None, "a LoRA-wrapped parameter has no checkpoint entry"
+        root = self._shard(reshard_after_forward, param_offload, param_dtype, reduce_dtype)
+        on = "cpu" if param_offload and self.device.type == "cuda" else self.device
+        fill_from_checkpoint(self.model, model_dir, names, index, device=on, keep=keep)
+        return root
 
     def _kept_tensors(self) -> dict[str, torch.Tensor]:
         """Before sharding a meta-built model: the full tensors that are no checkpoint entry (LoRA
