@@ -184,6 +184,13 @@ def _resolved_defaults() -> dict[str, list[Any]]:
     return out
 
 
+#: verl values of a feature flowrl lacks: (flowrl key, value) -> (what it is, the fix).
+REFUSED_VALUES: dict[tuple[str, str], tuple[str, str]] = {
+    ("rollout.name", "sglang"): ("the SGLang rollout engine", "rollout.name=vllm (or hf)"),
+    ("rollout.name", "sglang_async"): ("the SGLang rollout engine", "rollout.name=vllm (or hf)"),
+    ("rollout.name", "trtllm"): ("the TensorRT-LLM rollout engine", "rollout.name=vllm (or hf)"),
+    ("trainer.device", "npu"): ("Ascend NPUs", "trainer.device=cuda"),
+}
 DROP = object()  # verl_value: the key sets nothing (flowrl keeps its setting)
 _DERIVED = ("ppo_micro_batch_size_per_gpu", "log_prob_micro_batch_size_per_gpu", "forward_micro_batch_size_per_gpu",
             "micro_batch_size_per_gpu", "virtual_pipeline_model_parallel_size", "ppo_max_token_len_per_gpu",
@@ -218,12 +225,9 @@ def verl_value(key: str, target: str, value: Any) -> Any:
         if lacking:
             raise ConfigError(key, value, f"flowrl lacks the {', '.join(lacking)} logger (verl has it); "
                               "flowrl has no equivalent", f"use any of {', '.join(LOGGERS)}")
-    if target == "rollout.name" and value in ("sglang", "trtllm", "sglang_async"):
-        raise ConfigError(key, value, f"the {'SGLang' if 'sglang' in value else 'TensorRT-LLM'} rollout engine; "
-                          "flowrl has no equivalent", "rollout.name=vllm (or hf)")
-    if target == "trainer.device" or (key == "trainer.device" and value == "npu"):
-        if value == "npu":
-            raise ConfigError(key, value, "Ascend NPUs; flowrl has no equivalent", "trainer.device=cuda")
+    lacking_feature = REFUSED_VALUES.get((target, value)) if isinstance(value, str) else None
+    if lacking_feature is not None:
+        raise ConfigError(key, value, f"{lacking_feature[0]}; flowrl has no equivalent", lacking_feature[1])
     return value
 
 
@@ -320,3 +324,20 @@ def _get(cfg: Any, dotted: str) -> Any:
     for part in dotted.split("."):
         cfg = getattr(cfg, part)
     return cfg
+
+
+CLASSES = {"map": "mapped", "dyn": "mapped", "derive": "mapped", "noop": "accepted, no effect", "refuse": "refused by name"}
+
+
+def classify(key: str) -> tuple[str, VerlKey | None, str]:
+    """``(class, entry, flowrl key)`` of verl key ``key``: ``mapped`` (to an existing flowrl field,
+    or read with other keys), ``accepted, no effect``, ``refused by name``, or ``unknown`` (no entry,
+    or mapped to a flowrl field that does not exist)."""
+    entry, target = lookup(key)
+    if entry is None:
+        return ("mapped", None, key) if field_exists(key) else ("unknown", None, "")
+    if entry.kind == "map" and not field_exists(target):
+        return "unknown", entry, target
+    if entry.kind == "dyn" and not field_exists(target) and entry.flowrl != "actor.strategy":
+        return "refused by name", entry, target
+    return CLASSES[entry.kind], entry, target

@@ -12,7 +12,7 @@
   own setting for it.
 
 ``~key`` travels to the loader as ``~key=`` (:func:`encode_deletions`): the loader's override
-parser needs a ``=``; :mod:`flowrl.config.verl_yaml` and :mod:`flowrl.config.verl_load` read it back.
+parser needs a ``=``; :mod:`flowrl.config.verl_yaml` (``_hydra_override``) and :mod:`flowrl.config.verl_load` read it back.
 """
 
 from __future__ import annotations
@@ -83,8 +83,3 @@ def is_deletion(key: str) -> bool:
     return key.startswith("~")
 
 
-def hydra_override(key: str, value: object, raw: str) -> str:
-    """The override to hand Hydra for ``raw`` (``~key=`` back to ``~key``)."""
-    if is_deletion(key) and raw.endswith(DELETE_MARK) and value == "":
-        return raw[: -len(DELETE_MARK)]
-    return raw

@@ -6,7 +6,7 @@
   reported once at start;
 * *refused by name* (``refuse``): a feature flowrl lacks, named; verl's "off" values (``accept``) pass.
 
-Exact keys win over ``.*`` prefixes; longer prefixes win. :mod:`flowrl.config.verl` reads the
+Exact keys win over ``.*`` prefixes; longer prefixes win. :func:`flowrl.config.verl.classify` reads the
 table; ``python -m flowrl.config.verl_keys --write docs/verl-keys.md`` writes its documentation.
 """
 
@@ -424,21 +424,3 @@ VERL_KEYS: tuple[VerlKey, ...] = (
 
 )
 
-
-CLASSES = {"map": "mapped", "dyn": "mapped", "derive": "mapped", "noop": "accepted, no effect", "refuse": "refused by name"}
-
-
-def classify(key: str) -> tuple[str, VerlKey | None, str]:
-    """``(class, entry, flowrl key)`` of verl key ``key``: ``mapped`` (to an existing flowrl field,
-    or read with other keys), ``accepted, no effect``, ``refused by name``, or ``unknown`` (no entry,
-    or mapped to a flowrl field that does not exist)."""
-    from flowrl.config.verl import field_exists, lookup
-
-    entry, target = lookup(key)
-    if entry is None:
-        return ("mapped", None, key) if field_exists(key) else ("unknown", None, "")
-    if entry.kind == "map" and not field_exists(target):
-        return "unknown", entry, target
-    if entry.kind == "dyn" and not field_exists(target) and entry.flowrl != "actor.strategy":
-        return "refused by name", entry, target
-    return CLASSES[entry.kind], entry, target

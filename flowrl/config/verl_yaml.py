@@ -30,12 +30,10 @@ def compose_verl_yaml(path: Path, items: list[tuple[str, Any, str]]) -> tuple[li
     except ImportError as exc:
         raise ConfigError("CONFIG", str(path), f"is a verl (Hydra) YAML and hydra-core is not installed ({exc})",
                           "pip install hydra-core") from exc
-    from flowrl.config.verl_hydra import hydra_override
-
     base = _compose(path, [])
     to_hydra = [i for i in items if OmegaConf.select(base, i[0].lstrip("~"), default=_MISSING) is not _MISSING]
     rest = [i for i in items if i not in to_hydra]
-    cfg = _compose(path, [hydra_override(*i).lstrip("+") for i in to_hydra]) if to_hydra else base
+    cfg = _compose(path, [_hydra_override(*i).lstrip("+") for i in to_hydra]) if to_hydra else base
     flat = flatten(_container(cfg, path))
     reference = _reference(path, base)
     followers = _interpolated(cfg)
@@ -51,6 +49,14 @@ def compose_verl_yaml(path: Path, items: list[tuple[str, Any, str]]) -> tuple[li
             state = "set"
         out.append((key, None if value == "???" else value, state))
     return out, rest
+
+
+def _hydra_override(key: str, value: Any, raw: str) -> str:
+    """The override to hand Hydra for ``raw``: Hydra's ``~key`` travels as ``~key=`` (the loader's
+    parser wants a ``=``, see :mod:`flowrl.config.verl_hydra`) and goes back to ``~key``."""
+    if key.startswith("~") and raw.endswith("=") and value == "":
+        return raw[:-1]
+    return raw
 
 
 def _interpolated(cfg: Any, prefix: str = "") -> set[str]:

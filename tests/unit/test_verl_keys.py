@@ -7,8 +7,7 @@ from collections import Counter
 
 import pytest
 
-from flowrl.config.verl import translate_item
-from flowrl.config.verl_keys import classify
+from flowrl.config.verl import classify, translate_item
 from flowrl.config.verl_yaml import flatten, verl_config_dir
 
 pytestmark = pytest.mark.skipif(verl_config_dir() is None, reason="verl's config tree is absent: "
