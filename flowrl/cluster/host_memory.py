@@ -163,11 +163,9 @@ def local_memory_limit(value: str, *, workers: int, model_path: str = "", enviro
         return value  # a written limit, nothing to check it against
     has_gpus = False
     if text == DEFAULT:
-        from flowrl.cluster.inventory import DEVICES_ENV, local_inventory, parse_devices
+        from flowrl.cluster.inventory import machine_inventory
 
-        environ = os.environ if environ is None else environ
-        inventory = parse_devices(environ.get(DEVICES_ENV, "")) or local_inventory(environ, runner)
-        has_gpus = inventory.has_gpus
+        has_gpus = machine_inventory(environ, runner).has_gpus
     if host_bytes is None:
         from distributed.system import MEMORY_LIMIT
 

@@ -81,7 +81,7 @@ def start_groups(cfg: RunConfig, specs: list[GroupSpec], run_dir: Path, *,
     specs = place_specs(specs, plan if plan is not None else plan_for_specs(cfg, specs))
     session = Session.start(sum(s.mesh.world_size for s in specs), cluster=cluster,
                             group_sizes={s.name: s.mesh.world_size for s in specs}, log_dir=str(run_dir / "slurm"),
-                            scratch_dir=str(run_dir / "dask-scratch"))
+                            scratch_dir=str(run_dir / "dask-scratch"), model_path=str(cfg.model.path or ""))
     try:
         write_run_info(run_dir, session)
         groups = session.create_groups(specs)
