@@ -186,9 +186,9 @@ def _resolved_defaults() -> dict[str, list[Any]]:
 
 #: verl values of a feature flowrl lacks: (flowrl key, value) -> (what it is, the fix).
 REFUSED_VALUES: dict[tuple[str, str], tuple[str, str]] = {
-    ("rollout.name", "sglang"): ("the SGLang rollout engine", "rollout.name=vllm (or hf)"),
-    ("rollout.name", "sglang_async"): ("the SGLang rollout engine", "rollout.name=vllm (or hf)"),
-    ("rollout.name", "trtllm"): ("the TensorRT-LLM rollout engine", "rollout.name=vllm (or hf)"),
+    ("rollout.name", "sglang"): ("the SGLang rollout engine", "use one of hf, vllm"),
+    ("rollout.name", "sglang_async"): ("the SGLang rollout engine", "use one of hf, vllm"),
+    ("rollout.name", "trtllm"): ("the TensorRT-LLM rollout engine", "use one of hf, vllm"),
     ("trainer.device", "npu"): ("Ascend NPUs", "trainer.device=cuda"),
 }
 DROP = object()  # verl_value: the key sets nothing (flowrl keeps its setting)
@@ -204,7 +204,8 @@ def verl_value(key: str, target: str, value: Any) -> Any:
     of ``trainer.total_training_steps`` is "the epochs decide" (0), of ``max_*_ckpt_to_keep`` keep
     all (0), of a micro-batch size or token budget derived (:data:`DROP`: flowrl keeps its own);
     a string logger is a list of one; a list of files is flowrl's comma-separated string;
-    ``${oc.env:NAME}`` is resolved; a rollout engine or logger flowrl lacks is refused by name."""
+    ``${oc.env:NAME}`` is resolved; a rollout engine flowrl lacks is refused by name
+    (:data:`REFUSED_VALUES`)."""
     if isinstance(value, str) and "${" in value:
         value = _resolve(key, value)
     last = target.rsplit(".", 1)[-1]
@@ -217,14 +218,8 @@ def verl_value(key: str, target: str, value: Any) -> Any:
             return DROP
     if target in ("data.train_files", "data.val_files") and isinstance(value, (list, tuple)):
         return ",".join(str(v) for v in value)
-    if target == "trainer.logger":
-        from flowrl.config.sections import LOGGERS
-
-        value = [value] if isinstance(value, str) else value
-        lacking = [v for v in value or () if isinstance(v, str) and v not in LOGGERS]
-        if lacking:
-            raise ConfigError(key, value, f"flowrl lacks the {', '.join(lacking)} logger (verl has it); "
-                              "flowrl has no equivalent", f"use any of {', '.join(LOGGERS)}")
+    if target == "trainer.logger" and isinstance(value, str):
+        value = [value]  # verl takes one logger as a string; the schema checks the names
     lacking_feature = REFUSED_VALUES.get((target, value)) if isinstance(value, str) else None
     if lacking_feature is not None:
         raise ConfigError(key, value, f"{lacking_feature[0]}; flowrl has no equivalent", lacking_feature[1])

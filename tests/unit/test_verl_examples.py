@@ -93,7 +93,7 @@ def measure(tmp_path: Path) -> tuple[Counter, dict[str, list[str]]]:
 def test_the_fixture_holds_the_76_lists_verl_accepts():
     lists = example_lists()
     assert len(lists) == 76 and len({s for s, _ in lists}) == 76
-    assert sum(any(a.startswith("--config-name") for a in args) for _, args in lists) == 24
+    assert sum(any(a.startswith("--config-name") for a in args) for _, args in lists) == 23
 
 
 def test_the_catalogue_counts(tmp_path):
