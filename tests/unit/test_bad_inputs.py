@@ -293,7 +293,7 @@ CONFIG_MISTAKES = [
     ("model.dtype=float16", "model.dtype"), ("actor.optim.weight_decay=-1", "actor.optim.weight_decay"),
     ("actor.optim.eps=0", "actor.optim.eps"), ("actor.optim.grad_clip=-1", "actor.optim.grad_clip"),
     ("actor.optim.lr=0", "actor.optim.lr"), ("trainer.total_training_steps=0", "trainer.total_training_steps"),
-    ("trainer.save_freq=-1", "trainer.save_freq"), ("trainer.max_ckpt_to_keep=-1", "trainer.max_ckpt_to_keep"),
+    ("trainer.max_ckpt_to_keep=-1", "trainer.max_ckpt_to_keep"),
     ("trainer.resume_mode=", "trainer.resume_mode"), ("trainer.logger=[nope]", "trainer.logger"),
     ("trainer.max_restarts=-1", "trainer.max_restarts"), ("actor.clip_ratio_c=1", "actor.clip_ratio_c"),
     ("actor.clip_ratio_low=20", "actor.clip_ratio_low"), ("actor.kl_loss_coef=-1", "actor.kl_loss_coef"),
@@ -303,7 +303,7 @@ CONFIG_MISTAKES = [
     ("rollout.micro_batch_size=0", "rollout.micro_batch_size"),
     ("rollout.gpu_memory_utilization=0", "rollout.gpu_memory_utilization"),
     ("model.lora_rank=-1", "model.lora_rank"), ("data.val_max_samples=0", "data.val_max_samples"),
-    ("trainer.test_freq=-1", "trainer.test_freq"), ("reward_model.enable=true", "reward_model.model_path"),
+    ("reward_model.enable=true", "reward_model.model_path"),
     ("rollout.reshard_transport=fast", "rollout.reshard_transport"), ("actor.loss_agg_mode=nope", "actor.loss_agg_mode"),
     ("rollout.val_kwargs.n=2", "rollout.val_kwargs.n"), ("actor.strategy=nope", "actor.strategy"),
 ]

@@ -24,7 +24,6 @@ def test_defaults():
 
 
 @pytest.mark.parametrize("override, key", [
-    ("trainer.save_freq=-1", "trainer.save_freq"),
     ("trainer.max_ckpt_to_keep=-2", "trainer.max_ckpt_to_keep"),
     ("trainer.resume_mode=", "trainer.resume_mode"),
 ])
@@ -131,3 +130,9 @@ def test_export_hf_cli_bad_paths(tmp_path, tiny_model_dir, capsys):
     assert "config.json" in capsys.readouterr().err
     meta = json.loads((tmp_path / "ckpt" / "meta.json").read_text())
     assert meta["step"] == 0
+
+
+def test_verl_minus_one_frequencies_mean_never():
+    """verl's defaults ``trainer.save_freq=-1`` / ``test_freq=-1``: never (issue 37), as flowrl's 0."""
+    cfg = load_config(None, ["trainer.save_freq=-1", "trainer.test_freq=-1"])
+    assert (cfg.trainer.save_freq, cfg.trainer.test_freq) == (0, 0)

@@ -20,12 +20,15 @@ def test_logger_list_override_parses_from_the_command_line_syntax():
 @pytest.mark.parametrize("override, key, value, fix", [
     ("trainer.logger=[console,swanlab]", "trainer.logger", "swanlab", "use one of console, jsonl, tensorboard, wandb"),
     ("trainer.logger=[console,console]", "trainer.logger", ["console", "console"], "list each logger once"),
-    ("trainer.logger=console", "trainer.logger", "console", "write trainer.logger=[...]"),
 ])
 def test_bad_logger_names_the_key_value_and_fix(override, key, value, fix):
     with pytest.raises(ConfigError) as err:
         load_config(None, [override])
     assert err.value.key == key and err.value.value == value and fix in err.value.fix
+
+
+def test_a_string_logger_is_a_list_of_one_as_in_verl():
+    assert load_config(None, ["trainer.logger=console"]).trainer.logger == ["console"]
 
 
 def test_cli_rejects_an_unknown_logger_before_any_worker():
