@@ -26,7 +26,7 @@ from functools import lru_cache
 from typing import Any
 
 from flowrl.config.errors import ConfigError
-from flowrl.config.verl_keys import _NO, _OFF, AR, VERL_KEYS, VerlKey, _k  # noqa: F401 - the table, re-exported
+from flowrl.config.verl_keys import _NO, _OFF, AR, REFUSED_VALUES, VERL_KEYS, VerlKey, _k  # noqa: F401 - the table, re-exported
 
 
 #: verl's values that flowrl spells otherwise: applied to translated verl keys and to a verl
@@ -184,13 +184,6 @@ def _resolved_defaults() -> dict[str, list[Any]]:
     return out
 
 
-#: verl values of a feature flowrl lacks: (flowrl key, value) -> (what it is, the fix).
-REFUSED_VALUES: dict[tuple[str, str], tuple[str, str]] = {
-    ("rollout.name", "sglang"): ("the SGLang rollout engine", "use one of hf, vllm"),
-    ("rollout.name", "sglang_async"): ("the SGLang rollout engine", "use one of hf, vllm"),
-    ("rollout.name", "trtllm"): ("the TensorRT-LLM rollout engine", "use one of hf, vllm"),
-    ("trainer.device", "npu"): ("Ascend NPUs", "trainer.device=cuda"),
-}
 DROP = object()  # verl_value: the key sets nothing (flowrl keeps its setting)
 _DERIVED = ("ppo_micro_batch_size_per_gpu", "log_prob_micro_batch_size_per_gpu", "forward_micro_batch_size_per_gpu",
             "micro_batch_size_per_gpu", "virtual_pipeline_model_parallel_size", "ppo_max_token_len_per_gpu",

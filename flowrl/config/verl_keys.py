@@ -7,7 +7,8 @@
 * *refused by name* (``refuse``): a feature flowrl lacks, named; verl's "off" values (``accept``) pass.
 
 Exact keys win over ``.*`` prefixes; longer prefixes win. :func:`flowrl.config.verl.classify` reads the
-table; ``python -m flowrl.config.verl_keys --write docs/verl-keys.md`` writes its documentation.
+table; ``python -m flowrl.config.verl_keys --write docs/verl-keys.md`` writes its documentation
+(:func:`flowrl.config.verl_docs.document`; without ``--write`` it prints).
 """
 
 from __future__ import annotations
@@ -424,3 +425,33 @@ VERL_KEYS: tuple[VerlKey, ...] = (
 
 )
 
+
+#: verl values of a feature flowrl lacks: (flowrl key, value) -> (what it is, the fix).
+REFUSED_VALUES: dict[tuple[str, str], tuple[str, str]] = {
+    ("rollout.name", "sglang"): ("the SGLang rollout engine", "use one of hf, vllm"),
+    ("rollout.name", "sglang_async"): ("the SGLang rollout engine", "use one of hf, vllm"),
+    ("rollout.name", "trtllm"): ("the TensorRT-LLM rollout engine", "use one of hf, vllm"),
+    ("trainer.device", "npu"): ("Ascend NPUs", "trainer.device=cuda"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flowrl.config.verl_keys [--write PATH]``: print (or write) ``docs/verl-keys.md``."""
+    import argparse
+    from pathlib import Path
+
+    from flowrl.config.verl_docs import document
+
+    parser = argparse.ArgumentParser(prog="python -m flowrl.config.verl_keys", description=main.__doc__)
+    parser.add_argument("--write", metavar="PATH", help="write the document to PATH instead of printing it")
+    args = parser.parse_args(argv)
+    text = document(VERL_KEYS, REFUSED_VALUES)
+    if args.write:
+        Path(args.write).write_text(text)
+    else:
+        print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
