@@ -26,7 +26,8 @@ from functools import lru_cache
 from typing import Any
 
 from flowrl.config.errors import ConfigError
-from flowrl.config.verl_keys import _NO, _OFF, AR, REFUSED_VALUES, VERL_KEYS, VerlKey, _k  # noqa: F401 - the table, re-exported
+from flowrl.config.verl_keys import (_NO, _OFF, AR, KNOCK_ON, REFUSED_VALUES, VERL_KEYS, VERL_NAMES,  # noqa: F401
+                                     VerlKey, _k)  # the table, re-exported
 
 
 #: verl's values that flowrl spells otherwise: applied to translated verl keys and to a verl
@@ -35,6 +36,8 @@ VALUE_ALIASES: dict[tuple[str, Any], Any] = {
     ("trainer.save_freq", -1): 0, ("trainer.test_freq", -1): 0,  # verl's -1: never
     ("actor.strategy", "fsdp2"): "fsdp",  # flowrl's fsdp strategy is FSDP2
     ("model.dtype", "bf16"): "bfloat16", ("model.dtype", "fp32"): "float32",  # verl's short dtype names
+    **{(f"{role}.fsdp_config.mixed_precision.{kind}_dtype", short): long for role in ("actor", "ref", "critic")
+       for kind in ("param", "reduce", "buffer") for short, long in (("bf16", "bfloat16"), ("fp32", "float32"))},
 }
 
 _EXACT = {e.verl: e for e in VERL_KEYS if not e.verl.endswith(".*")}
@@ -216,7 +219,40 @@ def verl_value(key: str, target: str, value: Any) -> Any:
     lacking_feature = REFUSED_VALUES.get((target, value)) if isinstance(value, str) else None
     if lacking_feature is not None:
         raise ConfigError(key, value, f"{lacking_feature[0]}; flowrl has no equivalent", lacking_feature[1])
+    _refuse_verl_names(key, target, value)
     return value
+
+
+def _refuse_verl_names(key: str, target: str, value: Any) -> None:
+    """A verl estimator, policy loss or logger flowrl lacks (:data:`VERL_NAMES`), refused by name."""
+    kind, verl_names = VERL_NAMES.get(target, ("", ()))
+    names = value if isinstance(value, list) else [value]
+    if not kind or not all(isinstance(n, str) for n in names):
+        return
+    ours = _FLOWRL_NAMES[target]()
+    lacking = [n for n in names if n in verl_names and n not in ours]
+    if lacking:
+        own = "" if target == "trainer.logger" else ", or your own as package.module:function"
+        raise ConfigError(key, value, f"in verl: the {', '.join(lacking)} {kind}; flowrl lacks it (flowrl has no "
+                          "equivalent)", f"use one of {', '.join(ours)}{own}")
+
+
+def _registered(registry: str) -> Any:
+    def names() -> list[str]:
+        from flowrl.catalog import algos
+
+        return getattr(algos, registry).names()
+    return names
+
+
+def _loggers() -> tuple[str, ...]:
+    from flowrl.config.sections import LOGGERS
+
+    return LOGGERS
+
+
+_FLOWRL_NAMES = {"algorithm.adv_estimator": _registered("ADVANTAGE_ESTIMATORS"),
+                 "actor.policy_loss": _registered("POLICY_LOSSES"), "trainer.logger": _loggers}
 
 
 def _resolve(key: str, value: str) -> Any:

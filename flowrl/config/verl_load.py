@@ -12,8 +12,8 @@ from functools import lru_cache
 from typing import Any
 
 from flowrl.config.errors import ConfigError
-from flowrl.config.verl import (_EXACT, DROP, VERL_KEYS, alias, derive, field_exists, lookup, translate_default,
-                                translate_item, verl_value)
+from flowrl.config.verl import (_EXACT, DROP, KNOCK_ON, REFUSED_VALUES, VERL_KEYS, alias, derive, field_exists, lookup,
+                                translate_default, translate_item, verl_value)
 
 
 def translate_all(yaml_items: list[tuple[str, Any, str]], cli_items: list[tuple[str, Any]],
@@ -23,6 +23,7 @@ def translate_all(yaml_items: list[tuple[str, Any, str]], cli_items: list[tuple[
     keys, and which verl key set each translated flowrl key. Mistakes are appended to ``errors``; YAML keys left at verl's default that flowrl has
     no field for are skipped (they do what flowrl does: verl's default run)."""
     cli_items = _apply_deletions(cli_items)
+    reported = len(errors)
     verl_flat = {k: v for k, v, _ in yaml_items}
     verl_flat.update(cli_items)
     out: dict[str, Any] = {}
@@ -40,7 +41,22 @@ def translate_all(yaml_items: list[tuple[str, Any, str]], cli_items: list[tuple[
     set_by: dict[str, str] = {}
     for key, value in cli_items:
         _one(out, set_by, notes, errors, key, value, False)
+    for refused in {_refused_by_name(exc) for exc in errors[reported:]}:
+        for target in KNOCK_ON.get(refused, ()):
+            out.pop(target, None)  # its check fails only because of the refusal already reported
     return out, notes, {target: key for target, key in set_by.items() if target != key}
+
+
+def _refused_by_name(exc: ConfigError) -> str:
+    """The :data:`~flowrl.config.verl_keys.KNOCK_ON` key of a refusal: the table key of a verl key
+    refused by name, or the flowrl key of a value refused by name (``""`` for any other mistake)."""
+    entry, target = lookup(exc.key)
+    if entry is not None and entry.kind == "refuse":
+        return entry.verl
+    target = target or exc.key
+    if isinstance(exc.value, str) and (target, exc.value) in REFUSED_VALUES:
+        return target
+    return ""
 
 
 def _apply_deletions(items: list[tuple[str, Any]]) -> list[tuple[str, Any]]:

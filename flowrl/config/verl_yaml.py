@@ -37,7 +37,9 @@ def compose_verl_yaml(path: Path, items: list[tuple[str, Any, str]]) -> tuple[li
     flat = flatten(_container(cfg, path))
     reference = _reference(path, base)
     followers = _interpolated(cfg)
-    off = [k[: -len("enable")] for k, v in flat.items() if k.endswith(".enable") and v in (False, None)]
+    off = [k[: -len("enable")] for k, v in flat.items() if k.endswith(".enable") and v in (False, None)
+           and not (k == "critic.enable" and v is None and flat.get("algorithm.adv_estimator") == "gae")]
+    # verl's critic.enable=null: a critic when algorithm.adv_estimator=gae (verl's need_critic)
     out = []
     for key, value in flat.items():
         at_default = reference is not None and key in reference and reference[key] == value

@@ -99,12 +99,17 @@ def test_the_fixture_holds_the_76_lists_verl_accepts():
 def test_the_catalogue_counts(tmp_path):
     """Issue 37's measure, recounted on the 76 lists: before it, 4 accepted, 23 Hydra flags refused
     (every --config-path/--config-name list), 34 with an unknown key, 15 with a verl value refused.
-    Now: no unknown key and no Hydra flag refused. The lists counted ``value`` still hold a refusal
-    that is not worded as a missing feature: mostly a knock-on of a named refusal (an SGLang list
-    falls back to rollout.name=hf, which refuses its tensor-parallel size; verl's multi-turn tool
-    config refused leaves rollout.multi_turn.tools empty), and features flowrl lacks under other
-    words (the gpg and optimal_token_baseline estimators, a policy loss, save_freq with Megatron's
-    distributed optimizer)."""
+    Then (7fc73b1): 29 accepted, 15 refused by name, 32 with another refusal. Now 29 / 35 / 12: a
+    named refusal is reported once, without the checks that fail only because of it (an SGLang or
+    TensorRT-LLM list no longer gets the hf fallback's tensor-parallel refusal; a refused multi-turn
+    tool config no longer leaves an empty rollout.multi_turn.tools behind: KNOCK_ON); verl's gpg and
+    optimal_token_baseline estimators, geo_mean loss and mlflow logger are refused as missing
+    features by name; ``bf16`` in fsdp_config.mixed_precision is bfloat16; verl's critic.enable=null
+    with gae keeps the Megatron config's critic.strategy. The 12 left hold a refusal worded as a
+    mistake by checks outside the verl translation: save_freq with Megatron's distributed optimizer
+    (7 lists), use_dynamic_bsz with actor.strategy=megatron, greedy validation with val_kwargs.n>1,
+    a warm-up without total_training_steps (verl derives it from the data), and verl's empty
+    ``use_kl_loss=``."""
     counts, _ = measure(tmp_path)
     assert counts["unknown"] == 0 and counts["hydra"] == 0
-    assert (counts["accepted"], counts["named"], counts["value"]) == (29, 15, 32)
+    assert (counts["accepted"], counts["named"], counts["value"]) == (29, 35, 12)

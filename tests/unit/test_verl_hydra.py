@@ -76,3 +76,16 @@ def test_plus_plusplus_and_tilde(capsys):
 def test_a_config_file_given_twice_is_refused(capsys):
     assert main(["config", "x.yaml", "--config-name=ppo_trainer", "a=1"]) == 2
     assert "give the config file one way" in capsys.readouterr().err
+
+
+@needs_verl_tree
+def test_verls_critic_enable_null_is_a_critic_with_gae():
+    """verl's ``critic.enable: null`` means "when algorithm.adv_estimator=gae" (verl's need_critic):
+    the Megatron config's ``critic.strategy: megatron`` then applies, as it does in verl."""
+    tree = verl_config_dir()
+    gae = load_config(tree / "ppo_megatron_trainer.yaml", ["algorithm.adv_estimator=gae", *HF])
+    assert gae.critic.strategy == "megatron"
+    grpo = load_config(tree / "ppo_megatron_trainer.yaml", ["algorithm.adv_estimator=grpo", *HF])
+    from flowrl.config import RunConfig
+
+    assert grpo.critic.strategy == RunConfig().critic.strategy  # no critic: its section stays flowrl's
