@@ -1,13 +1,12 @@
 """verl keys -> flowrl keys for a whole command line (and a composed verl YAML), by the table
-of :mod:`flowrl.config.verl`; and the suggestions for an unknown key (the table, then the field
-docs, then edit distance).
+of :mod:`flowrl.config.verl`; and the suggestions for an unknown key (the table, the same path
+under another section, a typo inside the section: only suggestions that are right).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import re
 from functools import lru_cache
 from typing import Any
 
@@ -92,6 +91,9 @@ def _one(out: dict[str, Any], set_by: dict[str, str], notes: list[str], errors: 
             notes.append(note)
     if target is None or (at_default and (value is None or not field_exists(target))):
         return
+    if target == key and not field_exists(key) and unknown_under_a_section(key):
+        errors.append(ConfigError(key, value, "unknown key", suggest(key) or "see flowrl config --fields"))
+        return
     if target != key and not field_exists(target):
         hint = suggest(target)
         errors.append(ConfigError(key, value, f"unknown key (as flowrl's {target})", hint or "see flowrl config --fields"))
@@ -141,47 +143,55 @@ def flowrl_keys() -> tuple[str, ...]:
 
 
 def suggest(key: str) -> str:
-    """A fix for unknown key ``key``: the table's mapping, a field of the same name in another
-    section, a field whose doc names the key's words, or the closest name; ``""`` if none."""
+    """A fix for unknown key ``key``, only where it is right: the flowrl key that the table maps the
+    verl form of ``key`` to (``ref.megatron.tensor_model_parallel_size`` is verl's
+    ``actor_rollout_ref.ref.megatron.tensor_model_parallel_size``: ``ref.tensor_model_parallel_size``),
+    the same dotted path under another section (``rollout.ppo_mini_batch_size``:
+    ``actor.ppo_mini_batch_size``), or a typo of a key of the same section; ``""`` if none. The
+    same last name alone is not enough: ``reward_model.megatron.tensor_model_parallel_size`` is
+    not ``rollout.tensor_model_parallel_size``."""
+    by_table = _by_table(key)
+    if by_table:
+        return by_table
     keys = flowrl_keys()
-    last = key.rsplit(".", 1)[-1]
-    same = [k for k in keys if k.rsplit(".", 1)[-1] == last and k != key]
-    if same:
-        return f"did you mean {same[0]}?"
-    for entry in VERL_KEYS:
-        if entry.verl.rsplit(".", 1)[-1] == last and entry.flowrl and not entry.flowrl.endswith("*"):
-            return f"did you mean {entry.flowrl}? (verl's {entry.verl})"
-    close = [c for c in difflib.get_close_matches(key, list(keys) + list(_EXACT), n=2, cutoff=0.75) if c != key]
+    section, _, rest = key.partition(".")
+    same_path = [k for k in keys if rest and k.partition(".")[2] == rest and k != key]
+    if same_path:
+        return f"did you mean {' or '.join(same_path[:3])}?"
+    known = list(keys) + list(_EXACT)
+    if section in {k.partition(".")[0] for k in known}:  # a typo inside a section: a key of that section
+        known = [k for k in known if k.partition(".")[0] == section]
+    close = [c for c in difflib.get_close_matches(key, known, n=2, cutoff=0.75) if c != key]
     if close:
         _, target = lookup(close[0])
         return f"did you mean {close[0]}?" + (f" (flowrl's {target})" if target and target != close[0] else "")
-    by_doc = _by_doc(key)
-    if by_doc:
-        return f"did you mean {by_doc}? (its doc: {_doc(by_doc)[:80]})"
-    close = difflib.get_close_matches(last, [k.rsplit(".", 1)[-1] for k in keys], n=1, cutoff=0.7)
-    if close:
-        return f"did you mean {next(k for k in keys if k.endswith('.' + close[0]) or k == close[0])}?"
     return ""
 
 
-@lru_cache(maxsize=1)
-def _docs() -> dict[str, str]:
-    from flowrl.config.fields import describe_fields
+def _by_table(key: str) -> str:
+    """``did you mean T? (verl's V)`` where ``key`` is (the tail of) exactly one verl key ``V`` of the
+    table mapped to an existing flowrl key ``T`` (``""`` otherwise)."""
+    if "." not in key:
+        return ""
+    found = {(entry.flowrl, entry.verl) for entry in VERL_KEYS
+             if entry.kind in ("map", "dyn") and not entry.verl.endswith("*") and (entry.verl == key or entry.verl.endswith("." + key))
+             and field_exists(entry.flowrl)}
+    if len({target for target, _ in found}) != 1:
+        return ""
+    target, verl = sorted(found)[0]
+    return f"did you mean {target}? (verl's {verl})"
 
-    return {key: doc for key, _, doc in describe_fields()}
 
+def unknown_under_a_section(key: str) -> bool:
+    """``key`` names no field inside a section that exists (``ref.megatron.x``, ``actor.optim.lrr``);
+    ``False`` for an unknown section (the loader names it) and for a key inside a value (a dict field)."""
+    from flowrl.config.schema import RunConfig
 
-def _doc(key: str) -> str:
-    return _docs().get(key, "")
-
-
-def _by_doc(key: str) -> str:
-    """The field whose docstring holds the most of ``key``'s words (at least two)."""
-    words = {w for w in re.split(r"[._]", key.lower()) if len(w) > 2}
-    best, best_n = "", 1
-    for k, doc in _docs().items():
-        text = (k + " " + doc).lower()
-        n = sum(1 for w in words if re.search(rf"\b{re.escape(w)}", text))
-        if n > best_n:
-            best, best_n = k, n
-    return best
+    node: Any = RunConfig()
+    for depth, part in enumerate(key.split(".")):
+        if not dataclasses.is_dataclass(node):
+            return False
+        if part not in {f.name for f in dataclasses.fields(node)}:
+            return depth > 0
+        node = getattr(node, part)
+    return False
