@@ -89,7 +89,10 @@ class FSDPEngine(TorchDPEngine):
         # FSDP2 casts itself (MixedPrecisionPolicy), so the forward runs without autocast
         self.precision = Precision(precision.param_dtype, precision.compute_dtype, autocast=False)
         param_dtype, reduce_dtype = fsdp_mixed_precision(precision, param_dtype, reduce_dtype)
-        meta = self._meta_model(model_dir, torch_dtype(precision.param_dtype))  # None: this model loads whole
+        # None: this model loads whole (no safetensors; or peft's modules_to_save, whose copies of
+        # the base modules have no checkpoint entry of their own)
+        whole = bool(lora and lora.get("modules_to_save"))
+        meta = None if whole else self._meta_model(model_dir, torch_dtype(precision.param_dtype))
         self.model = meta[0] if meta else self._load_model(model_dir, torch_dtype(precision.param_dtype)).to(self.device)
         self._add_adapters_on(meta is not None, lora)  # LoRA: before sharding, sharded with their blocks
         self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
