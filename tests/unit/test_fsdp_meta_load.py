@@ -6,10 +6,10 @@ parameter, and a rank's bytes read from the checkpoint about half the model's.""
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 from datetime import timedelta
 
 import pytest
+from flowrl_testing.spawned import run_ranks
 
 pytest.importorskip("safetensors")
 
@@ -78,17 +78,9 @@ def _worker(rank: int, store_dir: str, model_dir: str, out_path: str) -> None:
 
 
 def test_meta_loaded_fsdp_equals_the_whole_load_and_reads_half(tiny_model_dir, tmp_path):
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_worker, args=(r, str(tmp_path), str(tiny_model_dir), str(tmp_path / f"out{r}.json")))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=240)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert [p.exitcode for p in procs] == [0, 0]
+    codes = run_ranks(_worker, [(r, str(tmp_path), str(tiny_model_dir), str(tmp_path / f"out{r}.json"))
+                                for r in range(2)], timeout=240)
+    assert codes == [0, 0]
     outs = [json.loads((tmp_path / f"out{r}.json").read_text()) for r in range(2)]
     for out in outs:
         for case in ("plain", "lora"):

@@ -27,6 +27,7 @@ from flowrl.comm import JointSpec
 from flowrl.parallel.mesh import ParallelDims
 from flowrl.parallel.shard_spec import ModelShape
 from flowrl_testing.reshard import expected_shard, synthetic_shard
+from flowrl_testing.spawned import run_ranks
 
 SHAPE = ModelShape(vocab_size=61, hidden_size=16, ffn_hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
                    head_dim=4)
@@ -253,19 +254,9 @@ def _gloo_worker(rank: int, store_dir: str, out_path: str) -> None:
 
 
 def test_bitwise_equal_weights_over_real_gloo_with_and_without_staging(tmp_path):
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_gloo_worker, args=(r, str(tmp_path), str(tmp_path / f"out{r}.json")))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=180)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert [p.exitcode for p in procs] == [0, 0]
+    codes = run_ranks(_gloo_worker, [(r, str(tmp_path), str(tmp_path / f"out{r}.json")) for r in range(2)],
+                      timeout=180)
+    assert codes == [0, 0]
     results = [json.loads((tmp_path / f"out{r}.json").read_text()) for r in range(2)]
     assert len(results[0]) == 16
     for r in results:
