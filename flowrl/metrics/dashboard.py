@@ -63,6 +63,15 @@ NO_RESHARD = "no reshard metrics yet"
 LAZY_PANELS = ("throughput", "reshard", "metric")
 
 
+def grid_layout(keys: list[str]) -> list[tuple[str, list[str]]]:
+    """``(panel, keys)`` of each grid of figures the page lays out for ``keys``, in page order
+    (as :meth:`Dashboard._build_metric_panels` lays them out; panels without keys left out)."""
+    grids = [("overview", headline_keys(keys)), ("throughput", keys_of(THROUGHPUT_GROUP, keys)),
+             ("reshard", keys_of(RESHARD_GROUP, keys))]
+    grids += [("metric", group_keys) for group_keys in group_metrics(keys).values()]
+    return [(panel, grid_keys) for panel, grid_keys in grids if grid_keys]
+
+
 class Dashboard:
     """The dashboard's Bokeh models for one run directory, or several overlaid; :meth:`update`
     re-reads the files and pushes what changed (call it from a server's periodic callback).
@@ -97,6 +106,9 @@ class Dashboard:
         self._section_panes: dict[str, Any] = {}  # group -> Pane(title, grid)
         self._panes: list[tuple[Any, list[Any]]] = []  # each metric figure's pane, and its figures, in page order
         self._pending: dict[tuple[str, tuple[str, ...]], Any] = {}  # deferred panes not built yet, in page order
+        # the first page is being built: only its lazy panes start empty (attached after the first
+        # paint) or deferred (built after it); panes of keys that appear later show at once
+        self._initial = True
         self._make_sources()
         self._make_widgets()
         self._link_step_selector()
@@ -104,6 +116,7 @@ class Dashboard:
         self._fill_samples()
         self._set_steps(initial=True)
         self._build_metric_panels()
+        self._initial = False
         self._set_header()
         self.layout = self._layout()
 
@@ -304,7 +317,7 @@ class Dashboard:
 
         cache_key = (panel, tuple(keys))
         pane = self._grids.get(cache_key)
-        first = not self._panes
+        first = self._initial
         deferred = cache_key in self._pending or (pane is None and self.defer and first and panel in LAZY_PANELS)
         figs = [] if deferred else [self._curve(k, panel) for k in keys]
         if pane is None:  # unchanged sections keep their models: the browser keeps their views
@@ -402,7 +415,7 @@ class Dashboard:
             if list(section.elements) != [title, grid]:
                 section.elements = [title, grid]
             sections.append([section, title, grid])
-        first = not self._panes
+        first = self._initial
         self._panes = panes
         if first and self._pending:
             self.live_attach_callback.args = dict(self.live_attach_callback.args, panes=list(self._pending.values()))
@@ -472,9 +485,26 @@ class Dashboard:
 
     # ----------------------------------------------------------------- live
     def refresh(self) -> list[Changes]:
-        """Re-read the run directories (each reader's changes); :meth:`update` shows them."""
+        """Re-read the run directories (each reader's changes) and build the figures of the
+        grids new keys add (:meth:`prebuild`); :meth:`update` shows them. A server calls this
+        off its event loop."""
         with self.lock:
-            return [reader.refresh() for reader in self.readers]
+            found = [reader.refresh() for reader in self.readers]
+            self.prebuild()
+            return found
+
+    def prebuild(self) -> None:
+        """Build the figures the next :meth:`update` lays out for keys that appeared since the
+        page was built (a page opened before the run's first step gets all of them at once: tens
+        of figures, a second or more), so the update only attaches them."""
+        keys = self._all_keys()
+        if keys == self._keys:
+            return
+        with self.lock:
+            for panel, grid_keys in grid_layout(keys):
+                if (panel, tuple(grid_keys)) not in self._grids:
+                    for key in grid_keys:
+                        self._curve(key, panel)
 
     def update(self, found: list[Changes] | None = None) -> Changes:
         """Push what :meth:`refresh` found (None: re-read the files now); returns the changes (all runs')."""

@@ -282,3 +282,29 @@ def test_two_runs_overlay_in_one_page_with_a_legend_and_a_run_selector(tmp_path)
     changes = dash.update()
     assert changes.new_sample_steps == [2] and list(dash.metric_srcs[1].data["step"]) == [0, 1, 2]
     assert "log:metric:critic/score/mean" in figs and figs["smoothing"].value == 0.0
+
+
+def test_a_page_opened_before_the_first_step_shows_every_figure_once_steps_come(tmp_path):
+    """Issue 35: a live page opened on a run that has logged nothing yet (a server's session,
+    ``defer``) lays out every panel's figures as the steps arrive, not only the overview's; the
+    figures are built by ``refresh`` (a server's worker thread), the update only attaches them."""
+    pytest.importorskip("bokeh")
+    from flowrl.metrics.dashboard import Dashboard, grid_layout
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump({"trainer": {"total_training_steps": 3}}))
+    dash = Dashboard(run, live=True, defer=True)
+    assert not dash._pending and not dash._figures
+    for step in (1, 2):
+        write_step(run, step, extra={"reshard/bytes": 1024.0})
+    found = dash.refresh()
+    built = set(dash._figures)
+    keys = sorted({k for line in (run / "metrics.jsonl").read_text().splitlines() for k in json.loads(line)} - {"step"})
+    assert built == {(panel, k) for panel, grid_keys in grid_layout(keys) for k in grid_keys}
+    dash.update(found)
+    assert set(dash._figures) == built  # nothing built on the loop
+    shown = {fig.name for pane in (m for m in dash.layout.references() if type(m).__name__ == "Pane")
+             for fig in pane.elements if type(fig).__name__ == "figure"}
+    assert {f"metric:{k}" for k in keys} <= shown
+    assert {"throughput:perf/throughput", "reshard:reshard/bytes", "overview:critic/score/mean"} <= shown
