@@ -7,8 +7,16 @@ namespaces (``--unshare-all``, nested user namespaces refused), a new session an
 links) and the interpreter's own prefix read-only, a fresh ``/proc`` (only the call's processes),
 a minimal ``/dev``, and size-capped ``tmpfs`` mounts for ``/work`` (the working directory),
 ``/tmp`` and ``/dev/shm``; the rest of the root is read-only and empty: no ``/etc``, no home, no
-run directories, no host ``/tmp``. The code arrives on stdin, never as a file on the host. Inside,
-the code may start processes and write files: the namespaces, not a Python hook, are the boundary.
+run directories, no host ``/tmp``. The code arrives on stdin, never as a file on the host; no
+descriptor but the three pipes is passed, and ``setpriv``/``bwrap`` start with an empty environment
+(the code's is :data:`JAIL_ENV`). Inside, the code may start processes and write files: the
+namespaces, not a Python hook, are the boundary.
+
+Cost (``benchmarks/jail_overhead.py``): about 6-8 ms of CPU per call over a bare start of the same
+runner, nearly all in the kernel (creating and tearing down the namespaces: the user and mount
+namespaces with ``bwrap``'s exec about 3 ms, the network namespace about 1 ms, ``setpriv``'s exec
+about 1 ms; each bind or ``tmpfs`` mount well under 0.5 ms). ``--as-pid-1`` would save a process
+(under 1 ms) but makes the code PID 1, which ignores its own signals; it is not used.
 
 Limits, set by the prelude in the jailed interpreter before the code runs (so they bind it and
 everything it starts): CPU seconds, address space, file size, open files, no core files, and
@@ -39,10 +47,14 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 from typing import Callable
 
-__all__ = ["JailLimits", "JailResult", "JailUnavailable", "bwrap_argv", "jail_problem", "run_jailed", "run_sync"]
+__all__ = ["JAIL_ENV", "JailLimits", "JailResult", "JailUnavailable", "bwrap_argv", "jail_problem", "payload",
+           "run_jailed", "run_process", "run_sync", "runner_argv"]
 
 JAIL_UID = 65534  # nobody: the user a host root runs the jail as (see the module docstring)
 WORKDIR = "/work"
+JAIL_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": WORKDIR, "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
+"""The whole environment of the jailed code (``--clearenv``); ``setpriv`` and ``bwrap`` themselves
+start with an empty one, so nothing of the caller's (a TLS key, tokens) is in any process of a call."""
 
 # Runs first in the jailed interpreter: the limits (argv), then the code (stdin: "<length>\n<code><stdin>").
 PRELUDE = r"""
@@ -133,6 +145,12 @@ def _usr_links() -> list[str]:
     return args
 
 
+def runner_argv(python: str, limits: JailLimits, *, nproc: bool) -> list[str]:
+    """The interpreter's command line: ``-I -S`` (no site, no user paths, no environment
+    variables), the prelude, its limits; the code follows on stdin. Pure."""
+    return [python, "-I", "-S", "-c", PRELUDE, *_limit_args(limits, nproc=nproc)]
+
+
 def bwrap_argv(bwrap: str, python: str, binds: tuple[str, ...], limits: JailLimits, usr_links: list[str]) -> list[str]:
     """The command line of one jailed call (see the module docstring); pure."""
     tmpfs = str(limits.tmpfs_mb << 20)
@@ -143,9 +161,8 @@ def bwrap_argv(bwrap: str, python: str, binds: tuple[str, ...], limits: JailLimi
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", tmpfs, "--tmpfs", "/dev/shm",
              "--size", tmpfs, "--tmpfs", "/tmp", "--size", tmpfs, "--tmpfs", WORKDIR,
              "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORKDIR, "--clearenv",
-             "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", WORKDIR,
-             "--setenv", "TMPDIR", "/tmp", "--setenv", "LANG", "C.UTF-8", "--",
-             python, "-I", "-S", "-c", PRELUDE, *_limit_args(limits, nproc=True)]
+             *(a for k, v in JAIL_ENV.items() for a in ("--setenv", k, v)), "--",
+             *runner_argv(python, limits, nproc=True)]
     return argv
 
 
@@ -178,14 +195,29 @@ def _interpreter() -> tuple[str, tuple[str, ...]]:
 
 def _as_jail_user(argv: list[str]) -> tuple[list[str], dict]:
     """``(argv, Popen keywords)`` that start ``argv`` as the jail's user: unchanged for a
-    non-root host user; for root, through ``setpriv`` (keeps ``vfork``: cheap from a large
-    process) or else Popen's ``user``/``group``."""
+    non-root host user; for root, through ``setpriv`` (an exec in the same process, so Popen keeps
+    ``vfork``: a fork of a worker holding gigabytes costs 100+ ms, measured in benchmarks/jail_overhead.py's
+    docstring) or else Popen's ``user``/``group``."""
     if os.geteuid() != 0:
         return argv, {}
-    setpriv = shutil.which("setpriv")
+    setpriv = _which("setpriv")
     if setpriv:
         return [setpriv, f"--reuid={JAIL_UID}", f"--regid={JAIL_UID}", "--clear-groups", *argv], {}
     return argv, {"user": JAIL_UID, "group": JAIL_UID, "extra_groups": []}
+
+
+@lru_cache(maxsize=None)
+def _which(name: str) -> str | None:
+    return shutil.which(name)
+
+
+@lru_cache(maxsize=8)
+def _jail_command(limits: JailLimits) -> tuple[tuple[str, ...], tuple[tuple[str, object], ...]]:
+    """``(argv, Popen keywords)`` of a jailed call with ``limits``, built once per limits (the
+    host's layout does not change while a process runs)."""
+    python, binds = _interpreter()
+    argv, kwargs = _as_jail_user(bwrap_argv(_which("bwrap") or "bwrap", python, binds, limits, _usr_links()))
+    return tuple(argv), tuple(kwargs.items())
 
 
 @lru_cache(maxsize=1)
@@ -193,7 +225,7 @@ def jail_problem() -> str | None:
     """None when a jailed call works here (probed once per process), else why not."""
     import subprocess
 
-    bwrap = shutil.which("bwrap")
+    bwrap = _which("bwrap")
     if bwrap is None:
         return "bubblewrap (bwrap) is not installed"
     python, binds = _interpreter()
@@ -201,7 +233,7 @@ def jail_problem() -> str | None:
         return (f"the jail's user (uid {JAIL_UID}) cannot reach {sys.executable} and there is no /usr/bin/python3")
     argv, kwargs = _as_jail_user(bwrap_argv(bwrap, python, binds, JailLimits(), _usr_links()))
     try:
-        done = subprocess.run(argv, input=b"12\nprint(6 * 7)", capture_output=True, timeout=30, **kwargs)
+        done = subprocess.run(argv, input=b"12\nprint(6 * 7)", capture_output=True, timeout=30, env={}, **kwargs)
     except (OSError, subprocess.SubprocessError) as exc:
         return f"bwrap could not start: {exc}"
     if done.returncode != 0 or done.stdout.strip() != b"42":
@@ -271,41 +303,49 @@ async def run_jailed(code: str, *, stdin: str = "", limits: JailLimits | None = 
     """Run ``code`` (Python source) with ``stdin`` in a jail, or with ``unsafe_local`` in a plain
     subprocess; raises :class:`JailUnavailable` where the jail cannot run."""
     limits = limits or JailLimits()
-    workdir = None
-    if unsafe_local:
-        _warn_unsafe()
-        workdir = tempfile.mkdtemp(prefix="flowrl-unsafe-")
+    if not unsafe_local:
+        require_jail()
+        argv, kwargs = _jail_command(limits)
+        return await run_process(list(argv), payload(code, stdin), limits, env={}, **dict(kwargs))
+    _warn_unsafe()
+    workdir = tempfile.mkdtemp(prefix="flowrl-unsafe-")
+    try:
         if os.geteuid() == 0:  # a host root still runs it as nobody: kill(-1) must not reach the host's processes
             os.chown(workdir, JAIL_UID, JAIL_UID)
-        argv, kwargs = _as_jail_user([_interpreter()[0] or sys.executable, "-I", "-S", "-c", PRELUDE,
-                                      *_limit_args(limits, nproc=False)])
-        kwargs.update(cwd=workdir, env={"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir})
-    else:
-        require_jail()
-        python, binds = _interpreter()
-        argv, kwargs = _as_jail_user(bwrap_argv(shutil.which("bwrap") or "bwrap", python, binds, limits, _usr_links()))
-    source = code.encode("utf-8", errors="replace")
-    payload = b"%d\n" % len(source) + source + stdin.encode("utf-8", errors="replace")
-    try:
-        proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.PIPE, start_new_session=True, **kwargs)
-        cap = limits.max_output_chars * 4
-        try:
-            out, err, cut = await asyncio.wait_for(_communicate(proc, payload, cap), limits.timeout_s)
-        except asyncio.TimeoutError:
-            _kill(proc)
-            await asyncio.wait_for(proc.wait(), 10)
-            return JailResult(None, "", f"timed out after {limits.timeout_s:g} s", timed_out=True)
-        except BaseException:  # cancelled by the caller's own timeout: leave nothing running
-            _kill(proc)
-            raise
-        text_out, text_err = (b.decode(errors="replace") for b in (out, err))
-        n = limits.max_output_chars
-        cut = cut or len(text_out) > n or len(text_err) > n
-        return JailResult(proc.returncode, text_out[:n], text_err[:n], truncated=cut)
+        argv, kwargs = _as_jail_user(runner_argv(_interpreter()[0] or sys.executable, limits, nproc=False))
+        return await run_process(argv, payload(code, stdin), limits, cwd=workdir,
+                                 env={**JAIL_ENV, "HOME": workdir, "TMPDIR": workdir}, **kwargs)
     finally:
-        if workdir is not None:
-            shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def payload(code: str, stdin: str) -> bytes:
+    """What the prelude reads on stdin: ``<length of the code>\n<code><stdin>``."""
+    source = code.encode("utf-8", errors="replace")
+    return b"%d\n" % len(source) + source + stdin.encode("utf-8", errors="replace")
+
+
+async def run_process(argv: list[str], data: bytes, limits: JailLimits, **popen: object) -> JailResult:
+    """Start ``argv`` in a session of its own, write ``data`` to its stdin, read its output up to
+    the cap and wait for its end, all under ``limits.timeout_s`` (past it, or past the cap, the
+    process and its group are killed). No polling: the pipes and the exit wake the event loop.
+    The jail and the benchmark's bare baseline both run through here."""
+    proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE, start_new_session=True, **popen)
+    cap = limits.max_output_chars * 4
+    try:
+        out, err, cut = await asyncio.wait_for(_communicate(proc, data, cap), limits.timeout_s)
+    except asyncio.TimeoutError:
+        _kill(proc)
+        await asyncio.wait_for(proc.wait(), 10)
+        return JailResult(None, "", f"timed out after {limits.timeout_s:g} s", timed_out=True)
+    except BaseException:  # cancelled by the caller's own timeout: leave nothing running
+        _kill(proc)
+        raise
+    text_out, text_err = (b.decode(errors="replace") for b in (out, err))
+    n = limits.max_output_chars
+    cut = cut or len(text_out) > n or len(text_err) > n
+    return JailResult(proc.returncode, text_out[:n], text_err[:n], truncated=cut)
 
 
 def run_sync(coro: object) -> object:

@@ -226,3 +226,32 @@ def test_signals_to_the_call_itself_and_exit_codes_are_reported(runner):
     assert call(runner, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)").startswith("exit code")
     assert call(runner, "raise SystemExit(3)").startswith("exit code 3")
     assert signal.SIGKILL  # the host process is untouched: this line runs
+
+
+def test_no_descriptor_of_the_caller_reaches_the_code(runner, tmp_path):
+    secret = tmp_path / "held-open.txt"
+    secret.write_text("SECRET-FD-" + uuid.uuid4().hex)
+    fd = os.open(secret, os.O_RDONLY)
+    os.set_inheritable(fd, True)  # even a descriptor the caller left inheritable stays outside
+    try:
+        out = call(runner, "import os\nprint(sorted(os.listdir('/proc/self/fd')))\nfor fd in range(3, 256):\n"
+                           "    try: print(os.pread(fd, 100, 0))\n    except OSError: pass")
+    finally:
+        os.close(fd)
+    assert "SECRET-FD" not in out and out.startswith("['0', '1', '2', '3']"), out  # 3: the listing's own
+
+
+def test_setuid_programs_and_limits_give_no_privilege(runner):
+    code = ("import os, resource, subprocess\n"
+            "print([l for l in open('/proc/self/status').read().splitlines() if l.startswith(('CapEff', 'NoNewPrivs'))])\n"
+            "for cmd in (['su', '-c', 'id'], ['mount', '-t', 'tmpfs', 'none', '/work'], ['hostname', 'x']):\n"
+            "    r = subprocess.run(cmd, capture_output=True)\n    print('OK' if r.returncode == 0 else 'refused', cmd[0])\n"
+            "soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)\n"
+            "try: resource.setrlimit(resource.RLIMIT_NPROC, (hard + 1, hard + 1)); print('RAISED')\n"
+            "except (ValueError, OSError): print('refused limit')\n"
+            "for p in ('/proc/sys/kernel/core_pattern', '/proc/sys/kernel/hostname', '/proc/sysrq-trigger'):\n"
+            "    try: open(p, 'w').write('x'); print('WROTE', p)\n    except OSError: print('refused', p)")
+    out = call(runner, code)
+    assert "CapEff:\\t0000000000000000" in out and "NoNewPrivs:\\t1" in out, out
+    assert "OK" not in out and "RAISED" not in out and "WROTE" not in out, out
+    assert out.count("refused") == 7, out
