@@ -53,6 +53,48 @@ class FilterGroupsConfig:
 
 
 @dataclass(kw_only=True)
+class SFTConfig:
+    """Supervised fine-tuning data (``algorithm.family=sft``; the tokens' length also bounds the
+    ``dpo`` and ``rm`` families' pairs). verl's SFT names (``data.messages_key``, ``data.max_length``)."""
+
+    messages_key: str = "messages"
+    """The column of chat messages (verl's ``data.messages_key``); a file without it is read as a
+    ``data.prompt_key`` column with a ``response_key`` column."""
+    response_key: str = "response"
+    """The response column of prompt/response files (verl's legacy SFT ``data.response_key``)."""
+    max_length: int = 1024
+    """Tokens per row (prompt and response; verl's ``data.max_length``); longer rows follow
+    ``data.truncation`` (``error``: refused, ``right``: the end cut, ``left``: the start cut)."""
+
+    def __post_init__(self) -> None:
+        check(bool(self.messages_key), "messages_key", self.messages_key, "must name a column", "use messages")
+        check(bool(self.response_key), "response_key", self.response_key, "must name a column", "use response")
+        check_positive("max_length", self.max_length, "use e.g. 1024")
+
+
+DPO_LOSS_TYPES = ("sigmoid", "ipo")
+
+
+@dataclass(kw_only=True)
+class DPOConfig:
+    """Direct preference optimisation (``algorithm.family=dpo``), TRL's ``DPOConfig`` names."""
+
+    beta: float = 0.1
+    """The KL strength: rewards are ``beta * (log pi - log ref)`` of a completion."""
+    loss_type: str = "sigmoid"
+    """``sigmoid`` (DPO) or ``ipo`` (IPO: squared loss on length-averaged log-probs)."""
+    label_smoothing: float = 0.0
+    """The sigmoid loss's assumed label noise (cDPO); 0: none."""
+
+    def __post_init__(self) -> None:
+        check_positive("beta", self.beta, "use 0.1")
+        check_one_of("loss_type", self.loss_type, DPO_LOSS_TYPES)
+        check(0.0 <= self.label_smoothing < 0.5, "label_smoothing", self.label_smoothing, "must be in [0, 0.5)", "use 0.0")
+        check(self.loss_type == "sigmoid" or self.label_smoothing == 0.0, "label_smoothing", self.label_smoothing,
+              f"applies to the sigmoid loss only, not loss_type={self.loss_type!r}", "use 0.0")
+
+
+@dataclass(kw_only=True)
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
     """Registered advantage estimator: grpo, rloo, reinforce_plus_plus,
@@ -83,6 +125,10 @@ class AlgorithmConfig:
     """Fixed or adaptive coefficient of the KL reward penalty."""
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     """DAPO's dynamic sampling: keep only groups with a learning signal, sample more."""
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    """The supervised families' data: SFT columns, the token length of a row or pair."""
+    dpo: DPOConfig = field(default_factory=DPOConfig)
+    """DPO's loss (``algorithm.family=dpo``)."""
     rollout_is_threshold: float | None = None
     """Rollout correction (verl's key): the upper threshold of the importance weights
     ``pi_old / pi_rollout`` between the trainer's pre-update log-probs and the rollout's own.

@@ -136,6 +136,22 @@ class PolicyRole:
             temperature=self.temperature,
         )
 
+    def train_supervised(self, table: pa.Table, *, loss: str, mini_batch_rows: int, options: dict | None = None) -> dict[str, float]:
+        """SFT, DPO (the ``sft``/``dpo`` families): ``actor.ppo_epochs`` passes over this rank's
+        share with the :class:`~flowrl.algos.supervised.SupervisedLoss` at import string ``loss``
+        (``options``: its keyword arguments), one optimizer step per ``mini_batch_rows`` rows."""
+        from flowrl.roles import supervised
+
+        self.rate.before_update(self.engine.optimizer)
+        return supervised.train(self.engine, self.cfg, table, loss=loss, mini_batch_rows=mini_batch_rows,
+                                options=options or {}, mfu=self.mfu)
+
+    def supervised_logprobs(self, table: pa.Table, column: str = "logprobs") -> pa.Table:
+        """The response-token log-probs at temperature 1 (the supervised families' validation)."""
+        from flowrl.roles import supervised
+
+        return supervised.logprobs(self.engine, self.cfg, table, column)
+
     # ----------------------------------------------------------------- weights
     def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
         return self.engine.hf_state_dict()
