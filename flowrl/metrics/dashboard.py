@@ -2,8 +2,9 @@
 
 One page, top to bottom:
 
-- a header: run directory, model, algorithm, steps so far, link to the Dask dashboard (when the
-  run recorded one in ``run_info.json``);
+- a header: run directory, model, algorithm, training steps so far, and on a live page the link
+  to the Dask dashboard while it answers (the run recorded one in ``run_info.json``, and its
+  cluster still runs; an export links nothing);
 - overview curves (reward, KL, entropy, clip fraction, response length, throughput);
 - the chosen step: a Gantt of its graph nodes (``timeline.jsonl``) and a table of sampled
   prompts / responses / rewards from ``experience/step_XXXXXX.parquet``;
@@ -50,9 +51,9 @@ import numpy as np
 from flowrl.metrics.dashboard_figures import FigureMaker, RunSource, flat_span, run_color, stable_color
 from flowrl.metrics.dashboard_live import batched as _batched, filter_shows as _filter_shows
 from flowrl.metrics.dashboard_js import (ATTACH_JS, FILTER_JS, FIRST_PAINT_JS, LIVE_ATTACH_JS, PICK_STEP_JS,
-                                         SHOW_SAMPLE_JS)
-from flowrl.metrics.dashboard_step import (NODE_ORDER, gantt, header_html, samples_table, timeline_arrays,
-                                           timeline_columns)
+                                         RUN_STEPS_JS, SHOW_SAMPLE_JS)
+from flowrl.metrics.dashboard_step import (NODE_ORDER, gantt, header_html, samples_note, samples_table,
+                                           timeline_arrays, timeline_columns)
 from flowrl.metrics.groups import RESHARD_GROUP, THROUGHPUT_GROUP, group_metrics, headline_keys, keys_of
 from flowrl.metrics.run_reader import SAMPLE_DATA_COLUMNS, Changes, RunReader, run_labels
 from flowrl.metrics.timeline import overlapping_rows
@@ -99,6 +100,8 @@ class Dashboard:
         self.lock = threading.RLock()
         for reader in self.readers:
             reader.refresh()
+        if live and not self.several:
+            self.reader.check_dask_dashboard()
         self._keys = self._all_keys()
         self._figures: dict[tuple[str, str], Any] = {}
         self._grids: dict[tuple[str, tuple[str, ...]], Any] = {}
@@ -175,6 +178,10 @@ class Dashboard:
         rows; a clicked sample row shows in full."""
         from bokeh.models import CustomJS
 
+        if self.several:  # first: the chosen run's steps, then the pick below shows one of them
+            self.run_select.js_on_change("value", CustomJS(args=dict(select=self.step_select, run_select=self.run_select,
+                                                                     tl_all=self.tl_all, smp_all=self.smp_all),
+                                                           code=RUN_STEPS_JS))
         callback = CustomJS(args=dict(select=self.step_select, run_select=self.run_select, tl_all=self.tl_all,
                                       tl_shown=self.tl_shown, smp_all=self.smp_all, smp_shown=self.smp_shown,
                                       y_range=self.gantt.y_range, gantt_title=self.gantt.title,
@@ -245,7 +252,13 @@ class Dashboard:
             self.smp_all.stream(data)
 
     def _set_steps(self, initial: bool = False) -> None:
-        steps = [str(s) for s in sorted({s for r in self.readers for s in r.steps})]
+        """The step selector's options: the steps of the run shown (with several runs, the chosen
+        one's: runs of different lengths, no step without rows), the latest chosen while following."""
+        if initial and self.several:  # the first run that has a step, not one still empty
+            self.run_select.value = next((label for label, r in zip(self.labels, self.readers) if r.steps),
+                                         self.labels[0])
+        reader = self.readers[self.labels.index(self.run_select.value)] if self.several else self.reader
+        steps = [str(s) for s in reader.steps]
         old = self.step_select.value
         self.step_select.options = steps
         if steps and (initial or self.follow.active or old not in steps):
@@ -274,7 +287,7 @@ class Dashboard:
             return
         self.gantt.title.text = (f"step {step}: graph nodes, seconds since the step was submitted" if n_nodes
                                  else f"step {step}: no timeline rows")
-        self.table_note.text = f"step {step}: {n_rows} samples" if n_rows else f"step {step}: no experience Parquet"
+        self.table_note.text = samples_note(step, n_rows, self.smp_shown.data["step_rows"][0] if n_rows else 0)
 
     def _timeline_shown(self, step: int | None, run: str | None) -> dict[str, list]:
         """The Gantt's rows for ``step`` of ``run`` (None: the only run): its own, then those of
@@ -491,7 +504,9 @@ class Dashboard:
         with self.lock:
             found = [reader.refresh() for reader in self.readers]
             self.prebuild()
-            return found
+        if self.live and not self.several:  # the header's Dask link, while the run's cluster answers
+            self.reader.check_dask_dashboard()
+        return found
 
     def prebuild(self) -> None:
         """Build the figures the next :meth:`update` lays out for keys that appeared since the

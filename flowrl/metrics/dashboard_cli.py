@@ -1,10 +1,10 @@
 """``flowrl dashboard RUN_DIR [RUN_DIR ...]``: serve the per-step dashboard, or ``--export out.html``.
 
-    flowrl dashboard runs/20260101-120000                  live, http://127.0.0.1:5006/
-    flowrl dashboard runs/a runs/b                         two runs overlaid, a legend per run
-    flowrl dashboard runs/                                 every run directory inside runs/
-    flowrl dashboard runs/20260101-120000 --port 0         a free port (printed)
-    flowrl dashboard runs/20260101-120000 --export d.html  one self-contained HTML file, no server
+    flowrl dashboard runs/flowrl/grpo-1a2b3c                  live, http://127.0.0.1:5006/
+    flowrl dashboard runs/flowrl/a runs/flowrl/b              two runs overlaid, a legend per run
+    flowrl dashboard runs/                                    every run below runs/, at any depth
+    flowrl dashboard runs/flowrl/grpo-1a2b3c --port 0         a free port (printed)
+    flowrl dashboard runs/flowrl/grpo-1a2b3c --export d.html  one self-contained HTML file, no server
 
 The server binds 127.0.0.1 only (reach it from elsewhere through an SSH tunnel). ``run`` returns
 0, or 2 with ``error: ...`` on stderr for a bad directory or option.
@@ -20,7 +20,7 @@ __all__ = ["add_arguments", "run"]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN_DIR", nargs="+",
-                        help="a run directory (trainer.run_dir), finished or still running, or a directory of runs; "
+                        help="a run directory (trainer.run_dir), finished or still running, or a directory with runs below it (any depth); "
                              "several runs are overlaid")
     parser.add_argument("--port", type=int, default=5006, help="port on 127.0.0.1 (default 5006; 0: a free port)")
     parser.add_argument("--export", metavar="OUT.html", default=None,

@@ -20,6 +20,8 @@ import numpy as np
 from flowrl.metrics.dashboard_js import EMA_JS, LOG_TOGGLE_JS, SMOOTHING_JS, TICK_JS
 
 FIG_W, FIG_H = 330, 210
+#: Height of a row of a figure's legend below the plot (several runs), and the width it has.
+LEGEND_ROW_H = 16
 #: Figures with more points than this per run draw lines only (markers cost render time).
 MARKERS_UP_TO = 200
 _LOG_ICON = "data:image/svg+xml;base64," + base64.b64encode(
@@ -42,6 +44,14 @@ def run_color(index: int) -> str:
     from bokeh.palettes import Category10
 
     return Category10[10][index % 10]
+
+
+def legend_rows(labels: list[str], width: int = FIG_W - 50) -> tuple[int, int]:
+    """(entries per row, rows) of a horizontal legend of ``labels`` in ``width`` pixels (7pt
+    text: about 5 px a character, a glyph and its gaps about 26 px)."""
+    entry = 26 + 5 * max(len(label) for label in labels)
+    per_row = max(1, min(len(labels), width // entry))
+    return per_row, -(-len(labels) // per_row)
 
 
 def flat_span(values: Any) -> float | None:
@@ -130,12 +140,14 @@ class FigureMaker:
         fig.add_tools(HoverTool(renderers=hover_lines, tooltips=[("run", "$name"), ("step", "@step"), (key, field + "{%.4g}")]
                                 if several else [("step", "@step"), (key, field + "{%.4g}")],
                                 formatters={field: "printf"}, mode="vline"))
-        if several:
+        if several:  # below the plot, not over the curves; as many rows as the labels need
+            per_row, rows = legend_rows([run.label for run in self.runs])
             legend = Legend(items=[LegendItem(label=value(run.label), renderers=[line])
                                    for run, line in zip(self.runs, hover_lines)],
-                            location="top_left", label_text_font_size="7pt", background_fill_alpha=0.6, padding=1,
-                            spacing=1, glyph_height=10, label_height=10, click_policy="hide")
-            fig.add_layout(legend, "center")
+                            orientation="horizontal", ncols=per_row, label_text_font_size="7pt", padding=1,
+                            spacing=6, glyph_height=10, glyph_width=14, label_height=10, margin=2, click_policy="hide")
+            fig.add_layout(legend, "below")
+            fig.height = FIG_H + LEGEND_ROW_H * rows  # the plot keeps its height
         return fig
 
     def _blank(self, key: str, panel: str) -> Any:
@@ -147,6 +159,7 @@ class FigureMaker:
         fig.yaxis.formatter = CustomJSTickFormatter(args=dict(fig=fig), code=TICK_JS)
         fig.title.text_font_size = "9pt"
         fig.xaxis.axis_label = "step"
+        fig.xaxis[0].ticker.min_interval = 1  # steps are whole: no 0.5 ticks on a short run
         fig.xaxis.axis_label_text_font_size = "8pt"
         fig.min_border_left = 40
         toggle = CustomAction(icon=_LOG_ICON, description="log scale on/off", name=f"log:{panel}:{key}",

@@ -65,7 +65,28 @@ gantt_title.text = n_nodes ? `step ${step}: graph nodes, seconds since the step 
 // a DataTable redraws when its view's indices change, which they do not when the new step has
 // as many rows as the old one: tell it
 table.view.change.emit();
-table_note.text = n_rows ? `step ${step}: ${n_rows} samples` : `step ${step}: no experience Parquet`;
+// the table keeps a step's first rows (flowrl dashboard --max-samples): say so when there are more
+// (dashboard_step.samples_note in Python)
+const total = n_rows ? Number(smp_shown.data.step_rows[0]) : 0;
+table_note.text = !n_rows ? `step ${step}: no experience Parquet`
+  : total > n_rows ? `step ${step}: the first ${n_rows} of ${total} samples (flowrl dashboard --max-samples N shows more)`
+  : `step ${step}: ${n_rows} samples`;
+"""
+
+# Several runs on the page, the run selector changed (args: select, run_select, tl_all, smp_all):
+# the step selector offers the chosen run's steps (runs of different lengths: no step without
+# rows), keeping the chosen step when the run has it, else its last. PICK_STEP_JS then shows it.
+RUN_STEPS_JS = """
+const want = run_select.value;
+const steps = new Set();
+for (const all of [tl_all, smp_all]) {
+  const s = all.get_column("step") || [];
+  const r = all.get_column("run") || [];
+  for (let i = 0; i < s.length; i++) if (r[i] === want) steps.add(Number(s[i]));
+}
+const options = [...steps].sort((a, b) => a - b).map(String);
+select.options = options;
+if (options.length && !options.includes(select.value)) select.value = options[options.length - 1];
 """
 
 # The metric filter (args: filter, the TextInput; sections, [section, title, grid] per all-metrics

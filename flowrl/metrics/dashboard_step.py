@@ -52,6 +52,16 @@ def timeline_arrays(rows: list[tuple[str, dict]]) -> dict[str, Any]:
     return out
 
 
+def samples_note(step: int, shown: int, total: int) -> str:
+    """The line above the samples table: how many rows of the step it shows (``PICK_STEP_JS``
+    says the same in the browser)."""
+    if not shown:
+        return f"step {step}: no experience Parquet"
+    if total > shown:
+        return f"step {step}: the first {shown} of {total} samples (flowrl dashboard --max-samples N shows more)"
+    return f"step {step}: {shown} samples"
+
+
 def gantt(tl_shown: Any) -> tuple[Any, Any]:
     """The step's Gantt of graph nodes (rows of ``tl_shown``) and the note shown while there is no timeline."""
     from bokeh.models import Div, FactorRange, HoverTool, LabelSet
@@ -90,10 +100,12 @@ def samples_table(smp_shown: Any) -> Any:
 
 
 def header_html(readers: list[RunReader], labels: list[str], *, live: bool) -> str:
-    """The page's header: the run's line (with the Dask link), or a line per run in its colour."""
+    """The page's header: the run's line (live: with the Dask dashboard's link while it answers),
+    or a line per run in its colour."""
     updated = time.strftime("%H:%M:%S") if live else "static export " + time.strftime("%Y-%m-%d %H:%M")
     if len(readers) == 1:
-        return "<h1 style='margin:4px 0'>flowrl run</h1>" + run_line(readers[0], dask=True) + f"<div>updated {updated}</div>"
+        return ("<h1 style='margin:4px 0'>flowrl run</h1>" + run_line(readers[0], dask=live)
+                + f"<div>updated {updated}</div>")
     lines = "".join(f"<li><span style='color:{run_color(i)};font-weight:bold'>&#9632; {html.escape(label)}</span> "
                     f"{run_line(r, dask=False)}</li>" for i, (label, r) in enumerate(zip(labels, readers)))
     return (f"<h1 style='margin:4px 0'>flowrl: {len(readers)} runs</h1>"
@@ -101,20 +113,24 @@ def header_html(readers: list[RunReader], labels: list[str], *, live: bool) -> s
 
 
 def run_line(r: RunReader, *, dask: bool) -> str:
-    """A run's header line: directory, model, algorithm, steps, last score (and the Dask link)."""
+    """A run's header line: directory, model, algorithm, training steps logged (not a row of
+    validation alone: ``val_before_train``), last score; with ``dask``, the Dask dashboard's
+    link while it answers (``RunReader.check_dask_dashboard``; an export links nothing: the
+    run's cluster is gone by the time it is read)."""
     cfg = r.config
     model = (cfg.get("model") or {}).get("path", "?")
     algo = (cfg.get("algorithm") or {}).get("adv_estimator", "?")
     total = (cfg.get("trainer") or {}).get("total_training_steps", "?")
-    steps = sorted(r.metrics)
+    steps = r.training_steps
     score = r.metrics[steps[-1]].get(names.SCORE_MEAN) if steps else None
     text = (f"<div><code>{html.escape(str(r.run_dir))}</code></div>"
             f"<div>model <code>{html.escape(str(model))}</code> &middot; {html.escape(str(algo))} &middot; "
             f"<b>{len(steps)}</b> / {html.escape(str(total))} steps logged"
             + (f" &middot; last {names.SCORE_MEAN} <b>{score:.4f}</b>" if isinstance(score, (int, float)) and math.isfinite(score) else ""))
-    if dask:
-        link = r.dask_dashboard
-        text += " &middot; " + (f"<a href='{html.escape(link)}' target='_blank' id='dask-dashboard'>Dask dashboard</a>" if link
-                                else "Dask dashboard: not recorded (set cluster.dashboard=true)")
+    link = r.dask_dashboard
+    if dask and link and r.dask_answers:
+        text += f" &middot; <a href='{html.escape(link)}' target='_blank' id='dask-dashboard'>Dask dashboard</a>"
+    elif dask and link:
+        text += " &middot; Dask dashboard: not answering (the run's cluster has stopped)"
     note = f" &middot; {html.escape(r.tokenizer_note)}" if r.tokenizer_note else ""
     return text + note + "</div>"

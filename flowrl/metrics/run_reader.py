@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import threading
+import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -33,8 +34,9 @@ RUN_INFO_FILE = "run_info.json"
 SAMPLE_COLUMNS = ("step", "uid", "group", "data_source", "prompt", "response", "ground_truth", "score",
                   "response_length", "advantage", "num_turns", "tool_calls")
 #: Per-sample data besides the shown columns: the response as turns (JSON ``[[kind, text], ...]``,
-#: kind 1 the model's tokens, 0 a tool's answer), for the conversation view of a clicked row.
-SAMPLE_DATA_COLUMNS = SAMPLE_COLUMNS + ("turns",)
+#: kind 1 the model's tokens, 0 a tool's answer), for the conversation view of a clicked row; and
+#: how many rows the step's Parquet holds (the table keeps the first ``max_samples``).
+SAMPLE_DATA_COLUMNS = SAMPLE_COLUMNS + ("turns", "step_rows")
 
 
 @dataclass
@@ -85,6 +87,8 @@ class RunReader:
         self._partial = ""
         self._hash = hashlib.blake2b(digest_size=16)  # of the bytes read so far (what _PARSED checks)
         self._timeline_sig: tuple[int, int] | None = None
+        self.dask_answers = False  # whether the recorded Dask dashboard answered (check_dask_dashboard)
+        self._dask_checked: tuple[str | None, float] = (None, -math.inf)  # link, when
 
     # ----------------------------------------------------------------- static facts
     @property
@@ -111,8 +115,26 @@ class RunReader:
 
     @property
     def dask_dashboard(self) -> str | None:
+        """The Dask dashboard's address the run recorded (None: its cluster served none)."""
         link = self.run_info.get("dask_dashboard")
         return link if isinstance(link, str) and link else None
+
+    def check_dask_dashboard(self, *, timeout_s: float = 1.0, every_s: float = 10.0) -> bool:
+        """Whether the recorded Dask dashboard answers (its scheduler's ``/health``), asked at
+        most every ``every_s`` (the last answer meanwhile) and kept in :attr:`dask_answers`: a
+        finished run's cluster is gone, and a link to it is dead. Blocks up to ``timeout_s``:
+        a live server asks from its worker thread."""
+        link, now = self.dask_dashboard, time.monotonic()
+        if link != self._dask_checked[0] or now - self._dask_checked[1] >= every_s:
+            self.dask_answers = link is not None and _answers(link, timeout_s)
+            self._dask_checked = (link, now)
+        return self.dask_answers
+
+    @property
+    def training_steps(self) -> list[int]:
+        """Steps of ``metrics.jsonl`` that trained: not a row of validation metrics alone (verl
+        logs ``val_before_train`` at step 0, before training step 1; a run may count from 0 or 1)."""
+        return sorted(s for s, row in self.metrics.items() if any(not is_validation_key(k) for k in row if k != "step"))
 
     # ----------------------------------------------------------------- reading
     def refresh(self) -> Changes:
@@ -203,8 +225,7 @@ class RunReader:
         except Exception as exc:  # noqa: BLE001 - still being written, or not Parquet: retry later
             log.debug("cannot read %s yet: %s", path, exc)
             return None
-        table = table.slice(0, self.max_samples)
-        return sample_columns(table, step, self._decoder())
+        return sample_columns(table.slice(0, self.max_samples), step, self._decoder(), step_rows=table.num_rows)
 
     def load_tokenizer(self) -> None:
         """Load the tokenizer the samples are decoded with now, not at the first refresh that
@@ -315,6 +336,24 @@ def _parse_metric_row(line: str) -> dict | None:
     return {k: v for k, v in row.items() if k == "step" or v is None or isinstance(v, (int, float))}
 
 
+def is_validation_key(key: str) -> bool:
+    """A validation metric (verl's ``val-core/...``, ``val-aux/...``; ``val/...``)."""
+    return key.startswith(("val-", "val/"))
+
+
+def _answers(link: str, timeout_s: float) -> bool:
+    """Whether the Dask dashboard at ``link`` answers: its server's ``/health`` says ok."""
+    import urllib.parse
+    import urllib.request
+
+    url = urllib.parse.urlsplit(link)
+    try:
+        with urllib.request.urlopen(f"{url.scheme}://{url.netloc}/health", timeout=timeout_s) as response:
+            return response.status == 200
+    except (OSError, ValueError):  # refused, timed out, an HTTP error (404), a malformed link
+        return False
+
+
 def _num(v: Any) -> float:
     if v is None or isinstance(v, bool):
         return math.nan
@@ -333,9 +372,10 @@ def _load_tokenizer(model_path: str) -> tuple[Any, str]:
         return None, f"token ids shown (cannot load the tokenizer of {model_path}: {type(exc).__name__})"
 
 
-def sample_columns(table: Any, step: int, tokenizer: Any = None) -> dict[str, list]:
-    """The samples table's columns (:data:`SAMPLE_COLUMNS`) for an experience table: texts
-    decoded with ``tokenizer`` (special tokens kept, so EOS shows), or the ids as text."""
+def sample_columns(table: Any, step: int, tokenizer: Any = None, *, step_rows: int | None = None) -> dict[str, list]:
+    """The samples table's columns (:data:`SAMPLE_DATA_COLUMNS`) for an experience table: texts
+    decoded with ``tokenizer`` (special tokens kept, so EOS shows), or the ids as text;
+    ``step_rows``: the rows of the step's whole table (None: ``table``'s)."""
     n = table.num_rows
     names = set(table.column_names)
 
@@ -367,6 +407,7 @@ def sample_columns(table: Any, step: int, tokenizer: Any = None) -> dict[str, li
         "num_turns": [int(t) if t is not None else 1 for t in col("num_turns", None)],
         "tool_calls": [int(t) if t is not None else 0 for t in col("tool_calls", None)],
         "turns": [json.dumps(turn_texts(r or [], sp, text)) for r, sp in zip(responses, spans)],
+        "step_rows": [n if step_rows is None else int(step_rows)] * n,
     }
 
 
@@ -380,28 +421,59 @@ def turn_texts(response_ids: list[int], spans: list | None, decode: Any) -> list
     return [[int(kind), t] for (_, _, kind), t in zip(spans, decode(pieces))]
 
 
+#: Directories :func:`find_runs` looks at below one path at most (a mistyped ``~`` is refused, not walked).
+MAX_DIRS_SEARCHED = 20_000
+RUN_DIR_HINT = "the directory a run wrote (its last line says 'run dir ...'; by default runs/<project>/<experiment>)"
+
+
 def find_runs(paths: list[str | Path]) -> list[Path]:
-    """The run directories named by ``paths``: a run directory itself, or a directory of runs
-    (its subdirectories that are runs, sorted by name). Raises ``ValueError`` naming the path
-    and the fix for a path that is neither, and when a run is named twice."""
+    """The run directories named by ``paths``: a run directory itself, or a directory with runs
+    at any depth below it (``runs/`` holds ``runs/<project>/<experiment>``), sorted by path; a
+    run's own subdirectories are not searched. Raises ``ValueError`` naming the path and the fix
+    for a path that is neither, and when a run is named twice."""
     runs: list[Path] = []
     for raw in paths:
         path = Path(raw)
         if not path.is_dir():
-            raise ValueError(f"RUN_DIR {path}: no such directory; fix: pass the trainer.run_dir of a run, or a directory of runs")
+            raise ValueError(f"RUN_DIR {path}: no such directory; fix: pass {RUN_DIR_HINT}")
         if is_run_dir(path):
             runs.append(path)
             continue
-        inside = sorted(p for p in path.iterdir() if p.is_dir() and is_run_dir(p))
+        inside = runs_below(path)
         if not inside:
-            raise ValueError(f"RUN_DIR {path}: not a flowrl run directory (no config.yaml, metrics.jsonl or "
-                             "experience/) and holds none; fix: pass the trainer.run_dir of a run, or a directory of runs")
+            raise ValueError(f"RUN_DIR {path}: no flowrl run in it or below it (a run directory holds config.yaml, "
+                             f"metrics.jsonl or experience/); fix: pass {RUN_DIR_HINT}, or start a run there first")
         runs += inside
     resolved = [p.resolve() for p in runs]
     twice = sorted({str(p) for p in resolved if resolved.count(p) > 1})
     if twice:
         raise ValueError(f"RUN_DIR {twice[0]}: named twice; fix: name each run once")
     return runs
+
+
+def runs_below(root: Path) -> list[Path]:
+    """The run directories below ``root`` at any depth, sorted by path; hidden directories and
+    links are skipped, and a run's own subdirectories (experience/, checkpoints/) not searched."""
+    import os
+
+    found: list[Path] = []
+    searched = 0
+    for folder, subdirs, _ in os.walk(root):
+        searched += 1
+        if searched > MAX_DIRS_SEARCHED:
+            raise ValueError(f"RUN_DIR {root}: more than {MAX_DIRS_SEARCHED} directories below it and no end of the "
+                             f"search in sight; fix: pass a directory closer to the runs, e.g. {RUN_DIR_HINT}")
+        keep = []
+        for name in sorted(subdirs):
+            sub = Path(folder) / name
+            if name.startswith(".") or sub.is_symlink():
+                continue
+            if is_run_dir(sub):
+                found.append(sub)
+            else:
+                keep.append(name)
+        subdirs[:] = keep
+    return sorted(found)
 
 
 def is_run_dir(path: Path) -> bool:

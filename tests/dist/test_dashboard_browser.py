@@ -3,9 +3,11 @@
 Checks what rendered, not only that the server answered: metric curves (canvases of the
 ``metric:<key>`` figures, one per metrics.jsonl key), the node timeline (the Gantt's rows for the
 chosen step), the samples table (decoded prompts in the DataTable's cells), the reshard and
-throughput panels, the Dask dashboard link; then a full-page screenshot that must not be blank,
-saved under ``test-artifacts/``. The same checks run on the ``--export`` HTML opened from
-``file://``, and a live server picks up a step written after the page opened.
+throughput panels, no dead link to the finished run's Dask dashboard; then a full-page screenshot
+that must not be blank, saved under ``test-artifacts/``. The same checks run on the ``--export``
+HTML opened from ``file://``, and a live server opened before the first step shows every
+section's figures as the steps are written. Step numbers are read from the run's files (a run
+counts from 0 or from 1).
 """
 
 from __future__ import annotations
@@ -97,8 +99,19 @@ def metric_keys(run_dir: Path) -> set[str]:
     return {k for row in rows for k in row if k != "step"}
 
 
-def check_panels(browser: Chromium, run_dir: Path, shot: str) -> dict:
+def sample_steps(run_dir: Path) -> list[int]:
+    """The steps with experience Parquet (a run counts from 0 or from 1: read, not assumed)."""
+    return sorted(int(p.stem.split("_")[1]) for p in (run_dir / "experience").glob("step_*.parquet"))
+
+
+SHOWN_FIGURES_JS = (f"[...{DOC}.all_models].filter(m => m.name && /^(overview|throughput|reshard|metric):/.test(m.name))"
+                    ".filter(m => { const v = Bokeh.index.find_one(m); return v != null && v.el.checkVisibility(); })"
+                    ".map(m => m.name)")
+
+
+def check_panels(browser: Chromium, run_dir: Path, shot: str, *, live: bool) -> dict:
     """The assertions both the live page and the exported file must pass."""
+    first, *_, last = sample_steps(run_dir)
     browser.wait_for(READY_JS, timeout_s=90)
     # every metric key has its figure, and every figure drew (a canvas with a size)
     names = browser.evaluate(f"{DOC}.all_models ? [...{DOC}.all_models].map(m => m.name).filter(n => n) : []")
@@ -115,38 +128,41 @@ def check_panels(browser: Chromium, run_dir: Path, shot: str) -> dict:
     probe = browser.wait_for(f"(() => {{ const p = {DOM_PROBE_JS.strip()}; return p.canvases >= {len(keys)} ? p : null; }})()",
                              timeout_s=60)
     for text in ("Overview", "Step", "Throughput", "Reshard", "All metrics",
-                 "critic/", "actor/", "timing_s/", "perf/", "response_length/", "step 2: 32 samples"):
+                 "critic/", "actor/", "timing_s/", "perf/", "response_length/", f"step {last}: 32 samples"):
         assert text in probe["text"], text
     assert ("no reshard metrics yet" in probe["text"]) == (not reshard)
     # the samples table: decoded prompts ("12+34=") and their ground truths, in the grid's cells
     prompts = [c for c in probe["cells"] if re.fullmatch(r"\d+\+\d+=", c)]
     assert len(prompts) >= 8, probe["cells"][:40]
-    first_uid = {step: pq.read_table(ex.step_path(run_dir, step)).column("uid")[0].as_py() for step in (0, 2)}
-    assert first_uid[2] in probe["cells"] and first_uid[0] not in probe["cells"]
+    first_uid = {step: pq.read_table(ex.step_path(run_dir, step)).column("uid")[0].as_py() for step in (first, last)}
+    assert first_uid[last] in probe["cells"] and first_uid[first] not in probe["cells"]
     # the timeline of the chosen step: one bar per graph node, in order of start
     shown = browser.evaluate(f"{DOC}.get_model_by_name('timeline_shown').data")
-    assert set(shown["step"]) == {2}
+    assert set(shown["step"]) == {last}
     recorded = [json.loads(line) for line in (run_dir / "timeline.jsonl").read_text().splitlines()]
-    assert set(shown["node"]) == {r["node"] for r in recorded if r["step"] == 2}
+    assert set(shown["node"]) == {r["node"] for r in recorded if r["step"] == last}
     # every node of the graph, the weight sync (collected after the step's result) included
     assert {"gen", "reward", "ref", "adv", "update_actor", "collect"} < set(shown["node"])
     assert shown["node"][0] == "gen" and all(e >= s >= 0 for s, e in zip(shown["start"], shown["end"]))
     factors = browser.evaluate(f"{DOC}.get_model_by_name('timeline').y_range.factors")
     assert factors[-1] == "gen"  # the first node on top
-    # the Dask dashboard link the run recorded
-    assert json.loads((run_dir / "run_info.json").read_text())["dask_dashboard"] in probe["links"]
+    # the Dask dashboard the run recorded: its cluster is gone (the run ended), so no link to it:
+    # a live page says it does not answer, an export (read later, anywhere) says nothing of it
+    link = json.loads((run_dir / "run_info.json").read_text())["dask_dashboard"]
+    assert link not in probe["links"]
+    assert ("Dask dashboard: not answering" in probe["text"]) == live and (live or "Dask" not in probe["text"])
     # choosing another step swaps the timeline and the table, in the browser
-    browser.evaluate(f"{DOC}.get_model_by_name('step_select').value = '0'")
-    browser.wait_for(f"{DOC}.get_model_by_name('samples_note').text === 'step 0: 32 samples'", timeout_s=60)
+    browser.evaluate(f"{DOC}.get_model_by_name('step_select').value = '{first}'")
+    browser.wait_for(f"{DOC}.get_model_by_name('samples_note').text === 'step {first}: 32 samples'", timeout_s=60)
     shown0 = browser.evaluate(f"{DOC}.get_model_by_name('timeline_shown').data")
-    # step 0's own rows, plus rows of later steps that ran meanwhile (the weight sync of step 0
-    # overlaps step 1's submission), named by their step
-    assert 0 in set(shown0["step"]) and {n for n, s in zip(shown0["node"], shown0["step"]) if s == 0} == \
-        {r["node"] for r in recorded if r["step"] == 0}
-    assert all(n.endswith(f"(step {s})") for n, s in zip(shown0["node"], shown0["step"]) if s != 0)
-    # ... and the grid's cells show step 0's rows (a DataTable can keep drawing stale rows)
-    browser.wait_for(f"(() => {{ const p = {DOM_PROBE_JS.strip()}; return p.cells.includes({json.dumps(first_uid[0])})"
-                     f" && !p.cells.includes({json.dumps(first_uid[2])}); }})()", timeout_s=30)
+    # the first step's own rows, plus rows of later steps that ran meanwhile (its weight sync
+    # overlaps the next step's submission), named by their step
+    assert first in set(shown0["step"]) and {n for n, s in zip(shown0["node"], shown0["step"]) if s == first} == \
+        {r["node"] for r in recorded if r["step"] == first}
+    assert all(n.endswith(f"(step {s})") for n, s in zip(shown0["node"], shown0["step"]) if s != first)
+    # ... and the grid's cells show the first step's rows (a DataTable can keep drawing stale rows)
+    browser.wait_for(f"(() => {{ const p = {DOM_PROBE_JS.strip()}; return p.cells.includes({json.dumps(first_uid[first])})"
+                     f" && !p.cells.includes({json.dumps(first_uid[last])}); }})()", timeout_s=30)
     path = browser.screenshot(ARTIFACTS / shot)
     assert_not_blank(path)
     print(f"screenshot: {path}")
@@ -170,7 +186,7 @@ def test_live_dashboard_renders_curves_timeline_and_samples(run_dir):
     try:
         with Chromium() as browser:
             browser.open(server.url)
-            check_panels(browser, run_dir, "dashboard_live.png")
+            check_panels(browser, run_dir, "dashboard_live.png", live=True)
     finally:
         server.close()
 
@@ -186,42 +202,59 @@ def test_exported_html_opens_without_a_server(run_dir, tmp_path):
     assert "cdn.bokeh.org" not in html and "<script" in html  # BokehJS inlined: opens offline
     with Chromium() as browser:
         browser.open(out.as_uri())
-        check_panels(browser, run_dir, "dashboard_export.png")
+        check_panels(browser, run_dir, "dashboard_export.png", live=False)
         check_formats_filter_colours_and_width(browser)
 
 
-def test_live_dashboard_follows_a_running_run(run_dir, tmp_path):
-    """Steps written after the page opened appear without a reload (the server re-reads the
-    files): start from a copy holding step 0 only, then write steps 1 and 2 into it."""
+def test_live_dashboard_opened_before_the_first_step_follows_the_run(run_dir, tmp_path):
+    """Issue 35: a page opened before the run's first step (what people do) shows every
+    section's figures by the end of the run, without a reload, and follows the latest step:
+    start from a copy holding what a run writes before its first step, open the page, then
+    write the run's steps into it one by one."""
     live = tmp_path / "live"
     (live / "experience").mkdir(parents=True)
     for name in ("config.yaml", "run_info.json"):
         shutil.copy(run_dir / name, live / name)
-    metrics = (run_dir / "metrics.jsonl").read_text().splitlines(keepends=True)
-    timeline = [line for line in (run_dir / "timeline.jsonl").read_text().splitlines(keepends=True)]
+    metrics = {json.loads(line)["step"]: line for line in (run_dir / "metrics.jsonl").read_text().splitlines(keepends=True)}
+    timeline = (run_dir / "timeline.jsonl").read_text().splitlines(keepends=True)
+    steps = sorted(metrics)
 
     def write_step(step: int) -> None:
         with open(live / "metrics.jsonl", "a") as fh:
             fh.write(metrics[step])
         with open(live / "timeline.jsonl", "a") as fh:
             fh.writelines(line for line in timeline if json.loads(line)["step"] == step)
-        name = f"step_{step:06d}.parquet"
-        shutil.copy(run_dir / "experience" / name, live / "experience" / name)
+        path = ex.step_path(run_dir, step)
+        if path.is_file():
+            shutil.copy(path, ex.step_path(live, step))
 
-    write_step(0)
     server = DashboardServer(live, interval_s=0.3)
     try:
         with Chromium() as browser:
             browser.open(server.url)
-            browser.wait_for(READY_JS, timeout_s=90)
-            assert browser.evaluate(f"{DOC}.get_model_by_name('step_select').options") == ["0"]
-            write_step(1)
-            write_step(2)
-            # the server re-reads the files, pushes the new rows, and the page lays out the new curves
-            browser.wait_for(f"{DOC}.get_model_by_name('step_select').value === '2'", timeout_s=120)
-            assert browser.evaluate(f"{DOC}.get_model_by_name('metrics').data.step.length") == 3
-            browser.wait_for(f"{DOC}.get_model_by_name('samples_note').text === 'step 2: 32 samples'", timeout_s=60)
-            browser.wait_for(f"new Set({DOC}.get_model_by_name('timeline_shown').data.step).has(2)", timeout_s=60)
+            browser.wait_for(f"window.Bokeh && Bokeh.documents.length > 0 && {DOC}.get_model_by_name('header') !== null"
+                             " && performance.getEntriesByName('flowrl:first-paint').length"
+                             " + performance.getEntriesByName('flowrl:all-metrics').length > 0", timeout_s=90)
+            assert browser.evaluate(f"{DOC}.get_model_by_name('step_select').options") == []
+            for step in steps:
+                write_step(step)
+                browser.wait_for(f"{DOC}.get_model_by_name('metrics').data.step.includes({step})", timeout_s=60)
+            # every section's figures, drawn: one per key in All metrics, the perf/* and
+            # reshard/* panels, the overview
+            keys = metric_keys(run_dir)
+            wanted = ({f"metric:{k}" for k in keys} | {f"throughput:{k}" for k in keys if k.startswith("perf/")}
+                      | {f"reshard:{k}" for k in keys if k.startswith("reshard/")} | {"overview:critic/score/mean"})
+            shown = browser.wait_for(f"(() => {{ const s = {SHOWN_FIGURES_JS}; return s.length >= {len(wanted)} ? s : null; }})()",
+                                     timeout_s=120)
+            assert wanted <= set(shown), wanted - set(shown)
+            last = sample_steps(run_dir)[-1]
+            browser.wait_for(f"{DOC}.get_model_by_name('step_select').value === '{last}'", timeout_s=60)
+            browser.wait_for(f"{DOC}.get_model_by_name('samples_note').text === 'step {last}: 32 samples'", timeout_s=60)
+            browser.wait_for(f"new Set({DOC}.get_model_by_name('timeline_shown').data.step).has({last})", timeout_s=60)
+            assert browser.evaluate(f"{DOC}.get_model_by_name('metrics').data.step") == steps
+            probe = browser.evaluate(DOM_PROBE_JS)
+            assert probe["canvases"] >= len(wanted), probe["canvases"]
+            print(f"screenshot: {browser.screenshot(ARTIFACTS / 'dashboard_live_from_step_0.png')}")
     finally:
         server.close()
 

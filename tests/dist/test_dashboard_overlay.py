@@ -33,6 +33,7 @@ ARTIFACTS = Path(os.environ.get("FLOWRL_TEST_ARTIFACTS", Path(__file__).parents[
 DOC = "Bokeh.documents[0]"
 KEY = "critic/score/mean"
 STEPS = 40
+SHORTER = 30
 #: A dozen of a default run's keys (each figure costs render time; the render benchmark uses all).
 KEYS = ("critic/score/mean", "critic/score/max", "critic/score/min", "actor/grad_norm", "actor/entropy", "actor/lr",
         "actor/pg_loss", "timing_s/gen", "timing_s/step", "response_length/mean", "perf/throughput")
@@ -68,7 +69,8 @@ def shot(browser: Chromium, name: str, path: str) -> Path:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("runs")
-    a = write_synthetic_run(root / "a_async", STEPS, seed=0, staleness=1, agent=True, keys=KEYS)
+    # runs of different lengths: the first one shorter (the step section must not open on a step it lacks)
+    a = write_synthetic_run(root / "a_async", SHORTER, seed=0, staleness=1, agent=True, keys=KEYS)
     write_synthetic_run(root / "b_sync", STEPS, seed=1, lift=0.25, tokenizer_dir=a / "tokenizer", keys=KEYS)
     return root
 
@@ -108,6 +110,25 @@ def test_several_runs_overlay_with_a_legend_and_the_filter(page, runs):
     assert sorted(visible) == ["metric:critic/score/max", "metric:critic/score/mean", "metric:critic/score/min"]
     shot(page, "all_metrics", "dashboard_overlay_filtered.png")
     page.evaluate(f"{model('metric_filter')}.value_input = ''")
+
+
+def test_runs_of_different_lengths_open_on_a_step_with_rows(page):
+    """Issue 35: the page opens on the chosen run's last step (its Gantt and samples drawn), and
+    the step selector offers the chosen run's steps: switching to a shorter run that lacks the
+    step shown moves to its last step."""
+    assert page.evaluate(f"{model('run_select')}.value") == "a_async"
+    assert page.evaluate(f"{model('step_select')}.options") == [str(s) for s in range(SHORTER)]
+    assert page.evaluate(f"{model('step_select')}.value") == str(SHORTER - 1)
+    assert page.evaluate(f"{model('samples_shown')}.data.step.length") > 0
+    assert set(page.evaluate(f"{model('timeline_shown')}.data.step")) >= {SHORTER - 1}
+    page.evaluate(f"{model('run_select')}.value = 'b_sync'")
+    page.wait_for(f"{model('step_select')}.options.length === {STEPS}", timeout_s=30)
+    page.evaluate(f"{model('step_select')}.value = '{STEPS - 1}'")
+    page.wait_for(f"{model('samples_note')}.text.startsWith('step {STEPS - 1}: 16 samples')", timeout_s=30)
+    page.evaluate(f"{model('run_select')}.value = 'a_async'")
+    page.wait_for(f"{model('step_select')}.value === '{SHORTER - 1}'", timeout_s=30)
+    page.wait_for(f"{model('samples_note')}.text.startsWith('step {SHORTER - 1}: 16 samples')", timeout_s=30)
+    assert set(page.evaluate(f"{model('samples_shown')}.data.run")) == {"a_async"}
 
 
 def test_smoothing_slider_smooths_every_run_as_tensorboard_does(page, runs):

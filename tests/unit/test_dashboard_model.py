@@ -220,9 +220,19 @@ def test_find_runs_expands_a_directory_of_runs_and_labels_them(tmp_path):
     (tmp_path / "runs" / "notes").mkdir()  # not a run: skipped
     assert [p.name for p in find_runs([tmp_path / "runs"])] == ["a", "b"]
     assert [p.name for p in find_runs([tmp_path / "runs" / "b", tmp_path / "runs" / "a"])] == ["b", "a"]
-    with pytest.raises(ValueError, match="holds none; fix:"):
+    # runs at any depth (runs/<project>/<experiment>), not inside a run's own folders
+    deep = tmp_path / "runs" / "proj" / "exp"
+    (deep / "experience").mkdir(parents=True)
+    (deep / "config.yaml").write_text("{}")
+    (deep / "checkpoints" / "inner").mkdir(parents=True)
+    (deep / "checkpoints" / "inner" / "metrics.jsonl").write_text("")
+    assert [p.relative_to(tmp_path / "runs").as_posix() for p in find_runs([tmp_path / "runs"])] == \
+        ["a", "b", "proj/exp"]
+    # the fix names what to pass, not what the user passed ("a directory of runs")
+    with pytest.raises(ValueError, match=r"notes: no flowrl run in it or below it .*fix: pass the directory a run "
+                                         r"wrote \(its last line says 'run dir \.\.\.'; by default runs/<project>"):
         find_runs([tmp_path / "runs" / "notes"])
-    with pytest.raises(ValueError, match="no such directory"):
+    with pytest.raises(ValueError, match="no such directory; fix: pass the directory a run wrote"):
         find_runs([tmp_path / "nope"])
     with pytest.raises(ValueError, match="named twice"):
         find_runs([tmp_path / "runs", tmp_path / "runs" / "a"])
@@ -281,6 +291,15 @@ def test_two_runs_overlay_in_one_page_with_a_legend_and_a_run_selector(tmp_path)
     write_step(runs[1], 2)
     changes = dash.update()
     assert changes.new_sample_steps == [2] and list(dash.metric_srcs[1].data["step"]) == [0, 1, 2]
+    # runs of different lengths (issue 35): the step selector offers the chosen run's steps, so
+    # following the latest step never lands on one the run shown lacks (an empty table and Gantt)
+    assert dash.step_select.options == ["0", "1"] and dash.step_select.value == "1"
+    assert dash.smp_shown.data["uid"] == ["1-0", "1-1", "1-2"] and dash.tl_shown.data["node"]
+    # a page whose first run has no step yet opens on the next run's
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "config.yaml").write_text("{}")
+    late = Dashboard([tmp_path / "c", *runs])
+    assert late.run_select.value == "a" and late.step_select.value == "1" and late.smp_shown.data["uid"]
     assert "log:metric:critic/score/mean" in figs and figs["smoothing"].value == 0.0
 
 
@@ -308,3 +327,93 @@ def test_a_page_opened_before_the_first_step_shows_every_figure_once_steps_come(
              for fig in pane.elements if type(fig).__name__ == "figure"}
     assert {f"metric:{k}" for k in keys} <= shown
     assert {"throughput:perf/throughput", "reshard:reshard/bytes", "overview:critic/score/mean"} <= shown
+
+
+@pytest.mark.parametrize("first", [0, 1])
+def test_a_run_counting_from_0_or_from_1_reads_the_same(tmp_path, first):
+    """Issue 35: verl counts training steps from 1 and logs ``val_before_train`` at step 0 (a row
+    of validation metrics alone); older flowrl runs count from 0. Both read as 3 training steps,
+    the step selector offers the steps the run wrote and opens on its last."""
+    pytest.importorskip("bokeh")
+    from flowrl.metrics.dashboard import Dashboard
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump({"trainer": {"total_training_steps": 3}}))
+    if first == 1:  # validation before training: its own row at step 0
+        with open(run / "metrics.jsonl", "a") as fh:
+            fh.write(json.dumps({"step": 0, "val-core/arith/reward/mean@1": 0.25, "val-aux/num_samples": 8}) + "\n")
+    steps = [first, first + 1, first + 2]
+    for step in steps:
+        write_step(run, step)
+    reader = RunReader(run)
+    reader.refresh()
+    assert reader.training_steps == steps
+    dash = Dashboard(run)
+    assert "<b>3</b> / 3 steps logged" in dash.header.text
+    assert "last critic/score/mean <b>" + f"{0.1 * steps[-1]:.4f}" in dash.header.text
+    assert dash.step_select.options == [str(s) for s in steps] and dash.step_select.value == str(steps[-1])
+    assert dash.smp_shown.data["uid"] == [f"{steps[-1]}-{i}" for i in range(3)]
+    assert list(dash.metrics_src.data["step"]) == ([0] if first else []) + steps
+
+
+def test_samples_note_says_when_the_table_keeps_a_steps_first_rows(run_dir):
+    """Issue 35: a step of more rows than ``max_samples`` says how many it holds, not "64 samples"."""
+    pytest.importorskip("bokeh")
+    from flowrl.metrics.dashboard import Dashboard
+
+    dash = Dashboard(run_dir, max_samples=2)  # each step wrote 3 rows
+    assert dash.table_note.text == "step 1: the first 2 of 3 samples (flowrl dashboard --max-samples N shows more)"
+    assert Dashboard(run_dir).table_note.text == "step 1: 3 samples"
+
+
+def test_dask_link_only_while_it_answers_and_never_in_an_export(run_dir, tmp_path):
+    """Issue 35: the header links the run's Dask dashboard on a live page while it answers (its
+    /health); a stopped cluster's link is not drawn as a link, and an export has none."""
+    pytest.importorskip("bokeh")
+    import http.server
+    import threading
+
+    from flowrl.metrics.dashboard import Dashboard
+    from flowrl.metrics.dashboard_server import export_html
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    link = f"http://127.0.0.1:{server.server_port}/status"
+    (run_dir / "run_info.json").write_text(json.dumps({"dask_dashboard": link}))
+    try:
+        assert f"href='{link}'" in Dashboard(run_dir, live=True).header.text
+        export = export_html(run_dir, tmp_path / "d.html").read_text()
+        assert link not in export and "Dask dashboard" not in export
+    finally:
+        server.shutdown()
+        server.server_close()
+    page = Dashboard(run_dir, live=True)
+    assert link not in page.header.text and "Dask dashboard: not answering" in page.header.text
+
+
+def test_step_axes_tick_whole_steps_and_overlay_legends_sit_below_the_plot(run_dir, tmp_path):
+    """Issue 35: no 0.5 ticks on a 3-step run; several runs' legend below the curves, not over them."""
+    pytest.importorskip("bokeh")
+    from flowrl.metrics.dashboard import Dashboard
+    from flowrl.metrics.dashboard_figures import FIG_H
+
+    figs = {m.name: m for m in Dashboard(run_dir).layout.references() if type(m).__name__ == "figure"}
+    assert figs["metric:actor/pg_loss"].xaxis[0].ticker.min_interval == 1
+    assert not figs["metric:actor/pg_loss"].legend
+    other = tmp_path / "other"
+    other.mkdir()
+    write_step(other, 0)
+    figs = {m.name: m for m in Dashboard([run_dir, other]).layout.references() if type(m).__name__ == "figure"}
+    fig = figs["metric:actor/pg_loss"]
+    assert fig.legend[0] in fig.below and not fig.center[2:] and fig.height > FIG_H
+    assert fig.legend[0].orientation == "horizontal" and fig.legend[0].ncols == 2
