@@ -85,19 +85,12 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 
 def console_line(step: int, total: int, metrics: dict[str, float]) -> str:
-    """``step 3/60  score=0.41  ...`` (verl's step: 1 .. total; validation before training is
-    step 0), then the validation means (``val-core/<data_source>/.../mean@n``) when the row has them."""
-    parts = [f"step {step}/{total}"]
-    shown = [(key, label) for key, label in CONSOLE_KEYS if key in metrics]
-    shown += [(key, key) for key in sorted(metrics) if key.startswith(VAL_CORE) and "/mean@" in key]
-    for key, label in shown:
-        v = metrics[key]
-        parts.append(f"{label}={v:.3f}" if abs(v) < 1000 else f"{label}={v:.0f}")
+    parts = [f"step {step + 1}/{total}"]
+    for key, label in CONSOLE_KEYS:
+        if key in metrics:
+            v = metrics[key]
+            parts.append(f"{label}={v:.3f}" if abs(v) < 1000 else f"{label}={v:.0f}")
     return "  ".join(parts)
-
-
-VAL_CORE = "val-core/"
-"""verl's prefix of the validation metrics a run is judged by (``val-core/<data_source>/...``)."""
 
 
 class ConsoleLogger:
@@ -115,9 +108,8 @@ class ConsoleLogger:
 
 
 class TensorBoardLogger:
-    """Scalars to TensorBoard event files under ``log_dir`` (x axis: the step as logged, verl's
-    1-based step, as the ``step`` of metrics.jsonl). Non-finite values are skipped, as JSONL
-    writes them as null."""
+    """Scalars to TensorBoard event files under ``log_dir`` (x axis: the 0-based step, as the
+    ``step`` of metrics.jsonl). Non-finite values are skipped, as JSONL writes them as null."""
 
     def __init__(self, log_dir: str | Path) -> None:
         try:
