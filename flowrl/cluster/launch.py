@@ -189,7 +189,8 @@ def start_cluster(cfg: Any, pools: list[Pool], *, log_dir: str | Path | None = N
     elif cfg.kind == "slurm":
         handle = _start_slurm(cfg, pools, log_dir=log_dir, controller=controller, scratch_dir=scratch_dir)
     else:
-        handle = _start_local(cfg, pools, controller=controller, scratch_dir=scratch_dir, memory_limit=memory_limit)
+        handle = _start_local(cfg, pools, controller=controller, scratch_dir=scratch_dir, memory_limit=memory_limit,
+                              model_path=str(model_path or ""))
     try:
         _wait_for_workers(handle, total, cfg.startup_timeout_s, log_dir)
         workers = handle.client.scheduler_info(n_workers=-1)["workers"]
@@ -251,7 +252,7 @@ def _scale_pool(cluster: Any, base: dict, resources: dict[str, float], count: in
 
 
 def _start_local(cfg: Any, pools: list[Pool], *, controller: bool, scratch_dir: Any,
-                 memory_limit: Any = None) -> ClusterHandle:
+                 memory_limit: Any = None, model_path: str = "") -> ClusterHandle:
     from distributed import Client
 
     security = make_security(cfg)
@@ -259,7 +260,7 @@ def _start_local(cfg: Any, pools: list[Pool], *, controller: bool, scratch_dir: 
     from flowrl.cluster.inventory import machine_inventory
 
     method = worker_start.resolve(cfg.start_method, has_gpus=machine_inventory().has_gpus)
-    worker_start.use(method)
+    worker_start.use(method, worker_start.model_modules(model_path) if model_path else ())
     forked = method == "forkserver"
     env = dict(WORKER_ENV, **private.worker_env(cfg.dashboard, rendezvous=True))  # one machine: a FileStore rendezvous
     with listeners.servers(cfg.dashboard) as dashboard:  # no HTTP server without the dashboard; else loopback only

@@ -42,3 +42,21 @@ def test_auto_start_method_spawns_on_a_gpu_machine_and_forks_on_cpu():
     assert machine_inventory({"FLOWRL_DEVICES": "cpu", "CUDA_VISIBLE_DEVICES": "0,1"}, no_smi).has_gpus is False
     assert machine_inventory({"CUDA_VISIBLE_DEVICES": "0,1"}, no_smi).gpus_per_node == 2
     assert machine_inventory({}, no_smi).has_gpus is False
+
+
+def test_the_fork_server_also_imports_the_runs_own_model_module(tmp_path):
+    """The model's modeling module (from its config.json) is imported once in the fork server,
+    not in every worker at its first load; anything unknown adds nothing."""
+    import json
+
+    from flowrl.cluster.worker_start import PRELOAD, model_modules
+
+    assert "transformers.models.auto.modeling_auto" in PRELOAD
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    assert model_modules(str(tmp_path)) == ("transformers.models.qwen2.modeling_qwen2",)
+    for bad in ({"model_type": "no_such_model"}, {"model_type": "../x"}, {"model_type": 3}, {}):
+        (tmp_path / "config.json").write_text(json.dumps(bad))
+        assert model_modules(str(tmp_path)) == (), bad
+    (tmp_path / "config.json").write_text("{not json")
+    assert model_modules(str(tmp_path)) == ()
+    assert model_modules(str(tmp_path / "missing")) == ()
