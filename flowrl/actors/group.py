@@ -3,14 +3,16 @@
 A :class:`WorkerGroup` handle is small and picklable: graph nodes (Dask tasks) receive it and
 call :meth:`WorkerGroup.run`. Each call needs a sequence number reserved on the client when the
 graph is built (:meth:`WorkerGroup.reserve`), so every rank runs the group's calls in one order
-(see ``rank.py``). Every wait has a timeout; a dead worker surfaces as :class:`GroupLostError`.
+(see ``rank.py``). A graph built only to be looked at (a draft, :func:`draft`) gives its numbers
+back as soon as it is built; they are taken again only if the draft itself is submitted.
+Every wait has a timeout; a dead worker surfaces as :class:`GroupLostError`.
 """
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from flowrl.actors.dispatch import Gather, GroupMesh, Scatter, gather, scatter
 
@@ -23,6 +25,24 @@ class GroupCallError(RuntimeError):
     """A rank raised while running a call."""
 
 
+class CallOrder:
+    """A group's sequence counter, shared by its views (0 is the ranks' set-up). ``count`` is
+    the iterator the numbers come from; ``next`` the number it hands out next."""
+
+    def __init__(self, first: int = 1) -> None:
+        self.next = first
+        self.count = itertools.count(first)
+
+    def take(self) -> int:
+        self.next = next(self.count) + 1
+        return self.next - 1
+
+    def restart_at(self, first: int) -> None:
+        """Hand out numbers from ``first`` on: back (a draft gives back numbers nothing was
+        sent with) or forward (a submitted draft takes the numbers it was built with)."""
+        self.next, self.count = first, itertools.count(first)
+
+
 @dataclass
 class WorkerGroup:
     name: str
@@ -30,7 +50,7 @@ class WorkerGroup:
     addresses: list[str]  # worker address of each rank
     mesh: GroupMesh
     timeout_s: float = 600.0
-    _counter: Any = field(default_factory=lambda: itertools.count(1), repr=False)  # 0 is setup
+    _order: CallOrder = field(default_factory=CallOrder, repr=False)
     part: str = ""
     """A view's part of the ranks' role (``cluster.placement=hybrid``: ``"rollout"`` calls
     ``role.rollout.<method>``); empty: the role itself."""
@@ -51,15 +71,20 @@ class WorkerGroup:
         if mesh.world_size != self.world_size:
             raise ValueError(f"view {name!r} of group {self.name!r}: mesh {mesh} has {mesh.world_size} ranks, "
                              f"the group {self.world_size}")
-        return WorkerGroup(name, self.actors, self.addresses, mesh, self.timeout_s, self._counter, part, self.shares_weights)
+        return WorkerGroup(name, self.actors, self.addresses, mesh, self.timeout_s, self._order, part, self.shares_weights)
 
     def method(self, name: str) -> str:
         """The rank-side name of role method ``name`` (``part.name`` in a view)."""
         return f"{self.part}.{name}" if self.part and not name.startswith("_") else name
 
+    @property
+    def _counter(self) -> Any:
+        """The iterator of the group's sequence numbers (shared by its views)."""
+        return self._order.count
+
     def reserve(self) -> int:
         """Reserve the next sequence number (client side, while building a graph)."""
-        return next(self._counter)
+        return self._order.take()
 
     def bind(self) -> "BoundCall":
         """Reserve a sequence number now (graph build time) for one call made later in a node."""
@@ -67,7 +92,7 @@ class WorkerGroup:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_counter"] = None  # the counter stays with the client
+        state["_order"] = None  # the counter stays with the client
         return state
 
     def run(
@@ -107,6 +132,47 @@ class BoundCall:
 
     def run(self, method: str, payload: Any = None, **kwargs: Any) -> tuple[Any, float]:
         return self.group.run(self.seq, method, payload, **kwargs)
+
+
+class StaleDraft(RuntimeError):
+    """A draft submitted after later calls took its place in a group's order."""
+
+
+@dataclass(eq=False)
+class Draft:
+    """The sequence numbers a graph built by :func:`draft` would use: ``start[i]`` .. ``end[i]``
+    of ``orders[i]``, taken (:meth:`claim`) only when the graph itself is submitted."""
+
+    orders: list[CallOrder]
+    start: list[int]
+    end: list[int]
+    outputs: list[Any]
+
+    def stale(self) -> bool:
+        """Numbers of this draft went to another graph or call: it can never run."""
+        return any(o.next != s for o, s in zip(self.orders, self.start, strict=True))
+
+    def claim(self) -> None:
+        """Take the draft's numbers (the graph is being submitted), or raise :class:`StaleDraft`."""
+        if self.stale():
+            raise StaleDraft("this graph was built as a draft (run.graph()) and later calls took its place in the "
+                             "workers' call order (run.step(), a checkpoint, another graph); build it again "
+                             "(run.graph()) and submit that one, or use run.step()")
+        for order, end in zip(self.orders, self.end, strict=True):
+            order.restart_at(end)
+
+
+def draft(groups: dict[str, WorkerGroup], build: Callable[[], Any], outputs: Callable[[Any], list[Any]]) -> tuple[Any, Draft]:
+    """``build()`` with the groups' sequence numbers given back afterwards: nothing waits for a
+    graph that is only looked at (drawn, listed) and never submitted. Returns what ``build``
+    returned and its :class:`Draft` (``outputs(built)``: the delayed objects a submit names)."""
+    orders = list({id(g._order): g._order for g in groups.values()}.values())
+    start = [o.next for o in orders]
+    built = build()
+    made = Draft(orders, start, [o.next for o in orders], list(outputs(built)))
+    for order, first in zip(orders, start, strict=True):
+        order.restart_at(first)
+    return built, made
 
 
 def wait_all(futures: list[Any], timeout: float, what: str, addresses: list[str]) -> list[Any]:

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from flowrl.actors.dispatch import GroupMesh
-from flowrl.actors.group import WorkerGroup, wait_all
+from flowrl.actors.group import Draft, WorkerGroup, wait_all
+from flowrl.actors.main_guard import check_main_guard
 from flowrl.actors.rank import RankActor
 from flowrl.cluster.launch import WORKER_ENV  # noqa: F401 - re-exported (it used to live here)
 from flowrl.cluster.pools import choose_workers, worker_nodes
@@ -62,6 +63,7 @@ class Session:
         self.local_graphs: Any = None  # cluster.controller=driver: flowrl.actors.local_graph.LocalGraphs
         self.node_kind = "local"  # how a worker's node is read (flowrl.cluster.pools.worker_nodes)
         self.processes_per_job = 1  # cluster.slurm.processes: workers per SLURM job
+        self._drafts: list[Draft] = []  # graphs built to be looked at: their call order is taken on submit
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
@@ -104,6 +106,8 @@ class Session:
                 dashboard=dashboard, memory_limit=memory_limit, timeout_s=timeout_s,
                 startup_timeout_s=startup_timeout_s, low_latency=low_latency,
             )
+        if cluster.kind == "local":  # its workers import the main script again
+            check_main_guard("Session.start")
         pools = resolve_pools(cluster, group_sizes or {"workers": num_workers})
         in_driver = cluster.controller == "driver"
         handle = start_cluster(cluster, pools, log_dir=log_dir, scratch_dir=scratch_dir, controller=not in_driver,
@@ -208,9 +212,17 @@ class Session:
         log.info("groups %s ready in %.1fs", names, time.perf_counter() - start)
         return created
 
+    def hold(self, made: Draft) -> None:
+        """Keep a draft (``flowrl.actors.group.draft``) until it is submitted or can no longer be."""
+        self._drafts = [d for d in self._drafts if not d.stale()] + [made]
+
     def submit(self, outputs: list[Any]) -> list[Any]:
         """Start computing delayed outputs (node tasks on the controller worker, or in this process
-        with ``cluster.controller=driver``); returns futures."""
+        with ``cluster.controller=driver``); returns futures. Outputs of a held draft take the
+        draft's sequence numbers now (``StaleDraft`` if later calls took them)."""
+        for made in [d for d in self._drafts if any(o is m for o in outputs for m in d.outputs)]:
+            self._drafts.remove(made)
+            made.claim()
         if self.local_graphs is not None:  # cluster.controller=driver: Dask's threaded scheduler, here
             return self.local_graphs.submit(list(outputs), {a.key: a for g in self.groups.values() for a in g.actors})
         pin = {"workers": [self.controller], "allow_other_workers": False} if self.controller else {}

@@ -99,6 +99,10 @@ class Run:
     @classmethod
     def open(cls, cfg: RunConfig) -> "Run":
         """A run with its workers started (and its checkpoint restored when resuming)."""
+        if cfg.cluster.kind == "local":  # refused before anything starts: its workers import the main script again
+            from flowrl.actors.main_guard import check_main_guard
+
+            check_main_guard("Run.open")
         run = cls(cfg)
         try:
             run.start_workers()
@@ -154,14 +158,33 @@ class Run:
         return self.family.collect(self.context(), prompts, step=step, compute=self._compute, dataset=self.dataset)
 
     def graph(self, step: int | None = None, collected: Any = None, prompts: Any = None) -> Any:
-        """The (uncomputed) graph of ``step`` (default: the next one). Building reserves the
-        groups' call order, so compute every graph you build, in build order."""
+        """The (uncomputed) graph of ``step`` (default: the next one), to look at or to submit.
+
+        It is a draft: building it reserves nothing, so a graph that is only drawn never holds
+        up :meth:`step`. Submitting it (``run.session.submit(graph.outputs)``, then
+        ``run.next_step += 1``) takes its place in the workers' call order then; a draft built
+        before a later step or checkpoint can no longer be submitted (``StaleDraft``: build it
+        again)."""
+        if self.session is None:
+            return self._build(step, collected, prompts)
+        from flowrl.actors.group import draft
+
+        built, made = draft(self.groups, lambda: self._build(step, collected, prompts), lambda g: g.outputs)
+        self.session.hold(made)
+        return built
+
+    def _build(self, step: int | None = None, collected: Any = None, prompts: Any = None) -> Any:
+        """The graph of ``step``, its calls reserved in the groups' order (compute it next)."""
         step = self.next_step if step is None else step
         prompts = self.prompts(step) if prompts is None else prompts
         return self.family.build(self.context(), prompts, step=step, collected=collected)
 
     def step(self) -> tuple[Any, dict[str, float]]:
         """Build and run the next iteration; returns (experience table, metrics).
+
+        Steps are numbered as verl numbers them: the first is step 1 (``training/global_step``,
+        the rows of ``metrics.jsonl`` and ``timeline.jsonl``, ``experience/step_000001.parquet``);
+        after a step, ``next_step`` is that step's number (steps trained).
 
         The rollout source gives the step's rollout part (``collected``), the family builds the
         graph on it, the graph runs, the source reports its ``async/*`` metrics. With
@@ -179,7 +202,7 @@ class Run:
         start = time.perf_counter()
         prompts = self.prompts(step)  # drawn once for the rollout source and the graph
         collected = self.source.take(step, prompts)
-        graph = self.graph(step, collected=collected, prompts=prompts)
+        graph = self._build(step, collected=collected, prompts=prompts)
         self.source.trained(step)  # the step's reshard is reserved: later generations get its weights
         submitted = time.time()  # the origin of this step's timeline.jsonl rows
         result, sync = self.session.submit(graph.outputs)
@@ -193,13 +216,13 @@ class Run:
         finally:
             result.release()
             self.source.release()
-        self.sync.record_step(step, submitted, out.spans, sync)
+        self.sync.record_step(step + 1, submitted, out.spans, sync)  # verl's numbering: the first step is 1
         metrics.update(out.metrics)
         metrics.update(self.source.metrics(step, out))
         metrics.update(_step_metrics(step, time.perf_counter() - start, metrics[names.NUM_TOKENS]))
         self.family.state.observe(metrics)
         if self.cfg.trainer.save_experience:
-            experience.write_parquet(out.value, experience.step_path(self.run_dir, step))
+            experience.write_parquet(out.value, experience.step_path(self.run_dir, step + 1))
         return out.value, metrics
 
     def _compute(self, output: Any) -> Any:

@@ -2,6 +2,9 @@
 
 :func:`train` resolves and checks the inputs (before any worker starts), opens the run, and per
 step: runs the iteration, validates when due, logs (``metrics.jsonl`` always), saves when due.
+Steps are numbered as verl numbers them, in every sink: training steps 1 .. total, and
+``trainer.val_before_train`` at step 0, a row of its own. The loop's index (0-based, what the
+data order and the seeds are functions of) is one less than the step it logs.
 A failed step goes to the recovery state machine (``flowrl.run.recovery``): a real error ends the
 run; a lost worker rebuilds it from the last checkpoint, and the steps since then run again
 (their rows are dropped from ``metrics.jsonl`` and ``timeline.jsonl`` first).
@@ -90,10 +93,11 @@ class _Sinks:
             self.bar.update(1)
 
     def rewind(self, step: int) -> None:
-        """Steps from ``step`` on run again: their rows go."""
+        """Steps after ``step`` (the number of steps the rebuilt run has trained) run again:
+        their rows go (a ``val_before_train`` row at step 0 stays)."""
         self.logger.close()
         for name in (METRICS_FILE, TIMELINE_FILE):
-            drop_rows_from(self.run_dir / name, step)
+            drop_rows_from(self.run_dir / name, step + 1)
         self.logger = self._open()
         if self.bar is not None:
             self.bar.n = step
@@ -108,15 +112,19 @@ class _Sinks:
 def train(cfg: RunConfig, *, on_step: Callable[[int, dict[str, float]], None] | None = None) -> RunSummary:
     """Run ``trainer.total_training_steps`` iterations (or ``trainer.total_epochs`` passes);
     returns the summary."""
+    if cfg.cluster.kind == "local":  # its workers import the main script again: refused before anything starts
+        from flowrl.actors.main_guard import check_main_guard
+
+        check_main_guard("train")
     cfg = resolve_inputs(cfg)
     start = time.perf_counter()
     run = _open_run(cfg)  # dataset, run dir, family and resume checkpoint checked before any worker starts
-    first = run.next_step
+    first = run.next_step  # steps trained: the run goes on with step first + 1
     print(describe_placement(run.cfg), flush=True)  # e.g. "placement: hybrid (auto)"
     if run.resume_from is not None:
-        print(f"resumed from step {first} ({run.resume_from})", flush=True)
-    for name in (METRICS_FILE, TIMELINE_FILE):  # a resumed run rewrites steps >= first
-        drop_rows_from(run.run_dir / name, first)
+        print(f"resumed from step {first} ({run.resume_from})", flush=True)  # its checkpoint: step_<first>
+    for name in (METRICS_FILE, TIMELINE_FILE):  # steps this run writes again (from 0, val_before_train, when fresh)
+        drop_rows_from(run.run_dir / name, first + 1 if first else 0)
     history: list[dict[str, float]] = []
     sinks = _Sinks(run.cfg, run)
     recovery = Recovery(cfg.trainer.max_restarts, run.resume_from)
@@ -124,8 +132,9 @@ def train(cfg: RunConfig, *, on_step: Callable[[int, dict[str, float]], None] | 
     try:
         run.start_workers()
         sinks.start_bar(first)
-        before = run.validate() if first == 0 and cfg.trainer.val_before_train and run.val_prompts is not None else {}
-        _loop(run, sinks, recovery, history, first, on_step, before)
+        if first == 0 and cfg.trainer.val_before_train and run.val_prompts is not None:
+            sinks.log(0, run.validate())  # verl logs the untrained policy's val-core/... at step 0
+        _loop(run, sinks, recovery, history, first, on_step)
     finally:
         restore_signal()
         sinks.close()
@@ -157,19 +166,19 @@ def _open_run(cfg: RunConfig) -> Run:
 
 
 def _loop(run: Run, sinks: _Sinks, recovery: Recovery, history: list[dict[str, float]], first: int,
-          on_step: Callable[[int, dict[str, float]], None] | None, before: dict[str, float]) -> None:
+          on_step: Callable[[int, dict[str, float]], None] | None) -> None:
+    """Steps ``first`` .. ``total_training_steps - 1`` (0-based); each is logged as verl's step
+    ``index + 1`` (``on_step`` gets that number too)."""
     t = run.cfg.trainer
     step = first
     while step < t.total_training_steps:
         try:
             _, metrics = run.step()
-            if step == 0:
-                metrics.update(before)  # trainer.val_before_train: the untrained policy's val-core/...
             metrics.update(run.validate_if_due(step))  # trainer.test_freq: val-core/... metrics
             history.append(metrics)
-            sinks.log(step, metrics)
+            sinks.log(step + 1, metrics)
             if on_step is not None:
-                on_step(step, metrics)
+                on_step(step + 1, metrics)
             if t.save_freq > 0 and ((step + 1) % t.save_freq == 0 or step + 1 == t.total_training_steps):
                 recovery.saved(run.save_checkpoint())
         except Exception as exc:  # noqa: BLE001 - re-raised by the recovery unless a worker was lost

@@ -30,6 +30,10 @@ def default_cache_dir() -> Path:
 
 def resolve_inputs(cfg: RunConfig) -> RunConfig:
     """``cfg`` with its inputs filled in and checked (see the module docstring)."""
+    if cfg.cluster.kind == "local":  # a script that starts workers without the __main__ guard: refused now
+        from flowrl.actors.main_guard import check_script_guard
+
+        check_script_guard()
     from flowrl.backends.preflight import check_backends
     from flowrl.run.run_dir import resolve_run_dir
     from flowrl.run.sandbox_check import check_sandbox

@@ -64,8 +64,8 @@ def stop_after_step(run: Any, recovery: Any) -> bool:
     if not path.exists():
         path = run.save_checkpoint()
         recovery.saved(str(path))
-    msg = (f"flowrl: SIG{name}: stopped after step {run.next_step - 1}, checkpoint {path}; run the same "
-           f"command again (trainer.run_dir={run.run_dir}) to resume at step {run.next_step}")
+    msg = (f"flowrl: SIG{name}: stopped after step {run.next_step}, checkpoint {path}; run the same "
+           f"command again (trainer.run_dir={run.run_dir}) to resume at step {run.next_step + 1}")
     log.warning(msg)
     print(msg, file=sys.stderr, flush=True)
     return True
