@@ -30,10 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        from flowrl.metrics.dashboard_server import export_html, serve
-    except ImportError as exc:  # bokeh is an extra
-        print(f"error: flowrl dashboard needs bokeh ({exc}); fix: pip install 'flowrl[dashboard]'", file=sys.stderr)
+    import importlib.util
+
+    if importlib.util.find_spec("bokeh") is None:  # an extra
+        print("error: flowrl dashboard needs bokeh; fix: pip install 'flowrl[dashboard]'", file=sys.stderr)
         return 2
     from flowrl.metrics.run_reader import find_runs
 
@@ -51,6 +51,13 @@ def run(args: argparse.Namespace) -> int:
     if problems:
         print("error: " + "\nerror: ".join(problems), file=sys.stderr)
         return 2
+    shown = str(runs[0]) if len(runs) == 1 else f"{len(runs)} runs"
+    # at once: loading Bokeh takes seconds (more on a busy machine), building the first page more
+    # (the server prints its URL once a page is quick to get)
+    print(f"flowrl dashboard: {'writing ' + args.export + ' for' if args.export else 'starting the server for'} "
+          f"{shown} ...", flush=True)
+    from flowrl.metrics.dashboard_server import export_html, serve
+
     if args.export:
         out = export_html(runs, args.export, max_samples=args.max_samples)
         print(f"wrote {out} ({len(runs)} run{'s' if len(runs) > 1 else ''})")

@@ -29,7 +29,8 @@ def export_html(run_dir: str | Path | list, out: str | Path, *, max_samples: int
     return out
 
 
-def make_server(run_dir: str | Path | list, *, port: int = 5006, interval_s: float = 2.0, max_samples: int = 64) -> Any:
+def make_server(run_dir: str | Path | list, *, port: int = 5006, interval_s: float = 2.0, max_samples: int = 64,
+                on_progress: Any = None) -> Any:
     """A Bokeh server on 127.0.0.1:``port`` (0: a free one) serving the live dashboard at ``/``;
     every browser session re-reads the run directories every ``interval_s``. Not started.
 
@@ -39,13 +40,16 @@ def make_server(run_dir: str | Path | list, *, port: int = 5006, interval_s: flo
     (:meth:`Dashboard.document`) and every re-read of the files. The readers of all sessions
     share what they parsed (:mod:`flowrl.metrics.run_reader`). The server keeps the first page
     of the next session built (a spare, brought up to date when a session takes it), and loads
-    what every session needs before it accepts (:func:`_warm_up`)."""
+    what every session needs before it accepts (:func:`_warm_up`: seconds for a long run, said
+    first to ``on_progress`` if given), so the page is quick once the URL is out."""
     from bokeh.server.server import Server
 
     runs = list(run_dir) if isinstance(run_dir, (list, tuple)) else [run_dir]
     if interval_s <= 0:
         raise ValueError(f"interval_s={interval_s} must be > 0; fix: use e.g. 2")
     readers = [RunReader(r, max_samples=max_samples) for r in runs]  # fail now on a bad directory, not per session
+    if on_progress is not None:
+        on_progress("flowrl dashboard: reading the run and building its first page (seconds for a long run) ...")
     pages = _Pages(runs, max_samples, interval_s, spare=_warm_up(readers))
     port = port or free_port()
     origins = [f"127.0.0.1:{port}", f"localhost:{port}"]
@@ -139,8 +143,8 @@ def _warm_up(readers: list[RunReader]) -> Dashboard:
 
 def serve(run_dir: str | Path | list, *, port: int = 5006, interval_s: float = 2.0, max_samples: int = 64,
           on_ready: Any = print) -> None:
-    """Serve until interrupted; ``on_ready`` gets the line with the URL."""
-    server = make_server(run_dir, port=port, interval_s=interval_s, max_samples=max_samples)
+    """Serve until interrupted; ``on_ready`` gets a line as the page is being built, then the line with the URL."""
+    server = make_server(run_dir, port=port, interval_s=interval_s, max_samples=max_samples, on_progress=on_ready)
     server.start()
     runs = run_dir if isinstance(run_dir, (list, tuple)) else [run_dir]
     shown = str(runs[0]) if len(runs) == 1 else f"{len(runs)} runs"

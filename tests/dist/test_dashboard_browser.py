@@ -86,6 +86,9 @@ class DashboardServer:
                 if match:
                     self.url = match.group(0)
                     break
+            # issue 35: not seconds of silence before the URL: a line at once, one while the page builds
+            assert self.output[0].startswith("flowrl dashboard: starting the server for"), self.output
+            assert self.output[1].startswith("flowrl dashboard: reading the run"), self.output
         except queue.Empty:
             self.close()
             raise TimeoutError(f"no dashboard URL within {timeout_s}s: {''.join(self.output)}") from None
