@@ -1,11 +1,14 @@
-"""Metric sinks (``trainer.logger``): ``metrics.jsonl``, the console line, TensorBoard.
+"""Metric sinks (``trainer.logger``): ``metrics.jsonl``, the console line, TensorBoard, wandb.
 
 ``metrics.jsonl`` (one JSON object per step) is always written: the dashboard, resume and the
-run summary read it. ``console`` prints one line per step, ``tensorboard`` writes event files
-under ``<run_dir>/tensorboard`` (``tensorboard --logdir <run_dir>/tensorboard``), ``wandb`` logs
-to Weights & Biases under ``trainer.project_name`` / ``trainer.experiment_name`` (offline, files
-under ``<run_dir>/wandb``, unless ``WANDB_MODE`` is set or ``WANDB_API_KEY`` is present).
-:func:`open_loggers` builds the sinks a config names.
+run summary read it. Every sink numbers steps as verl does: training steps from 1, validation
+before training at step 0. ``console`` prints one line per step; ``tensorboard`` writes event
+files where verl's does, ``$TENSORBOARD_DIR`` or else ``tensorboard_log/<project>/<experiment>``
+relative to the working directory (:func:`tensorboard_dir`); ``wandb`` logs to Weights & Biases
+under ``trainer.project_name`` / ``trainer.experiment_name``, online when ``wandb.init`` would
+find credentials (``WANDB_API_KEY``, ``~/.netrc`` from ``wandb login``, wandb's settings),
+offline (files under ``<run_dir>/wandb``) without, and as ``WANDB_MODE`` says when it is set
+(:func:`wandb_mode`). :func:`open_loggers` builds the sinks a config names.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import IO, Callable, Iterable
+from typing import IO, Any, Callable, Iterable
 
 from flowrl.metrics import names
 
@@ -85,12 +88,19 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 
 def console_line(step: int, total: int, metrics: dict[str, float]) -> str:
-    parts = [f"step {step + 1}/{total}"]
-    for key, label in CONSOLE_KEYS:
-        if key in metrics:
-            v = metrics[key]
-            parts.append(f"{label}={v:.3f}" if abs(v) < 1000 else f"{label}={v:.0f}")
+    """``step 3/60  score=0.41  ...`` (verl's step: 1 .. total; validation before training is
+    step 0), then the validation means (``val-core/<data_source>/.../mean@n``) when the row has them."""
+    parts = [f"step {step}/{total}"]
+    shown = [(key, label) for key, label in CONSOLE_KEYS if key in metrics]
+    shown += [(key, key) for key in sorted(metrics) if key.startswith(VAL_CORE) and "/mean@" in key]
+    for key, label in shown:
+        v = metrics[key]
+        parts.append(f"{label}={v:.3f}" if abs(v) < 1000 else f"{label}={v:.0f}")
     return "  ".join(parts)
+
+
+VAL_CORE = "val-core/"
+"""verl's prefix of the validation metrics a run is judged by (``val-core/<data_source>/...``)."""
 
 
 class ConsoleLogger:
@@ -108,8 +118,9 @@ class ConsoleLogger:
 
 
 class TensorBoardLogger:
-    """Scalars to TensorBoard event files under ``log_dir`` (x axis: the 0-based step, as the
-    ``step`` of metrics.jsonl). Non-finite values are skipped, as JSONL writes them as null."""
+    """Scalars to TensorBoard event files under ``log_dir`` (x axis: the step as logged, verl's
+    1-based step, as the ``step`` of metrics.jsonl). Non-finite values are skipped, as JSONL
+    writes them as null."""
 
     def __init__(self, log_dir: str | Path) -> None:
         try:
@@ -133,13 +144,43 @@ class TensorBoardLogger:
         self._writer.close()
 
 
+def tensorboard_dir(project: str, experiment: str) -> Path:
+    """Where verl's ``tensorboard`` logger writes: ``$TENSORBOARD_DIR``, else
+    ``tensorboard_log/<project>/<experiment>`` relative to the working directory (verl's
+    ``verl/utils/tracking.py``), so ``tensorboard --logdir tensorboard_log`` shows every run."""
+    import os
+    import re
+
+    def safe(part: str) -> str:  # no path separators or dot-dot from a name (as the run directory's)
+        return re.sub(r"[^A-Za-z0-9_.+-]", "_", part).strip(".") or "_"
+
+    return Path(os.environ.get("TENSORBOARD_DIR") or Path("tensorboard_log") / safe(project) / safe(experiment))
+
+
+def wandb_mode(wandb: Any) -> tuple[str, str]:
+    """(mode, why) for ``wandb.init``: ``WANDB_MODE`` as the user set it; else ``online`` when
+    wandb finds credentials where ``wandb.init`` looks (``WANDB_API_KEY``, wandb's settings,
+    ``~/.netrc`` or ``$NETRC``; checked without a prompt and without the network), else
+    ``offline`` (``wandb.init`` would stop to ask, or fail without a terminal)."""
+    import os
+
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"], "WANDB_MODE"
+    try:
+        found = bool(wandb.login(prompt=False, verify=False))
+    except TypeError:  # a wandb without login(prompt=...): its own lookup
+        found = bool(getattr(getattr(wandb, "api", None), "api_key", None))
+    if found:
+        return "online", "wandb credentials found"
+    return "offline", "no wandb credentials (wandb login, or WANDB_API_KEY)"
+
+
 class WandbLogger:
-    """Scalars to Weights & Biases (verl's ``wandb`` logger). Offline when there is no API key
-    (``wandb sync <run_dir>/wandb/offline-run-*`` uploads later); ``WANDB_MODE`` wins."""
+    """Scalars to Weights & Biases (verl's ``wandb`` logger), in the mode of :func:`wandb_mode`;
+    offline runs upload later with ``wandb sync <run_dir>/wandb/offline-run-*``."""
 
-    def __init__(self, run_dir: str | Path, *, project: str, name: str, config: dict | None = None) -> None:
-        import os
-
+    def __init__(self, run_dir: str | Path, *, project: str, name: str, config: dict | None = None,
+                 write: Callable[[str], None] = print) -> None:
         try:
             import wandb
         except ImportError as exc:
@@ -147,7 +188,9 @@ class WandbLogger:
 
             raise ConfigError("trainer.logger", "wandb", f"needs the wandb package ({exc})",
                               "pip install wandb, or drop wandb from trainer.logger") from exc
-        mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+        mode, why = wandb_mode(wandb)
+        hint = f"; upload later with wandb sync {Path(run_dir) / 'wandb'}/offline-run-*" if mode == "offline" else ""
+        write(f"wandb: {mode} ({why}){hint}")
         self._run = wandb.init(project=project, name=name or Path(run_dir).name, dir=str(run_dir), mode=mode,
                                config=config or {}, reinit="finish_previous")
 
@@ -177,8 +220,9 @@ def open_loggers(names: Iterable[str], run_dir: str | Path, *, total: int,
                  write: Callable[[str], None] = print, project: str = "flowrl", experiment: str = "",
                  config: dict | None = None) -> MetricLoggers:
     """The sinks ``trainer.logger`` names, always with ``metrics.jsonl`` first. ``write`` prints
-    the console line; ``project``, ``experiment`` and ``config`` go to wandb. An unknown name
-    raises :class:`~flowrl.config.ConfigError`."""
+    the console line; ``project``, ``experiment`` (empty: the run directory's name) and ``config``
+    go to wandb and name the TensorBoard directory. An unknown name raises
+    :class:`~flowrl.config.ConfigError`."""
     from flowrl.config import ConfigError
     from flowrl.config.sections import LOGGERS
 
@@ -189,9 +233,11 @@ def open_loggers(names: Iterable[str], run_dir: str | Path, *, total: int,
             if name == "console":
                 sinks.append(ConsoleLogger(total, write))
             elif name == "tensorboard":
-                sinks.append(TensorBoardLogger(run_dir / "tensorboard"))
+                board = TensorBoardLogger(tensorboard_dir(project, experiment or run_dir.name))
+                write(f"tensorboard: tensorboard --logdir {board.log_dir}")
+                sinks.append(board)
             elif name == "wandb":
-                sinks.append(WandbLogger(run_dir, project=project, name=experiment, config=config))
+                sinks.append(WandbLogger(run_dir, project=project, name=experiment, config=config, write=write))
             elif name != "jsonl":  # jsonl: always on
                 raise ConfigError("trainer.logger", name, "is not a logger", f"use any of {', '.join(LOGGERS)}")
     except BaseException:

@@ -41,8 +41,8 @@ def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path, tiny_model_d
     assert b2.steps == 2  # steps 2 and 3 only
 
     rows_a, rows_b = _rows(a_dir), _rows(b_dir)
-    assert [r["step"] for r in rows_a] == [0, 1, 2, 3]
-    assert [r["step"] for r in rows_b] == [0, 1, 2, 3]  # resumed rows appended, none repeated
+    assert [r["step"] for r in rows_a] == [1, 2, 3, 4]  # verl's numbering
+    assert [r["step"] for r in rows_b] == [1, 2, 3, 4]  # resumed rows appended, none repeated
     for ra, rb in zip(rows_a, rows_b):
         for key in COMPARED:  # exact equality (bitwise through JSON's float repr)
             assert ra[key] == rb[key], (ra["step"], key, ra[key], rb[key])
@@ -63,4 +63,4 @@ def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path, tiny_model_d
         ["step_00000002", "step_00000004"]
 
     files = sorted(p.name for p in (b_dir / "experience").iterdir())
-    assert files == [f"step_{s:06d}.parquet" for s in range(4)], files
+    assert files == [f"step_{s:06d}.parquet" for s in range(1, 5)], files

@@ -27,7 +27,7 @@ def test_two_steps_of_the_code_task_score_in_the_jail(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1]
+    assert [r["step"] for r in rows] == [1, 2]
     assert all(0.0 <= r["reward/compiled"] <= 1.0 and "reward/tests_passed" in r for r in rows)
     import yaml
 

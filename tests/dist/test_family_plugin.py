@@ -85,7 +85,7 @@ def test_a_family_with_its_own_worker_group_is_one_module(tmp_path, tiny_model_d
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    table = pq.read_table(ex.step_path(out, 1))
+    table = pq.read_table(ex.step_path(out, 2))
     # the teacher's group ran (its log-probs are in the table) and shaped the last token's reward
     for score, rewards, logp in zip(table.column("score").to_pylist(), table.column("token_rewards").to_pylist(),
                                     table.column("teacher_logprobs").to_pylist()):
@@ -93,7 +93,7 @@ def test_a_family_with_its_own_worker_group_is_one_module(tmp_path, tiny_model_d
         if rewards:
             assert rewards[-1] == pytest.approx(score + 0.1 * sum(logp) / len(logp), abs=1e-5)
     rows = [__import__("json").loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1]
+    assert [r["step"] for r in rows] == [1, 2]
     assert all(r["reward/teacher_bonus/mean"] < 0 and "timing_s/teacher" in r for r in rows)
 
 

@@ -44,14 +44,14 @@ def test_run_directory_holds_config_metrics_and_experience(run_dir, placement):
     assert (run_dir / "config.yaml").is_file()
     hybrid = placement == "auto"
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert [r["step"] for r in rows] == [1, 2, 3]  # verl's numbering
     for row in rows:
         assert REQUIRED_METRICS <= set(row), REQUIRED_METRICS - set(row)
         # the reshard overlaps the next step's submission: step k reports step k-1's reshard
-        assert ("timing_s/reshard" in row) == (row["step"] > 0)
-        if row["step"] > 0 and hybrid:  # generation reads the training parameters: nothing moves
+        assert ("timing_s/reshard" in row) == (row["step"] > 1)
+        if row["step"] > 1 and hybrid:  # generation reads the training parameters: nothing moves
             assert row["reshard/bytes"] == row["reshard/bytes_min"] == row["reshard/peak_extra_bytes"] == 0
-        elif row["step"] > 0:  # dp replicas -> full rollout models: each rollout rank lacks all of it
+        elif row["step"] > 1:  # dp replicas -> full rollout models: each rollout rank lacks all of it
             assert row["reshard/bytes"] == row["reshard/bytes_min"] > 0
             assert row["reshard/peak_extra_bytes"] <= 64 * 2**20
         assert "timing_s/old_log_prob" in row  # ppo_mini_batch_size < train_batch_size
@@ -60,7 +60,7 @@ def test_run_directory_holds_config_metrics_and_experience(run_dir, placement):
         # the rollout's log-probs and the trainer's pre-update log-probs come from the same
         # weights (synced after every update): they must agree
         assert row["rollout/logprob_diff_max"] < 1e-4
-    for step in range(3):
+    for step in range(1, 4):
         table = pq.read_table(ex.step_path(run_dir, step))
         assert table.num_rows == 8 * 4
         for column in ("uid", "group", "prompt_ids", "response_ids", "old_logprobs", "ref_logprobs", "advantages", "score"):

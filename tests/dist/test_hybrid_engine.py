@@ -81,7 +81,7 @@ def hybrid_run(tmp_path_factory, tiny_model_dir, addition_data):
 
 def test_hybrid_run_syncs_nothing_and_generates_with_the_trained_weights(hybrid_run):
     rows = [json.loads(line) for line in (hybrid_run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert [r["step"] for r in rows] == [1, 2, 3]
     synced = [r for r in rows if "reshard/bytes" in r]  # step k's sync is reported with step k+1
     assert synced and all(r["reshard/bytes"] == 0 and r["reshard/bytes_min"] == 0 for r in synced)
     for row in rows:  # two optimizer steps per batch: old log-probs (pre-update) vs the rollout's

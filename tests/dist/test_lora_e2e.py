@@ -30,7 +30,7 @@ def run_dir(tmp_path_factory, tiny_model_dir, addition_data):
 
 def test_lora_run_uses_the_actor_as_reference_and_syncs_merged_weights(run_dir):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1]
+    assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
         assert "timing_s/ref" in row and row["actor/kl_loss"] >= 0.0
         # step 1 generates with step 0's merged weights: the rollout's log-probs are the actor's

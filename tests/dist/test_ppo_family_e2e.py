@@ -63,7 +63,7 @@ def test_ppo_with_critic_raises_the_reward_on_the_default_task(tmp_path, default
     assert rows[-1]["critic/vf_explained_var"] > rows[0]["critic/vf_explained_var"]
     print(f"PPO default task: first5 {summary.first_score:.3f} -> last5 {summary.last_score:.3f}")
     assert summary.last_score > summary.first_score + 0.1, (summary.first_score, summary.last_score)
-    table = pq.read_table(ex.step_path(tmp_path / "run", 0))
+    table = pq.read_table(ex.step_path(tmp_path / "run", 1))
     assert {"values", "returns", "advantages", "old_logprobs"} <= set(table.column_names)
 
 
@@ -75,7 +75,7 @@ def _smoke(tmp_path, task, *extra, steps=2, ran=None):
     ])
     summary = train(cfg)
     assert summary.steps == (steps if ran is None else ran)
-    return _rows(tmp_path / "run"), pq.read_table(ex.step_path(tmp_path / "run", steps - 1))
+    return _rows(tmp_path / "run"), pq.read_table(ex.step_path(tmp_path / "run", steps))
 
 
 @pytest.mark.slow
@@ -147,7 +147,7 @@ def test_an_estimator_from_outside_runs_via_config(tmp_path, tiny_model_dir, add
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    table = pq.read_table(ex.step_path(out, 0))
+    table = pq.read_table(ex.step_path(out, 1))
     scores = table.column("score").to_numpy()
     for adv, s in zip(table.column("advantages").to_pylist(), scores):
         assert adv == pytest.approx([s - scores.mean()] * len(adv), abs=1e-6)
@@ -219,7 +219,7 @@ def test_ppo_resume_restores_the_critic_exactly(tmp_path, default_task):
     assert (tmp_path / "b" / "run" / "critic_checkpoints" / "step_00000002").is_dir()
     rows_b, _ = _smoke(tmp_path / "b", default_task, "algorithm.adv_estimator=gae", "actor.use_kl_loss=false",
                        "critic.ppo_mini_batch_size=4", "trainer.save_freq=2", steps=3, ran=1)  # resumed at step 2
-    assert [r["step"] for r in rows_b] == [0, 1, 2]
+    assert [r["step"] for r in rows_b] == [1, 2, 3]
     for key in ("critic/values/mean", "critic/vf_loss", "critic/grad_norm", "actor/pg_loss", "critic/score/mean"):
         assert rows_a[2][key] == rows_b[2][key], (key, rows_a[2][key], rows_b[2][key])
 

@@ -73,12 +73,12 @@ def uninterrupted(tmp_path_factory, tiny_model_dir, addition_data):
 
 def _assert_same_run(run_dir, reference):
     rows, ref = _rows(run_dir), _rows(reference)
-    assert [r["step"] for r in rows] == list(range(STEPS))  # each step exactly once, in order
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))  # each step exactly once, in order
     for r, q in zip(rows, ref):
         for key in COMPARED:
             assert r[key] == q[key], (r["step"], key, r[key], q[key])
     files = sorted(p.name for p in (run_dir / "experience").iterdir())
-    assert files == [f"step_{s:06d}.parquet" for s in range(STEPS)], files
+    assert files == [f"step_{s:06d}.parquet" for s in range(1, STEPS + 1)], files  # verl's numbering
     ca, cb = latest_checkpoint(run_dir / "checkpoints"), latest_checkpoint(reference / "checkpoints")
     assert ca.endswith(f"step_{STEPS:08d}") and cb.endswith(f"step_{STEPS:08d}")
     assert load_meta(ca)["extra"]["optim_step"] == load_meta(cb)["extra"]["optim_step"] == STEPS

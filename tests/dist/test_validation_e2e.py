@@ -25,7 +25,8 @@ def test_validation_every_n_steps(tmp_path, tiny_model_dir, addition_data):
     train(cfg)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     key = "val-core/flowrl/addition/reward/mean@1"
-    # after step index 1 (2 steps trained) and after the last step (3 steps trained)
+    # after step 2 and after the last step, 3 (verl's numbering: steps trained)
+    assert [r["step"] for r in rows] == [1, 2, 3]
     assert [key in r for r in rows] == [False, True, True]
     for r in rows[1:]:
         assert 0.0 <= r[key] <= 1.0 and r["val-aux/num_samples"] == 8 and "timing_s/validation" in r

@@ -44,7 +44,7 @@ def test_run_qwen2_7b_arguments_train_two_steps(tmp_path, tiny_model_dir, gsm8k)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "done: 2 steps" in proc.stdout
     rows = _rows(run_dir)
-    assert [r["step"] for r in rows] == [0, 1]
+    assert [r["step"] for r in rows] == [1, 2]
     assert any(k.startswith("val-core/") for k in rows[-1])  # test_freq=5: and after the last step
     assert "note: actor_rollout_ref.model.use_remove_padding=True: accepted" in proc.stderr
     if importlib.util.find_spec("wandb") is not None:
@@ -66,8 +66,10 @@ def test_verl_ppo_trainer_yaml_trains_two_steps(tmp_path, tiny_model_dir, gsm8k)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "done: 2 steps" in proc.stdout
     rows = _rows(run_dir)
-    # val_before_train (verl's default, from the YAML): the untrained policy's validation on step 0's row
-    assert [r["step"] for r in rows] == [0, 1] and any(k.startswith("val-core/") for k in rows[0])
+    # val_before_train (verl's default, from the YAML): the untrained policy's validation at step 0,
+    # a row of its own (as verl logs it), before training steps 1 and 2
+    assert [r["step"] for r in rows] == [0, 1, 2] and any(k.startswith("val-core/") for k in rows[0])
+    assert not any(k.startswith(("actor/", "critic/")) for k in rows[0])
 
 
 def test_a_resumed_run_says_from_which_step_and_checkpoint(tmp_path):

@@ -51,10 +51,10 @@ def main() -> int:
     ])
     train(cfg)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(STEPS)), [r["step"] for r in rows]
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1)), [r["step"] for r in rows]
     seen = Counter()
     for s in range(STEPS):
-        tab = pq.read_table(ex.step_path(run_dir, s))
+        tab = pq.read_table(ex.step_path(run_dir, s + 1))  # verl's numbering: step s + 1
         lo, hi = tab.column("weight_version").to_pylist(), tab.column("weight_version_max").to_pylist()
         assert all(a <= b <= s and s - a <= 1 for a, b in zip(lo, hi)), (s, lo, hi)
         seen.update(tab.column("group").to_pylist())

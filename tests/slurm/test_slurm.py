@@ -90,7 +90,7 @@ def test_grpo_with_every_worker_a_slurm_job(tmp_path, tiny_model_dir, addition_d
     assert "flowrl: Dask dashboard at http://127.0.0.1:" in proc.stderr
     assert "flowrl: 5 SLURM jobs named flowrltestgrpo-" in proc.stderr  # 4 ranks + the controller
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1]
+    assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
         assert 0.0 <= row["critic/score/mean"] <= 1.0 and "actor/pg_loss" in row and "timing_s/step" in row
     # the workers really ran inside SLURM jobs: each job wrote its log under <run_dir>/slurm

@@ -1,6 +1,7 @@
 """trainer.logger: config validation, the sinks it opens, TensorBoard event files."""
 
 import math
+from pathlib import Path
 import subprocess
 import sys
 
@@ -50,28 +51,46 @@ def test_metrics_jsonl_is_written_whatever_the_logger_list(tmp_path):
 def test_console_logger_prints_one_line_per_step():
     lines = []
     logger = ConsoleLogger(3, lines.append)
-    logger.log(0, {"critic/score/mean": 0.25, "timing_s/step": 1.5})
-    logger.log(1, {"critic/score/mean": 0.5})
-    assert lines == ["step 1/3  score=0.250  step_s=1.500", "step 2/3  score=0.500"]
+    logger.log(0, {"val-core/flowrl/addition/reward/mean@1": 0.125, "timing_s/validation": 0.5})  # val_before_train
+    logger.log(1, {"critic/score/mean": 0.25, "timing_s/step": 1.5})  # verl's numbering: the first step is 1
+    logger.log(2, {"critic/score/mean": 0.5})
+    assert lines == ["step 0/3  val-core/flowrl/addition/reward/mean@1=0.125", "step 1/3  score=0.250  step_s=1.500",
+                     "step 2/3  score=0.500"]
 
 
-def test_tensorboard_event_files_hold_every_finite_scalar(tmp_path):
+def test_tensorboard_event_files_hold_every_finite_scalar(tmp_path, monkeypatch):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
+    (tmp_path / "run").mkdir()
     lines = []
-    logger = open_loggers(["console", "tensorboard"], tmp_path, total=2, write=lines.append)
-    logger.log(0, {"critic/score/mean": 0.25, "actor/pg_loss": -1.5, "actor/kl_loss": math.inf})
-    logger.log(1, {"critic/score/mean": 0.75, "actor/pg_loss": -0.5, "actor/kl_loss": 0.125})
+    logger = open_loggers(["console", "tensorboard"], tmp_path / "run", total=2, write=lines.append,
+                          project="proj", experiment="exp")
+    logger.log(1, {"critic/score/mean": 0.25, "actor/pg_loss": -1.5, "actor/kl_loss": math.inf})
+    logger.log(2, {"critic/score/mean": 0.75, "actor/pg_loss": -0.5, "actor/kl_loss": 0.125})
     logger.close()
-    assert len(lines) == 2
-    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0, 1]
-    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    board = tmp_path / "tensorboard_log" / "proj" / "exp"  # verl's place, under the working directory
+    assert lines == [f"tensorboard: tensorboard --logdir {Path('tensorboard_log/proj/exp')}",
+                     "step 1/2  score=0.250  pg_loss=-1.500  kl=inf", "step 2/2  score=0.750  pg_loss=-0.500  kl=0.125"]
+    assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [1, 2]
+    acc = EventAccumulator(str(board))
     acc.Reload()
     assert set(acc.Tags()["scalars"]) == {"critic/score/mean", "actor/pg_loss", "actor/kl_loss"}
     score = [(e.step, e.value) for e in acc.Scalars("critic/score/mean")]
-    assert score == [(0, 0.25), (1, 0.75)]
-    assert [(e.step, e.value) for e in acc.Scalars("actor/kl_loss")] == [(1, 0.125)]  # inf skipped
+    assert score == [(1, 0.25), (2, 0.75)]  # the same steps as metrics.jsonl
+    assert [(e.step, e.value) for e in acc.Scalars("actor/kl_loss")] == [(2, 0.125)]  # inf skipped
+
+
+def test_tensorboard_dir_is_verls(tmp_path, monkeypatch):
+    from flowrl.metrics.logger import tensorboard_dir
+
+    monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
+    assert tensorboard_dir("p", "e") == Path("tensorboard_log/p/e")
+    assert tensorboard_dir("../..", "a/b") == Path("tensorboard_log/_/a_b")  # never outside tensorboard_log
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
+    assert tensorboard_dir("p", "e") == tmp_path / "tb"
 
 
 def test_missing_tensorboard_is_a_config_error(tmp_path, monkeypatch):
