@@ -28,7 +28,9 @@ CRITIC_TRAIN_TOKENS_PER_S = "perf/critic_train_tokens_per_s"
 CRITIC_TRAIN_PADDING_RATIO = "perf/critic_train_padding_ratio"
 TRAIN_SLOTS = "train_slots"  # an update stat: model positions computed, summed over ranks
 TRAIN_TOKENS = "train_tokens"  # an update stat: real tokens (prompt + response), summed over ranks
-GLOBAL_STEP = "training/global_step"
+GLOBAL_STEP = "training/global_step"  # verl's: the step's number, 1 for the first
+EPOCH = "training/epoch"  # verl's: the 0-based pass over the prompts the step's batch belongs to
+TOTAL_NUM_TOKENS = "perf/total_num_tokens"  # verl's: prompt + response tokens of the step's batch
 VALIDATION_TIME = "timing_s/validation"
 
 # --------------------------------------------------------------------------- data (verl's names)
@@ -41,7 +43,14 @@ ADVANTAGES_MIN = "critic/advantages/min"
 RESPONSE_LENGTH_MEAN = "response_length/mean"
 RESPONSE_LENGTH_MAX = "response_length/max"
 RESPONSE_LENGTH_MIN = "response_length/min"
+RESPONSE_LENGTH_CLIP_RATIO = "response_length/clip_ratio"  # responses that reached rollout.response_length
 PROMPT_LENGTH_MEAN = "prompt_length/mean"
+PROMPT_LENGTH_MAX = "prompt_length/max"
+PROMPT_LENGTH_MIN = "prompt_length/min"
+PROMPT_LENGTH_CLIP_RATIO = "prompt_length/clip_ratio"  # prompts of data.max_prompt_length tokens
+REWARDS_MEAN = "critic/rewards/mean"  # verl's: per-sample sum of token rewards (the score less any KL penalty)
+REWARDS_MAX = "critic/rewards/max"
+REWARDS_MIN = "critic/rewards/min"
 NUM_SAMPLES = "num_samples"
 NUM_RESPONSE_TOKENS = "num_response_tokens"
 NUM_TOKENS = "num_tokens"
@@ -156,6 +165,16 @@ def agent_finish_reason(reason: str) -> str:
 def timing(node: str) -> str:
     """Wall time of graph node ``node`` inside its task: ``timing_s/<node>``."""
     return f"timing_s/{node}"
+
+
+def timing_per_token(node: str) -> str:
+    """verl's per-token time of node ``node`` in milliseconds: ``timing_per_token_ms/<node>``."""
+    return f"timing_per_token_ms/{node}"
+
+
+#: verl's ``compute_timing_metrics``: the nodes timed per token, and over which tokens.
+PER_TOKEN_RESPONSE_NODES = ("gen",)
+PER_TOKEN_ALL_NODES = ("ref", "values", "adv", "update_critic", "update_actor")
 
 
 def compute(what: str) -> str:

@@ -219,11 +219,25 @@ class Run:
         self.sync.record_step(step + 1, submitted, out.spans, sync)  # verl's numbering: the first step is 1
         metrics.update(out.metrics)
         metrics.update(self.source.metrics(step, out))
-        metrics.update(_step_metrics(step, time.perf_counter() - start, metrics[names.NUM_TOKENS]))
+        metrics.update(self._verl_metrics(step, time.perf_counter() - start, metrics, out.value))
         self.family.state.observe(metrics)
         if self.cfg.trainer.save_experience:
             experience.write_parquet(out.value, experience.step_path(self.run_dir, step + 1))
         return out.value, metrics
+
+    def _verl_metrics(self, step: int, wall_s: float, metrics: dict[str, float], table: Any) -> dict[str, float]:
+        """verl's metrics of the whole step that no node writes (``flowrl.run.step_metrics``)."""
+        from flowrl.run import step_metrics
+
+        cfg = self.cfg
+        out = step_metrics.driver_metrics(step, wall_s, metrics[names.NUM_TOKENS],
+                                          len(self.dataset) // cfg.data.train_batch_size)
+        out.update(step_metrics.per_token_timings(metrics, metrics.get(names.NUM_RESPONSE_TOKENS, 0.0),
+                                                  metrics[names.NUM_TOKENS]))
+        batch = step_metrics.batch_metrics(table, max_prompt_length=cfg.data.max_prompt_length,
+                                           max_response_length=cfg.rollout.response_length)
+        out.update({k: v for k, v in batch.items() if k not in metrics})  # a node's own value stands
+        return out
 
     def _compute(self, output: Any) -> Any:
         return self.session.compute(output, timeout=self.cfg.cluster.timeout_s)
@@ -293,7 +307,3 @@ def epoch_steps(total_epochs: int, num_prompts: int, batch_size: int, cap: int) 
     return min(steps, cap) if cap > 0 else steps
 
 
-def _step_metrics(step: int, wall_s: float, num_tokens: float) -> dict[str, float]:
-    """The driver's metrics of one step (verl's names)."""
-    return {names.STEP_TIME: wall_s, names.THROUGHPUT: num_tokens / wall_s, names.TIME_PER_STEP: wall_s,
-            names.GLOBAL_STEP: float(step + 1)}
