@@ -40,8 +40,8 @@ import os
 import shutil
 import signal
 import stat
-import sys
 import subprocess
+import sys
 import tempfile
 import threading
 import warnings
@@ -389,7 +389,7 @@ async def run_jailed(code: str, *, stdin: str = "", limits: JailLimits | None = 
 
 
 def payload(code: str, stdin: str) -> bytes:
-    """What the prelude reads on stdin: ``<length of the code>\n<code><stdin>``."""
+    """What the prelude reads on stdin: the code's length in bytes and a newline, the code, then ``stdin``."""
     source = code.encode("utf-8", errors="replace")
     return b"%d\n" % len(source) + source + stdin.encode("utf-8", errors="replace")
 
@@ -401,7 +401,12 @@ async def run_process(argv: list[str], data: bytes, limits: JailLimits, **popen:
     through here, so that they differ only in what is started."""
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True, **popen)  # type: ignore[call-overload]
-    watched = _Watched(proc, cap=limits.max_output_chars * 4)
+    try:
+        watched = _Watched(proc, cap=limits.max_output_chars * 4)
+    except BaseException:  # e.g. an event loop that cannot watch file descriptors
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        raise
     try:
         watched.feed(data)
         await asyncio.wait_for(watched.finished(), limits.timeout_s)
