@@ -94,10 +94,8 @@ def held_out(table: pa.Table, *columns: Any, loss: str, options: dict, family: s
     table = join_columns(table, *columns)
     batch = PackedBatch.from_table(table, tuple(spec.fields) + ("logprobs",))
     totals = Totals(spec.count(batch.token_fields, batch.response_cu_B1), float(batch.num_response_tokens))
-    value, stats = spec.fn(batch.token_fields["logprobs"], batch.token_fields, batch.response_cu_B1, totals=totals, **options)
-    metrics = {f"{VALIDATION}{family}/{k}": float(v) for k, v in stats.items()}
-    metrics[f"{VALIDATION}{family}/loss"] = float(value)
-    return NodeOut(None, metrics)
+    _, stats = spec.fn(batch.token_fields["logprobs"], batch.token_fields, batch.response_cu_B1, totals=totals, **options)
+    return NodeOut(None, {f"{VALIDATION}{family}/{k}": float(v) for k, v in stats.items()})
 
 
 # --------------------------------------------------------------------------- graph pieces

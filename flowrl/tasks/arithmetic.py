@@ -86,3 +86,44 @@ def write_addition_parquet(
         os.replace(tmp_path, path)
         paths.append(path)
     return paths[0], paths[1]
+
+
+def make_sft_rows(num: int, seed: int, split: str) -> list[dict]:
+    """``num`` addition demonstrations of ``split`` in verl's SFT format: ``messages`` (the user's
+    prompt, the assistant's answer), the same pairs as :func:`make_addition_rows` draws."""
+    return [{"messages": row["prompt"] + [{"role": "assistant", "content": row["reward_model"]["ground_truth"]}]}
+            for row in make_addition_rows(num, seed, split)]
+
+
+def wrong_answer(a: int, b: int, seed: int) -> str:
+    """A deterministic wrong sum of ``a + b`` (off by 1 to 10, either way, or a digit dropped)."""
+    rng = random.Random(f"flowrl/addition/wrong/{seed}/{a}+{b}")
+    right = a + b
+    if rng.random() < 0.2:
+        return str(right)[:-1] or "0"
+    return str(right + rng.choice([d for d in range(-10, 11) if d and right + d >= 0]))
+
+
+def make_pair_rows(num: int, seed: int, split: str) -> list[dict]:
+    """``num`` preference pairs of ``split`` in TRL's format: the prompt, the right sum as ``chosen``,
+    a wrong one (:func:`wrong_answer`) as ``rejected``."""
+    rows = make_addition_rows(num, seed, split)
+    out = []
+    for row in rows:
+        a, b = (int(x) for x in row["prompt"][0]["content"].rstrip("=").split("+"))
+        out.append({"prompt": row["prompt"], "chosen": row["reward_model"]["ground_truth"],
+                    "rejected": wrong_answer(a, b, seed)})
+    return out
+
+
+def write_rows(path: str | os.PathLike, rows: list[dict]) -> Path:
+    """``rows`` as one Parquet file at ``path``, written under a temporary name and renamed."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp_path = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path)
+    os.replace(tmp_path, path)
+    return path
