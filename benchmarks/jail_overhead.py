@@ -25,6 +25,12 @@ cleanup runs in kernel threads and is not counted). Throughput: ``--calls`` call
 
 The load from others is recorded per repeat: the machine's busy CPU seconds (``/proc/stat``)
 minus this benchmark's own, over the repeat's wall time, in cores.
+
+Where the overhead goes (``--breakdown``, once per run, CPU only since load does not inflate it):
+a ladder of commands, each adding one piece of the jail's command line to the one before
+(``setpriv``; ``bwrap`` with a user and mount namespace; then the PID, IPC/UTS/cgroup and network
+namespaces; no nested user namespaces; the mounts, session and environment), ending in the jail's
+own command line running ``/usr/bin/true``, then the bare runner and the jail running ``pass``.
 """
 
 from __future__ import annotations
@@ -49,6 +55,8 @@ from flowrl.agents.jail import (  # noqa: E402
     JAIL_ENV,
     JailLimits,
     _interpreter,
+    _jail_command,
+    _usr_links,
     jail_problem,
     payload,
     run_jailed,
@@ -154,6 +162,41 @@ async def _repeat(calls: dict[str, Callable[[], Awaitable[Any]]], rounds: int, n
     return out
 
 
+def _breakdown(python: str, rounds: int, block: int) -> dict[str, float]:
+    """CPU ms per call of each step of the ladder (see the module docstring): median over
+    ``rounds`` of blocks of ``block`` calls, the steps alternated block by block."""
+    import subprocess
+
+    jail_argv = list(_jail_command(LIMITS)[0])
+    at = next(i for i, a in enumerate(jail_argv) if os.path.basename(a) == "bwrap")
+    setpriv, bwrap, options = jail_argv[:at], jail_argv[at], jail_argv[at + 1:jail_argv.index("--")]
+    fs = ["--ro-bind", "/usr", "/usr", *_usr_links()]
+    true = ["--", "/usr/bin/true"]
+    namespaces = [["--unshare-user"], ["--unshare-pid"], ["--unshare-ipc", "--unshare-uts", "--unshare-cgroup"],
+                  ["--unshare-net"]]
+    ladder: dict[str, tuple[list[str], bytes]] = {"exec /usr/bin/true": (["/usr/bin/true"], b""),
+                                                  "+ setpriv": ([*setpriv, "/usr/bin/true"], b"")}
+    names = ["+ bwrap: user and mount namespaces", "+ PID namespace (bwrap's init)", "+ IPC, UTS, cgroup namespaces",
+             "+ network namespace"]
+    for i, name in enumerate(names):
+        ladder[name] = ([*setpriv, bwrap, *(a for ns in namespaces[:i + 1] for a in ns), *fs, *true], b"")
+    ladder["+ no nested user namespaces"] = ([*setpriv, bwrap, "--unshare-all", "--unshare-user", "--disable-userns",
+                                              *fs, *true], b"")
+    ladder["+ mounts, session, environment: the jail's command line"] = ([*setpriv, bwrap, *options, *true], b"")
+    ladder["bare runner (pass)"] = (runner_argv(python, LIMITS, nproc=True), payload("pass", ""))
+    ladder["jail (pass)"] = (jail_argv, payload("pass", ""))
+    cpu: dict[str, list[float]] = {k: [] for k in ladder}
+    for _ in range(rounds):
+        for name, (argv, data) in ladder.items():
+            before = _children_cpu_s()
+            for _ in range(block):
+                done = subprocess.run(argv, input=data, capture_output=True, env={}, timeout=30)
+                assert done.returncode == 0, (name, done.stderr[-500:])
+            _reap_orphans()
+            cpu[name].append(1000 * (_children_cpu_s() - before) / block)
+    return {k: median(v) for k, v in cpu.items()}
+
+
 def _print_repeat(i: int, r: dict[str, Any]) -> None:
     f = lambda s: f"{s['median']:.1f} [{s['p10']:.1f}, {s['p90']:.1f}]"  # noqa: E731
     print(f"\nrepeat {i}: others kept {r['others_busy_cores']:.2f} of {os.cpu_count()} cores busy; 1-min load "
@@ -172,6 +215,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=100, help="latency rounds per repeat (each kind once)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--calls", type=int, default=64, help="calls per throughput block")
+    parser.add_argument("--breakdown", type=int, default=5, help="rounds of the CPU breakdown (0: none)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "jail_overhead.json"))
     args = parser.parse_args()
     for name in ("rounds", "repeats", "calls"):
@@ -196,6 +240,15 @@ def main() -> None:
         return out
 
     repeats = asyncio.run(run())
+    breakdown = _breakdown(python, args.breakdown, block=10) if args.breakdown else {}
+    if breakdown:
+        print("\nwhere the overhead goes (CPU ms per call, median of blocks of 10)")
+        rows, previous = [], None
+        for name, value in breakdown.items():
+            step = "" if previous is None or not name.startswith("+") else f"{value - previous:+.2f}"
+            rows.append([name, f"{value:.2f}", step])
+            previous = value
+        print(table(["command", "CPU ms", "step"], rows))
     overheads = [r["overhead_ms"]["median"] for r in repeats]
     summary = {"overhead_ms_median_per_repeat": overheads, "overhead_ms_worst_repeat": max(overheads),
                "cpu_overhead_ms_per_repeat": [r["cpu_overhead_ms"] for r in repeats],
@@ -207,7 +260,7 @@ def main() -> None:
                                 ["others' busy cores per repeat", ", ".join(f"{r['others_busy_cores']:.2f}" for r in repeats)],
                                 *[[f"jail calls/s at {c} concurrent (median)", f"{v:.1f}"]
                                   for c, v in summary["jail_calls_per_s_median"].items()]]))
-    write_json({"summary": summary, "repeats": repeats, "rounds": args.rounds, "calls": args.calls,
+    write_json({"summary": summary, "repeats": repeats, "cpu_breakdown_ms": breakdown, "rounds": args.rounds, "calls": args.calls,
                 "jail_interpreter": python, "limits": {"timeout_s": LIMITS.timeout_s, "memory_mb": LIMITS.memory_mb},
                 "machine": machine_info()}, args.out)
 
