@@ -285,7 +285,8 @@ TRAIN_BACKENDS.add(TrainBackendSpec(
     checkpoint=CheckpointKind.SHARDED, shard_style=ShardStyle.MEGATRON, token_budget=False, shared_prompts=False,
     shares_process=False, engine_kwargs=f"{_MEGATRON}:train_engine_kwargs", preflight=f"{_MEGATRON}:check_train_layouts",
     checkpoint_blockers=(CheckpointBlocker(key=_DISTRIBUTED_OPTIMIZER,
-                                           reason="checkpoints cannot hold megatron's dp-sharded optimizer buffers"),),
+                                           reason="saving megatron's distributed optimizer (its dp-sharded optimizer "
+                                                  "buffers) is not built in flowrl"),),
 ))
 TRAIN_BACKENDS.add(TrainBackendSpec(
     # FSDP shards the optimizer state over dp ranks anyway: use_distributed_optimizer is accepted (no effect)

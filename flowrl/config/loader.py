@@ -39,10 +39,23 @@ def load_config_with_notes(path: str | Path | None = None,
     errors: list[ConfigError] = []
     data, notes, origin = resolve_data(path, overrides, errors)
     cfg = from_dict(RunConfig, data, errors=errors)
+    if cfg is None:  # a section did not build: the checks of whole names still run (one pass)
+        errors.extend(_name_mistakes(data, {e.key for e in errors}))
     raise_all([_as_typed(e, origin) for e in errors])
     from flowrl.config.verl_yaml import flatten
 
     return cfg, notes, set(flatten(data))
+
+
+def _name_mistakes(data: dict[str, Any], reported: set[str]) -> list[ConfigError]:
+    """:func:`~flowrl.config.schema.name_mistakes` of ``data``'s algorithm section (flowrl's
+    defaults where unset), those not reported already."""
+    from flowrl.config.schema import AlgorithmConfig, name_mistakes
+
+    algo = data.get("algorithm") if isinstance(data.get("algorithm"), dict) else {}
+    defaults = AlgorithmConfig()
+    found = name_mistakes(algo.get("adv_estimator", defaults.adv_estimator), algo.get("kl_penalty", defaults.kl_penalty))
+    return [e for e in found if e.key not in reported]
 
 
 def _as_typed(exc: ConfigError, origin: dict[str, str]) -> ConfigError:

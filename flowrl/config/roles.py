@@ -53,7 +53,8 @@ def check_token_budget(section, keys: tuple[str, ...], dynamic: bool, name: str,
     for key in keys:
         check_positive(key, getattr(section, key), "use e.g. 16384")
     check(not dynamic or registry.spec(section.strategy).token_budget, "use_dynamic_bsz", True,
-          f"{name}.strategy={section.strategy} forms its micro-batches by rows", f"set {name}.use_dynamic_bsz=false "
+          f"token-budget micro-batching is not built in flowrl for {name}.strategy={section.strategy} (it forms "
+          "its micro-batches by rows)", f"set {name}.use_dynamic_bsz=false "
           f"(and log_prob_use_dynamic_bsz=false), or {name}.strategy={_with(registry, 'token_budget')}")
 
 
@@ -83,7 +84,8 @@ class ValKwargsConfig:
     do_sample: bool = False
     """Sample (with the settings below) instead of greedy decoding."""
     n: int = 1
-    """Responses per validation prompt (``mean@n``; ``best@n`` for n > 1)."""
+    """Responses per validation prompt (``mean@n``; ``best@n`` for n > 1). Greedy (``do_sample=false``)
+    with n > 1 decodes n times the same response, as verl does: the scores are the greedy one's."""
     temperature: float = 1.0
     """Sampling temperature when ``do_sample``."""
     top_p: float = 1.0
@@ -93,8 +95,6 @@ class ValKwargsConfig:
 
     def __post_init__(self) -> None:
         check_positive("n", self.n, "use 1 (greedy) or e.g. 4 with do_sample=true")
-        check(self.n == 1 or self.do_sample, "n", self.n, "greedy decoding gives n identical responses",
-              "set rollout.val_kwargs.do_sample=true, or n=1")
         check(self.temperature > 0 or not self.do_sample, "temperature", self.temperature,
               "must be > 0 when do_sample", "use 1.0 (or do_sample=false for greedy)")
         check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]", "use 1.0 to disable")

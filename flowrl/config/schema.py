@@ -16,6 +16,7 @@ import no torch; backend rules read the chosen backend's capabilities, never its
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from flowrl.catalog.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, estimator_traits
 from flowrl.catalog.backends import TRAIN_BACKENDS, checkpoint_problem
@@ -27,6 +28,23 @@ from flowrl.config.roles import (ActorConfig, CriticConfig, ReferenceConfig, Rew
                                  check_reference_budget)
 from flowrl.config.sections import DataConfig, ModelConfig, TrainerConfig
 from flowrl.config.sandbox import SandboxConfig
+
+
+def name_mistakes(adv_estimator: Any, kl_penalty: Any) -> list[ConfigError]:
+    """The registry names of ``algorithm`` that are not registered: checked on their own, so that a
+    command line with other mistakes reports these in the same pass (issue 35 item 6)."""
+    out = []
+    try:
+        estimator_traits(adv_estimator)
+    except (ValueError, TypeError) as exc:
+        out.append(ConfigError(
+            "algorithm.adv_estimator", adv_estimator, f"is not an advantage estimator ({exc})",
+            "use one of " + ", ".join(ADVANTAGE_ESTIMATORS.names())
+            + ", or package.module:function of a function decorated with @register_estimator"))
+    problem = KL_ESTIMATORS.problem(kl_penalty)
+    if problem is not None:
+        out.append(ConfigError("algorithm.kl_penalty", kl_penalty, problem, KL_ESTIMATORS.fix()))
+    return out
 
 
 @dataclass(kw_only=True)
@@ -85,7 +103,8 @@ class RunConfig:
         for role, o in (("actor", self.actor.optim), ("critic", self.critic.optim)):
             check(self.trainer.total_training_steps > 0 or (o.lr_scheduler_type == "constant" and o.lr_warmup_steps <= 0
                   and o.lr_warmup_steps_ratio == 0), f"{role}.optim.lr_scheduler_type", o.lr_scheduler_type,
-                  "a schedule or warm-up needs the run's length, and trainer.total_training_steps is 0",
+                  "a schedule or warm-up needs the run's length, and trainer.total_training_steps is 0: deriving "
+                  "it from the data's size (verl's way) is not built in flowrl",
                   "set trainer.total_training_steps (with total_epochs: the cap), or lr_scheduler_type=constant")
         problem = checkpoint_problem(TRAIN_BACKENDS.spec(self.actor.strategy), self.actor)
         if problem is not None and self.trainer.save_freq > 0:
@@ -183,16 +202,8 @@ class RunConfig:
     def _check_algorithm_family(self) -> None:
         """Critic, KL-in-reward and estimator rules (the PPO family's cross-section checks)."""
         algo = self.algorithm
-        try:
-            estimator_traits(algo.adv_estimator)
-        except ValueError as exc:
-            raise ConfigError(
-                "algorithm.adv_estimator", algo.adv_estimator, f"is not an advantage estimator ({exc})",
-                "use one of " + ", ".join(ADVANTAGE_ESTIMATORS.names())
-                + ", or package.module:function of a function decorated with @register_estimator",
-            ) from None
-        problem = KL_ESTIMATORS.problem(algo.kl_penalty)
-        check(problem is None, "algorithm.kl_penalty", algo.kl_penalty, problem, KL_ESTIMATORS.fix())
+        for mistake in name_mistakes(algo.adv_estimator, algo.kl_penalty):
+            raise mistake
         ob = self.reward_model.overlong_buffer
         if ob.enable:
             check(ob.len <= self.rollout.response_length, "reward_model.overlong_buffer.len", ob.len,

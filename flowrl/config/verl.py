@@ -26,6 +26,7 @@ from functools import lru_cache
 from typing import Any
 
 from flowrl.config.errors import ConfigError
+from flowrl.config.verl_batch import per_gpu_micro_batches
 from flowrl.config.verl_keys import (_NO, _OFF, AR, KNOCK_ON, REFUSED_VALUES, VERL_KEYS, VERL_NAMES,  # noqa: F401
                                      VerlKey, _k)  # the table, re-exported
 
@@ -131,7 +132,26 @@ def _translate(key: str, value: Any) -> tuple[str | None, str | None]:
         raise _refusal(key, value, entry, pending=True)
     if _accepted(value, entry.accept) or is_verl_default(key, value):
         return None, None
+    typo = verl_typo(key) if entry.verl.endswith(".*") else ""
+    if typo:  # under a refused prefix, but not a verl key: a typo of one (optim.lrr), not the feature
+        _, target = lookup(typo)
+        flowrl_form = f" (flowrl's {target})" if target and target != typo else ""
+        raise ConfigError(key, value, "unknown key (verl has no such key either)", f"did you mean {typo}?{flowrl_form}")
     raise _refusal(key, value, entry, pending=False)
+
+
+def verl_typo(key: str) -> str:
+    """The verl 0.9.1 key that ``key`` (not one of verl's) misspells, among its siblings; ``""``
+    if ``key`` is verl's, lies inside a verl mapping (``override_config.*``), or is close to none."""
+    import difflib
+
+    defaults = _verl_defaults()
+    if not defaults or key in defaults or any(key.startswith(d + ".") for d in defaults):
+        return ""
+    parent = key.rpartition(".")[0]
+    siblings = [d for d in defaults if d.rpartition(".")[0] == parent]
+    close = difflib.get_close_matches(key, siblings, n=1, cutoff=0.8)
+    return close[0] if close else ""
 
 
 @lru_cache(maxsize=1)
@@ -158,7 +178,7 @@ def is_verl_default(key: str, value: Any) -> bool:
     defaults = _verl_defaults().get(key, ())
     if any(_same(d, value) for d in defaults):
         return True
-    if not defaults or any(isinstance(d, str) and "${" in d for d in defaults):  # under an interpolation: resolved (slower, rare)
+    if any(isinstance(d, str) and "${" in d for d in defaults):  # under an interpolation: resolved (slower, rare)
         return any(_same(d, value) for d in _resolved_defaults().get(key, ()))
     return False
 
@@ -200,11 +220,14 @@ def verl_value(key: str, target: str, value: Any) -> Any:
     of ``trainer.total_training_steps`` is "the epochs decide" (0), of ``max_*_ckpt_to_keep`` keep
     all (0), of a micro-batch size or token budget derived (:data:`DROP`: flowrl keeps its own);
     a string logger is a list of one; a list of files is flowrl's comma-separated string;
-    ``${oc.env:NAME}`` is resolved; a rollout engine flowrl lacks is refused by name
+    ``${oc.env:NAME}`` is resolved; an empty value of a boolean (``use_kl_loss=``) is false, as
+    Python's truth reads it in verl; a rollout engine flowrl lacks is refused by name
     (:data:`REFUSED_VALUES`)."""
     if isinstance(value, str) and "${" in value:
         value = _resolve(key, value)
     last = target.rsplit(".", 1)[-1]
+    if value == "" and _field_type(target) == "bool":
+        return False  # verl reads ``key=`` (an empty string) with Python's truth: off
     if target in ("trainer.save_freq", "trainer.test_freq") and isinstance(value, int) and value < 0:
         return 0
     if value is None:
@@ -221,6 +244,22 @@ def verl_value(key: str, target: str, value: Any) -> Any:
         raise ConfigError(key, value, f"{lacking_feature[0]}; flowrl has no equivalent", lacking_feature[1])
     _refuse_verl_names(key, target, value)
     return value
+
+
+def _field_type(dotted: str) -> str:
+    """The annotation of :class:`~flowrl.config.schema.RunConfig`'s field ``dotted`` as written
+    (``"bool"``, ``"int"``, ...; ``""`` if there is none)."""
+    from flowrl.config.schema import RunConfig
+
+    node: Any = RunConfig()
+    *parents, last = dotted.split(".")
+    for part in parents:
+        node = getattr(node, part, None)
+    if node is None or not dataclasses.is_dataclass(node):
+        return ""
+    match = {f.name: f for f in dataclasses.fields(node)}.get(last)
+    kind = match.type if match is not None else ""
+    return kind if isinstance(kind, str) else getattr(kind, "__name__", "")
 
 
 def _refuse_verl_names(key: str, target: str, value: Any) -> None:
@@ -299,6 +338,7 @@ def derive(flat: dict[str, Any]) -> dict[str, Any]:
     if any(k.startswith(f"{AR}.") for k in flat) and f"{AR}.actor.strategy" not in flat and "actor.strategy" not in flat:
         if _strategy_known("fsdp"):  # verl's default engine, where flowrl has it
             out["actor.strategy"] = "fsdp"
+    out.update(per_gpu_micro_batches(flat))  # verl's global micro-batches, per GPU (verl_batch)
     gpus = flat.get("trainer.n_gpus_per_node")
     if gpus is not None:
         world = int(gpus) * int(flat.get("trainer.nnodes") or 1)

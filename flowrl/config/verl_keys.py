@@ -74,19 +74,50 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     # --- actor
     _k(f"{AR}.actor.strategy", "dyn", "actor.strategy", does="the training engine (fsdp, fsdp2, megatron)",
        nearest="actor.strategy=dp (data parallel) or megatron"),
-    _k(f"{AR}.actor.fsdp_config.*", "dyn", "actor.fsdp_config.*", does="FSDP sharding and CPU offload of the actor",
-       nearest="actor.strategy=dp (nothing offloaded)", accept=_OFF),
-    _k(f"{AR}.ref.fsdp_config.*", "dyn", "ref.fsdp_config.*", does="FSDP sharding and CPU offload of the reference",
-       nearest="ref.data_parallel_size (the reference keeps its weights on its own workers)", accept=_OFF),
-    _k("critic.model.fsdp_config.*", "dyn", "critic.fsdp_config.*", does="FSDP sharding and CPU offload of the critic",
-       nearest="critic.strategy=dp (nothing offloaded)", accept=_OFF),
+    # fsdp_config: flowrl's FSDP2 options (param_offload, optimizer_offload, reshard_after_forward,
+    # mixed_precision.*) by the prefix; verl's other FSDP knobs one by one (_FSDP_KNOBS, below)
+    _k(f"{AR}.actor.fsdp_config.*", "map", "actor.fsdp_config.*"),
+    _k(f"{AR}.ref.fsdp_config.*", "map", "ref.fsdp_config.*"),
+    _k("critic.model.fsdp_config.*", "map", "critic.fsdp_config.*"),
+    *(_k(f"{prefix}.{knob}", kind, does=why, nearest=near.format(to=to), accept=accept)
+      for prefix, to in ((f"{AR}.actor.fsdp_config", "actor"), (f"{AR}.ref.fsdp_config", "ref"),
+                         ("critic.model.fsdp_config", "critic"))
+      for knob, kind, why, near, accept in (
+          ("wrap_policy.*", "noop", "which modules FSDP wraps (verl: each decoder layer)",
+           "flowrl's FSDP2 shards each decoder layer, then the whole model", ()),
+          ("forward_prefetch", "noop", "FSDP1's explicit prefetch of the next forward all-gather, a speed option",
+           "flowrl's FSDP2, as verl's fsdp2, overlaps the next all-gather itself", ()),
+          ("use_orig_params", "noop", "FSDP1's flat-parameter option", "FSDP2 always keeps the original parameters", ()),
+          ("seed", "noop", "the FSDP engine's seed", "trainer.seed", ()),
+          ("use_torch_compile", "noop", "torch.compile of verl's kernels", "a speed option", ()),
+          ("entropy_from_logits_with_chunking", "noop", "chunked entropy", "a memory option", ()),
+          ("entropy_from_logits_chunk_size", "noop", "chunked entropy", "a memory option", ()),
+          ("entropy_checkpointing", "noop", "recomputes the entropy in the backward pass", "a memory option", ()),
+          ("use_no_sync_for_gradient_accumulation", "noop", "skips the gradient reduce between micro-batches",
+           "a speed option; the gradients are the same", ()),
+          ("pad_to_length", "noop", "pads micro-batches to a fixed length",
+           "flowrl pads each micro-batch to its longest row", ()),
+          ("pad_to_length_bucket", "noop", "the bucket of pad_to_length", "flowrl pads each micro-batch to its longest row", ()),
+          ("forward_only", "noop", "marks an engine that never steps", "the reference never steps in flowrl", ()),
+          ("strategy", "noop", "verl's copy of the engine's name", "{to}.strategy (the reference: actor.strategy)", ()),
+          ("offload_policy", "refuse", "FSDP2's CPUOffloadPolicy as a switch of its own",
+           "{to}.fsdp_config.param_offload=true (flowrl's FSDP2 CPUOffloadPolicy)", _OFF),
+          ("model_dtype", "refuse", "the dtype FSDP keeps the model's weights in",
+           "model.dtype, {to}.fsdp_config.mixed_precision.param_dtype", ()),
+          ("dtype", "refuse", "the FSDP engine's compute dtype", "{to}.fsdp_config.mixed_precision.param_dtype", ()),
+          ("full_determinism", "refuse", "deterministic kernels everywhere", "trainer.seed", _OFF),
+          ("ulysses_sequence_parallel_size", "refuse", "Ulysses sequence parallelism (the engine's copy)",
+           "{to}.tensor_model_parallel_size", (1, None)),
+          ("qat.*", "refuse", "quantization-aware training", "none", _OFF),
+          ("turbo_config.*", "refuse", "verl's turbo FSDP engine", "{to}.strategy=fsdp", ()),
+      )),
     _k(f"{AR}.actor.grad_clip", "map", "actor.optim.grad_clip"),
     _k(f"{AR}.actor.policy_loss.loss_mode", "map", "actor.policy_loss"),
     _k(f"{AR}.actor.policy_loss.*", "refuse", does="options of verl's policy losses",
        nearest="actor.policy_loss, actor.clip_ratio_low/high/c", accept=_OFF),
     _k(f"{AR}.actor.clip_ratio", "derive", does="sets clip_ratio_low and clip_ratio_high together"),
-    _k(f"{AR}.actor.ppo_micro_batch_size", "refuse", does="the global micro-batch size (deprecated in verl)",
-       nearest="actor.ppo_micro_batch_size_per_gpu", accept=_OFF),
+    _k(f"{AR}.actor.ppo_micro_batch_size", "derive", does="the global micro-batch size (deprecated in verl): "
+       "actor.ppo_micro_batch_size_per_gpu = it // the GPUs it is split over"),
     _k(f"{AR}.actor.use_dynamic_bsz", "map", "actor.use_dynamic_bsz", default=False),
     _k(f"{AR}.actor.ppo_max_token_len_per_gpu", "map", "actor.ppo_max_token_len_per_gpu", default=16384),
     _k(f"{AR}.actor.use_prefix_grouper", "map", "actor.use_prefix_grouper"),  # verl: False, and not with use_dynamic_bsz
@@ -120,14 +151,14 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k(f"{AR}.rollout.free_cache_engine", "map", "rollout.free_cache_engine", default=True,
        adopt=False),  # vllm only: verl's default would refuse rollout.name=hf
     # --- ref
-    _k(f"{AR}.ref.log_prob_micro_batch_size", "noop", does="the reference's global micro-batch",
-       nearest="ref.log_prob_micro_batch_size_per_gpu"),
+    _k(f"{AR}.ref.log_prob_micro_batch_size", "derive", does="the reference's global micro-batch (deprecated): "
+       "ref.log_prob_micro_batch_size_per_gpu = it // the GPUs it is split over"),
     # --- critic and reward model
     _k("critic.model.path", "map", "critic.model_path"),
     _k("critic.model.*", "refuse", does="the critic's model options", nearest="critic.model_path", accept=_OFF),
     _k("critic.grad_clip", "map", "critic.optim.grad_clip"),
-    _k("critic.ppo_micro_batch_size", "refuse", does="the critic's global micro-batch (deprecated)",
-       nearest="critic.ppo_micro_batch_size_per_gpu", accept=_OFF),
+    _k("critic.ppo_micro_batch_size", "derive", does="the critic's global micro-batch (deprecated): "
+       "critic.ppo_micro_batch_size_per_gpu = it // the GPUs it is split over"),
     _k("reward_model.model.path", "map", "reward_model.model_path"),
     _k("reward_model.model.input_tokenizer", "refuse", does="re-tokenises responses for a reward model with "
        "another tokenizer", nearest="a reward model sharing the policy's tokenizer", accept=_OFF),
@@ -259,11 +290,17 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k("critic.enable", "noop", does="starts a critic", nearest="flowrl starts one for algorithm.adv_estimator=gae"),
     _k("critic.loss_scale_factor", "refuse", does="a constant loss divisor", nearest="critic.loss_agg_mode",
        accept=(None,)),
-    _k("critic.forward_micro_batch_size", "refuse", does="the critic's global forward micro-batch (deprecated)",
-       nearest="critic.forward_micro_batch_size_per_gpu", accept=_OFF),
+    _k("critic.forward_micro_batch_size", "derive", does="the critic's global forward micro-batch (deprecated): "
+       "critic.forward_micro_batch_size_per_gpu = it // the GPUs it is split over"),
     # model
     _k(f"{AR}.model.lora.rank", "map", "model.lora_rank"),
     _k(f"{AR}.model.lora.alpha", "map", "model.lora_alpha"),
+    # peft (flowrl's LoRA) starts A as nn.Linear does (kaiming-uniform, a=sqrt(5)) and B at zero:
+    # Megatron-Bridge's "kaiming" and "zero"
+    _k(f"{AR}.model.lora.lora_A_init_method", "refuse", does="how LoRA's A matrices start",
+       nearest="flowrl's peft adapters start A kaiming-uniform (Megatron-Bridge's kaiming)", accept=("kaiming",)),
+    _k(f"{AR}.model.lora.lora_B_init_method", "refuse", does="how LoRA's B matrices start",
+       nearest="flowrl's peft adapters start B at zero", accept=("zero",)),
     _k(f"{AR}.model.lora.*", "refuse", does="options of verl's LoRA block (Megatron LoRA)",
        nearest="model.lora_rank, model.lora_alpha, model.target_modules", accept=_OFF),
     _k(f"{AR}.model.lora_adapter_path", "refuse", does="starts LoRA from a saved adapter",

@@ -33,17 +33,33 @@ def translate_all(yaml_items: list[tuple[str, Any, str]], cli_items: list[tuple[
     if "trainer.total_epochs" in verl_flat and verl_flat.get("trainer.total_training_steps") is None:
         out["trainer.total_training_steps"] = 0  # verl: the epochs decide
     notes: list[str] = []
+    given = {key for key, _ in cli_items}
+    missing = [key for key, _, state in yaml_items if state == "missing" and key not in given]
+    errors.extend(_mandatory(key) for key in missing)
     for key, value, state in yaml_items:
-        if state != "inert":  # a verl YAML's -1 of save_freq / test_freq is flowrl's 0 (never)
+        if state not in ("inert", "missing"):  # a verl YAML's -1 of save_freq / test_freq is flowrl's 0 (never)
             value = alias(key, value) if state == "default" else value
             _one(out, {}, notes, errors, key, value, state == "default")
     set_by: dict[str, str] = {}
     for key, value in cli_items:
         _one(out, set_by, notes, errors, key, value, False)
+    for key in missing:  # verl's mandatory rollout.name: flowrl's default engine would judge verl's sizes
+        for target in KNOCK_ON.get(lookup(key)[1], ()):
+            out.pop(target, None)
     for refused in {_refused_by_name(exc) for exc in errors[reported:]}:
         for target in KNOCK_ON.get(refused, ()):
             out.pop(target, None)  # its check fails only because of the refusal already reported
     return out, notes, {target: key for target, key in set_by.items() if target != key}
+
+
+def _mandatory(key: str) -> ConfigError:
+    """verl's mandatory ``???`` value of ``key``, left unset (verl stops on it too)."""
+    _, target = lookup(key)
+    if target == "rollout.name":
+        fix = f"set {key}=vllm (or hf, flowrl's in-process engine)"
+    else:
+        fix = f"set {key}=<value> on the command line or in the YAML"
+    return ConfigError(key, None, "is mandatory in verl (??? in its YAML) and not set", fix)
 
 
 def _refused_by_name(exc: ConfigError) -> str:

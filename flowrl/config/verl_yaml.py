@@ -22,8 +22,8 @@ _MISSING = object()
 def compose_verl_yaml(path: Path, items: list[tuple[str, Any, str]]) -> tuple[list[tuple[str, Any, str]], list[tuple[str, Any, str]]]:
     """``([(verl key, value, state)], overrides left for flowrl)``; ``state`` is ``set`` (differs
     from verl's default), ``default`` (verl's default, or an interpolation following another key:
-    applied where flowrl has the field) or ``inert`` (a default under a feature that is off:
-    skipped). The overrides naming keys of the composed config go to Hydra (so interpolations
+    applied where flowrl has the field), ``missing`` (verl's mandatory ``???``, not given; the value
+    is None) or ``inert`` (a default under a feature that is off: skipped). The overrides naming keys of the composed config go to Hydra (so interpolations
     follow them)."""
     try:
         from omegaconf import OmegaConf
@@ -45,7 +45,9 @@ def compose_verl_yaml(path: Path, items: list[tuple[str, Any, str]]) -> tuple[li
         at_default = reference is not None and key in reference and reference[key] == value
         if at_default and any(key.startswith(p) for p in off):
             state = "inert"  # a default under a feature left off (``enable: false``)
-        elif at_default or key in followers or value == "???":  # verl's default, or follows another key
+        elif value == "???":
+            state = "missing"  # verl's mandatory value, not given (``name: ???`` of the rollout)
+        elif at_default or key in followers:  # verl's default, or follows another key
             state = "default"
         else:
             state = "set"
@@ -83,7 +85,38 @@ def _compose(path: Path, overrides: list[str]) -> Any:
         stamp = path.stat().st_mtime_ns
     except OSError:
         stamp = 0
-    return _compose_cached(str(path.resolve()), stamp, tuple(overrides)).copy()
+    file = str(path.resolve())
+    if overrides and all(_plain(o) for o in overrides):  # the base composed once, the values applied
+        return _apply_overrides(_compose_cached(file, stamp, ()), tuple(overrides), path)
+    return _compose_cached(file, stamp, tuple(overrides)).copy()
+
+
+def _plain(override: str) -> bool:
+    """``override`` sets a value (``a.b=v``, ``+a.b=v``, ``++a.b=v``, ``~a.b``), not a config group
+    or a package (``a/b=x``, ``a@p=x``, ``a=x`` naming a group): Hydra applies it to the composed
+    config, after the defaults list, as :func:`_apply_overrides` does."""
+    key = override.lstrip("+~").partition("=")[0]
+    return "." in key and "/" not in key and "@" not in key and not key.startswith("hydra.")
+
+
+def _apply_overrides(base: Any, overrides: tuple[str, ...], path: Path) -> Any:
+    """Hydra's own last step of ``compose`` (``ConfigLoaderImpl._apply_overrides_to_config``, in
+    struct mode) on a copy of the composed ``base``: the same config, without composing verl's
+    tree again (seconds per command line)."""
+    import copy
+
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    cfg = copy.deepcopy(base)
+    OmegaConf.set_struct(cfg, True)
+    try:
+        ConfigLoaderImpl._apply_overrides_to_config(OverridesParser.create().parse_overrides(list(overrides)), cfg)
+    except Exception as exc:  # noqa: BLE001 - Hydra's errors, shortened into one config error
+        raise ConfigError("CONFIG", str(path), f"Hydra could not compose it: {_short(exc)}",
+                          "check the defaults list and the override values") from None
+    return cfg
 
 
 @lru_cache(maxsize=32)

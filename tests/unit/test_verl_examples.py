@@ -105,11 +105,12 @@ def test_the_catalogue_counts(tmp_path):
     tool config no longer leaves an empty rollout.multi_turn.tools behind: KNOCK_ON); verl's gpg and
     optimal_token_baseline estimators, geo_mean loss and mlflow logger are refused as missing
     features by name; ``bf16`` in fsdp_config.mixed_precision is bfloat16; verl's critic.enable=null
-    with gae keeps the Megatron config's critic.strategy. The 12 left hold a refusal worded as a
-    mistake by checks outside the verl translation: save_freq with Megatron's distributed optimizer
-    (7 lists), use_dynamic_bsz with actor.strategy=megatron, greedy validation with val_kwargs.n>1,
-    a warm-up without total_training_steps (verl derives it from the data), and verl's empty
-    ``use_kl_loss=``."""
+    with gae keeps the Megatron config's critic.strategy. Then 29 / 35 / 12; now 33 / 43 / 0: verl's
+    global micro-batch sizes are divided over the GPUs as verl's workers do (3 tuning lists), FSDP1's
+    forward_prefetch is accepted with its reason (1), an empty ``use_kl_loss=`` is false as in verl,
+    greedy validation with val_kwargs.n > 1 decodes n times as in verl, and the refusals left are worded
+    as the feature flowrl lacks: saving Megatron's distributed optimizer (7 lists), token-budget
+    micro-batches under Megatron, deriving the run's length from the data for a warm-up."""
     counts, _ = measure(tmp_path)
     assert counts["unknown"] == 0 and counts["hydra"] == 0
-    assert (counts["accepted"], counts["named"], counts["value"]) == (29, 35, 12)
+    assert (counts["accepted"], counts["named"], counts["value"]) == (33, 43, 0)
