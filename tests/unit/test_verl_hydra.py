@@ -89,3 +89,23 @@ def test_verls_critic_enable_null_is_a_critic_with_gae():
     from flowrl.config import RunConfig
 
     assert grpo.critic.strategy == RunConfig().critic.strategy  # no critic: its section stays flowrl's
+
+
+@needs_verl_tree
+def test_value_overrides_on_the_composed_base_are_hydras_composition():
+    """A command line's value overrides are applied to verl's tree composed once (the unit suite and
+    every verl command line save Hydra's seconds): the same config as Hydra's full composition."""
+    from omegaconf import OmegaConf
+
+    from flowrl.config.verl_yaml import _compose, _compose_cached
+
+    path = verl_config_dir() / "ppo_megatron_trainer.yaml"
+    overrides = ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2", "data.train_files=[a.parquet,b.parquet]",
+                 "+actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full",
+                 "++trainer.nnodes=2", "~trainer.val_before_train", "actor_rollout_ref.rollout.name=vllm"]
+    fast = OmegaConf.to_container(_compose(path, overrides), resolve=True)
+    full = OmegaConf.to_container(_compose_cached(str(path.resolve()), path.stat().st_mtime_ns, tuple(overrides)),
+                                  resolve=True)
+    assert fast == full
+    assert fast["actor_rollout_ref"]["ref"]["megatron"]["tensor_model_parallel_size"] == 2  # interpolation followed
+    assert "val_before_train" not in fast["trainer"]

@@ -66,3 +66,36 @@ def test_a_name_verl_does_not_have_is_still_a_mistake():
 def test_verls_short_dtype_names_in_fsdp_mixed_precision():
     assert errors("actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
                   "actor_rollout_ref.actor.strategy=fsdp") == []
+
+
+needs_verl_tree = pytest.mark.skipif(__import__("flowrl.config.verl_yaml", fromlist=["x"]).verl_config_dir() is None,
+                                     reason="verl's config tree is absent: pip install --no-deps verl==0.9.1")
+
+
+@needs_verl_tree
+def test_verls_own_yaml_names_the_mandatory_rollout_name_and_nothing_else():
+    """Issue 35 item 6: verl 0.9.1's ppo_trainer.yaml as it is fails on verl's mandatory
+    ``rollout.name: ???``, not on the tensor-parallel size of flowrl's default engine."""
+    from flowrl.config.verl_yaml import verl_config_dir
+
+    for source in ([str(verl_config_dir() / "ppo_trainer.yaml")], ["--config-name=ppo_megatron_trainer"]):
+        lines = errors(*source)
+        assert len(lines) == 1 and "actor_rollout_ref.rollout.name" in lines[0], lines
+        assert "mandatory" in lines[0] and "rollout.name=vllm" in lines[0]
+    assert errors("--config-name=ppo_trainer", "actor_rollout_ref.rollout.name=vllm") == []
+
+
+def test_fsdp_config_errors_name_the_fsdp_option_not_a_missing_fsdp():
+    """Issue 35 item 6: FSDP is built; verl's fsdp_config knobs are mapped, accepted with their reason,
+    or refused naming flowrl's own FSDP setting."""
+    assert errors("actor_rollout_ref.actor.fsdp_config.forward_prefetch=True",
+                  "actor_rollout_ref.ref.fsdp_config.use_orig_params=True",
+                  "actor_rollout_ref.actor.fsdp_config.param_offload=True") == []
+    lines = errors("actor_rollout_ref.actor.fsdp_config.offload_policy=True")
+    assert len(lines) == 1 and "actor.fsdp_config.param_offload=true" in lines[0]
+    assert not any("not implemented" in line or "strategy=dp" in line for line in lines)
+
+
+def test_a_typo_under_a_refused_verl_section_is_a_typo():
+    lines = errors("actor_rollout_ref.actor.optim.lrr=1e-6")
+    assert len(lines) == 1 and "did you mean actor_rollout_ref.actor.optim.lr? (flowrl's actor.optim.lr)" in lines[0]
