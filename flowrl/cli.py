@@ -3,7 +3,8 @@
     flowrl train [CONFIG.yaml] [key.sub=value ...]   run GRPO (no arguments: the embedded default)
     flowrl submit CONFIG.yaml [key=value ...]        the same with the workers as SLURM jobs (cluster.kind=slurm)
     flowrl submit --dry-run CONFIG.yaml [key=value ...]  print the SLURM job scripts and the sbatch command, submit nothing
-    flowrl config [CONFIG.yaml] [key=value ...]      print the resolved config, or --fields to list them
+    flowrl config [CONFIG.yaml] [key=value ...]      print the resolved config
+    flowrl config --fields [FILTER ...]              every key (containing a FILTER), its default and what it does
     flowrl config --from-verl [verl.yaml] [verl.key=value ...]  the flowrl form of a verl command line
     flowrl parallel-plan --model 7B --gpus 64 ...    rank (dp, tp, pp) layouts for a model
     flowrl reshard-plan --train tp=4,pp=2 --gen tp=2  the transfers from training to generation shards
@@ -27,6 +28,7 @@ from typing import Any
 from flowrl import __version__
 
 EXIT_CONFIG = 2
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a Unix tool's status is when its reader closes the pipe
 
 
 def _split_config_args(items: list[str], args: argparse.Namespace | None = None) -> tuple[Any, list[str]]:
@@ -128,8 +130,15 @@ def cmd_config(args: argparse.Namespace) -> int:
     from flowrl.config import to_dict
     from flowrl.config.loader import describe_fields
 
-    if args.fields:
-        for key, default, doc in describe_fields():
+    if args.fields:  # flowrl config --fields [FILTER ...]: keys containing any FILTER (all without one)
+        wanted = [w.lower() for w in args.items]
+        fields = [f for f in describe_fields() if not wanted or any(w in f[0].lower() for w in wanted)]
+        if not fields:
+            print(f"error: --fields {' '.join(args.items)}: no key contains {' or '.join(map(repr, args.items))}; "
+                  "fix: flowrl config --fields (every key), or a part of a key name such as lr or rollout.",
+                  file=sys.stderr)
+            return EXIT_CONFIG
+        for key, default, doc in fields:
             print(f"{key} = {default}\n    {doc}")
         return 0
     if args.from_verl:
@@ -187,9 +196,16 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 def cmd_export_hf(args: argparse.Namespace) -> int:
     """Write a checkpoint as a transformers directory; exit 2 with a message on a bad path."""
+    from pathlib import Path
+
     from flowrl.checkpoint import load_meta
     from flowrl.checkpoint.hf_export import export_hf
 
+    if not Path(args.checkpoint).exists():
+        print(f"error: {args.checkpoint}: no such checkpoint; fix: a run writes checkpoints only with "
+              "trainer.save_freq=N (every N steps and after the last; the default 0 saves none), e.g. "
+              "flowrl train trainer.save_freq=60, then pass <run_dir>/checkpoints/step_00000060", file=sys.stderr)
+        return EXIT_CONFIG
     try:
         meta = load_meta(args.checkpoint)
     except ValueError as exc:
@@ -218,6 +234,7 @@ def _add_submit(sub: argparse._SubParsersAction) -> None:
     _add_hydra_flags(p)
     p.add_argument("--dry-run", action="store_true",
                    help="print the SLURM job scripts and the sbatch command, submit nothing")
+    p.keys = True
     p.set_defaults(func=cmd_submit)
 
 
@@ -238,22 +255,62 @@ def _add_hydra_flags(p: argparse.ArgumentParser) -> None:
                    help="Hydra: the verl config to compose (ppo_trainer, ppo_megatron_trainer, or one of --config-path)")
 
 
+#: The keys ``flowrl train --help`` lists (with their defaults); ``flowrl config --fields`` has all.
+HELP_KEYS = (
+    "model.path", "data.train_files", "data.val_files", "data.train_batch_size", "data.max_prompt_length",
+    "rollout.n", "rollout.response_length", "rollout.name", "actor.optim.lr", "actor.ppo_mini_batch_size",
+    "actor.strategy", "algorithm.adv_estimator", "algorithm.reward_fn", "trainer.total_training_steps",
+    "trainer.save_freq", "trainer.test_freq", "trainer.logger", "trainer.run_dir", "cluster.kind",
+)
+
+
+def key_help() -> str:
+    """The end of ``train``/``submit``/``config --help``: the main keys, their defaults and docs,
+    and where every key is listed."""
+    from flowrl.config.loader import describe_fields
+
+    fields = {key: (default, doc) for key, default, doc in describe_fields()}
+    lines = ["", "main keys (key=value after the optional CONFIG.yaml; verl's names work too):"]
+    for key in HELP_KEYS:
+        if key in fields:
+            default, doc = fields[key]
+            first = doc.split(". ")[0].rstrip(".")
+            lines.append(f"  {key} = {default}\n      {first[:100] + ('...' if len(first) > 100 else '')}")
+    lines.append("every key, its default and what it does: flowrl config --fields [FILTER], e.g. "
+                 "flowrl config --fields lr")
+    return "\n".join(lines) + "\n"
+
+
+class _CommandParser(argparse.ArgumentParser):
+    """A command's parser; with ``keys`` set, its ``--help`` ends with :func:`key_help` (read
+    only when help is asked for: it imports the config's field docs)."""
+
+    keys = False
+
+    def format_help(self) -> str:
+        return super().format_help() + (key_help() if self.keys else "")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flowrl", description="RL post-training of LLMs as Dask task graphs.")
     parser.add_argument("--version", action="version", version=f"flowrl {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_CommandParser)
 
     p = sub.add_parser("train", help="run GRPO; no arguments runs the embedded default task on this machine")
     p.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key=value", help="an optional YAML file, then dotted overrides")
     _add_hydra_flags(p)
+    p.keys = True
     p.set_defaults(func=cmd_train)
 
     _add_submit(sub)
 
     p = sub.add_parser("config", help="print the resolved configuration (or --fields: every key with its doc)")
-    p.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key=value")
-    p.add_argument("--fields", action="store_true", help="list every key, its default and what it does")
+    p.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key=value | FILTER",
+                   help="an optional YAML file, then dotted overrides; with --fields: parts of key names to list")
+    p.add_argument("--fields", action="store_true",
+                   help="list every key, its default and what it does (only those containing a FILTER, if given)")
+    p.keys = True
     p.add_argument("--from-verl", action="store_true",
                    help="print the flowrl command line of a verl command line or verl YAML (its keys as they are)")
     _add_hydra_flags(p)
@@ -309,7 +366,12 @@ def main(argv: list[str] | None = None) -> int:
     level = logging.INFO if args.verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+        return code
+    except BrokenPipeError:  # the reader went away (flowrl config --fields | head): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
+        return EXIT_BROKEN_PIPE
     except ConfigError as exc:
         for one in getattr(exc, "errors", [exc]):  # ConfigErrors: every mistake, one line each
             print(f"error: {one}", file=sys.stderr)

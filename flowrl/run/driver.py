@@ -18,6 +18,7 @@ builds each iteration's graph and keeps its driver state; :class:`Run` knows no 
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,20 @@ def _dump_resolved_config(cfg: RunConfig, path: Path) -> None:
     path.write_text(f"# {describe_placement(cfg)}\n" + yaml.safe_dump(tree, sort_keys=False))
 
 
+def _keep_previous(cfg: RunConfig, run_dir: Path) -> None:
+    """Move an earlier run's results aside (``flowrl.run.run_dir.keep_previous_results``), saying
+    where, and why no checkpoint continued it."""
+    from flowrl.run.run_dir import keep_previous_results
+
+    kept = keep_previous_results(run_dir)
+    if kept is None:
+        return
+    why = ("trainer.resume_mode=disable" if cfg.trainer.resume_mode == "disable" else
+           "no checkpoint to resume from (a run saves them with trainer.save_freq=N)")
+    print(f"flowrl: trainer.run_dir={run_dir} holds an earlier run's results and {why}: this run starts at step 1; "
+          f"the earlier results are kept in {kept}", file=sys.stderr, flush=True)
+
+
 class Run:
     """One run: ``cfg`` (resolved, see ``flowrl.run.resolve_inputs``), its run directory and
     dataset, the family, and, once started, the session and the worker groups by name."""
@@ -62,6 +77,9 @@ class Run:
         file_modes.apply(cfg.trainer.file_mode)  # the umask of this process and of the workers it starts
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.lock = RunDirLock(self.run_dir)  # one run per directory: a second is refused, naming this one
+        resume_from = checkpointing.find_resume(cfg, self.run_dir)
+        if resume_from is None:  # a fresh start: an earlier run's results are kept, not overwritten
+            _keep_previous(cfg, self.run_dir)
         file_modes.fix_tree(self.run_dir)  # made by the pre-flight, or by an earlier run that resumes here
         _dump_resolved_config(cfg, self.run_dir / "config.yaml")
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
@@ -90,7 +108,7 @@ class Run:
         self.sync = PendingSync(self.run_dir, cfg.cluster.timeout_s)
         self.source: RolloutSource = open_source(self)  # inline, ahead (trainer.staleness) or stream
         self.next_step = 0
-        self.resume_from: str | None = checkpointing.find_resume(cfg, self.run_dir)
+        self.resume_from: str | None = resume_from
         if self.resume_from is not None:
             self.next_step, state = checkpointing.resume_point(self.resume_from)
             self.family.state.load_state_dict(state)

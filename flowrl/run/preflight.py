@@ -12,11 +12,14 @@ key, the value and the fix, in well under a second for the defaults.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import sys
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from flowrl.config import ConfigError, RunConfig
 
@@ -128,10 +131,25 @@ def _inputs(cfg: RunConfig) -> tuple[str, str, str]:
 
         task = prepare_agent_task(cache / "agent_task", seed=cfg.trainer.seed)
     else:
-        task = prepare_default_task(cache / "default_task", seed=cfg.trainer.seed)
+        with _saying_if_slow(f"flowrl: building the embedded default task in {cache / 'default_task'} (a tiny model "
+                             "warmed up on two-digit addition; about 30 s on an idle 2-core machine, once: later runs reuse it)"):
+            task = prepare_default_task(cache / "default_task", seed=cfg.trainer.seed)
     if cfg.trainer.test_freq > 0 and not val_files:
         val_files = str(task.test_path)  # validation: the default task's held-out split
     return str(task.model_dir), str(task.train_path), val_files
+
+
+@contextlib.contextmanager
+def _saying_if_slow(message: str, after_s: float = 2.0) -> Iterator[None]:
+    """Print ``message`` (stderr) if the block is still running after ``after_s`` seconds: a cached
+    task returns at once and says nothing, a first build says what the wait is."""
+    timer = threading.Timer(after_s, lambda: print(message, file=sys.stderr, flush=True))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def _check_files(key: str, files: str) -> None:

@@ -230,3 +230,40 @@ class RunDirLock:
                 pass
         os.close(self._fd)
         self._fd = None
+
+
+PREVIOUS_DIR = "previous"
+"""``<run_dir>/previous/<UTC time>/``: the results of an earlier run a fresh start would overwrite."""
+_KEEP_IN_PLACE = {PREVIOUS_DIR, "dask-scratch"}  # and hidden entries (the lock)
+_RESULTS = ("metrics.jsonl", "experience", "validation", "checkpoints")
+
+
+def has_results(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds what a run produced: a logged step, experience, validation
+    samples or checkpoints (a ``config.yaml`` alone is not a result)."""
+    for name in _RESULTS:
+        path = run_dir / name
+        if path.is_file() and path.stat().st_size > 0 or path.is_dir() and any(path.iterdir()):
+            return True
+    return False
+
+
+def keep_previous_results(run_dir: Path) -> Path | None:
+    """A run that starts from step 1 (no checkpoint to resume, or ``trainer.resume_mode=disable``)
+    in a directory holding an earlier run's results moves them (every entry but the lock, the
+    Dask scratch space and earlier ``previous/``) to ``previous/<UTC time>/`` and returns that
+    folder; None when there was nothing to keep. verl starts such a run afresh too; flowrl's
+    run directory holds files verl writes elsewhere, and they are not overwritten silently."""
+    if not has_results(run_dir):
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    target = run_dir / PREVIOUS_DIR / stamp
+    for n in range(1, 100):
+        if not target.exists():
+            break
+        target = run_dir / PREVIOUS_DIR / f"{stamp}-{n}"
+    target.mkdir(parents=True)
+    for entry in sorted(run_dir.iterdir()):
+        if entry.name not in _KEEP_IN_PLACE and not entry.name.startswith("."):
+            os.rename(entry, target / entry.name)
+    return target
