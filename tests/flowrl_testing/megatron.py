@@ -244,14 +244,15 @@ def measure_param_bytes(model_dir: str, *, dp: int, tp: int, pp: int) -> dict[st
     from flowrl.backends.train.megatron.engine import MegatronEngine
 
     engine = MegatronEngine(model_dir, tp=tp, pp=pp, dp=dp, **HYPERS)
-    mine = torch.tensor([engine.param_bytes_local(), ps.get_data_parallel_rank()],
+    mine = torch.tensor([engine.param_bytes_local(), ps.get_data_parallel_rank(), engine.checkpoint_bytes_read],
                         dtype=torch.int64, device=_comm_device())
     every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(every, mine)
     engine.close()
     per_rank = [int(t[0]) for t in every]
     replica = [int(t[0]) for t in every if int(t[1]) == 0]
-    return {"per_rank": per_rank, "max": max(per_rank), "replica_sum": sum(replica)}
+    read = [int(t[2]) for t in every]  # checkpoint bytes each rank read while loading
+    return {"per_rank": per_rank, "max": max(per_rank), "replica_sum": sum(replica), "read": read}
 
 
 def exported_logprobs(export_dir: str, batch: list[dict]) -> list:

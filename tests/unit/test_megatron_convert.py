@@ -118,3 +118,50 @@ def test_rejects_unsupported_configs():
     config.hidden_act = "gelu"
     with pytest.raises(ValueError, match="hidden_act"):
         hf_to_megatron(state, config, tp_rank=0, tp=1, pp_rank=0, pp=1)
+
+
+@pytest.mark.parametrize("kind,tied", [("llama", False), ("qwen2", True)])
+@pytest.mark.parametrize("tp,pp,vpp", [(2, 2, None), (4, 2, 2), (1, 4, None)])
+def test_shards_read_from_safetensors_slices_equal_the_whole_loads(tmp_path, kind, tied, tp, pp, vpp):
+    """A rank reads its chunk straight from the checkpoint's files (two files and an index here):
+    the same tensors, bitwise, as converting the whole state; only its stage's layers are touched,
+    and of a column-parallel weight only its rows."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from flowrl.backends.train.tensor_source import safetensors_source
+
+    config, state = _tiny(kind, tied=tied)
+    names = sorted(state)
+    halves = {"a.safetensors": names[::2], "b.safetensors": names[1::2]}
+    for file, part in halves.items():
+        save_file({n: state[n].contiguous() for n in part}, str(tmp_path / file))
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {n: f for f, part in halves.items() for n in part}}))
+    for key, expected in _shards(state, config, tp=tp, pp=pp, vpp=vpp, divisible_by=128).items():
+        t, p, v = key
+        with safetensors_source(str(tmp_path)) as source:
+            got = hf_to_megatron(source, config, tp_rank=t, tp=tp, pp_rank=p, pp=pp, vpp_rank=v, vpp=vpp)
+            reads = list(source.reads)
+        assert got.keys() == expected.keys()
+        for name in expected:
+            assert torch.equal(got[name], expected[name]), (key, name)
+        stage = set(chunk_layers(4, pp_rank=p, pp=pp, vpp_rank=v, vpp=vpp))
+        touched = {int(n.split(".")[2]) for n, _, _ in reads if n.startswith("model.layers.")}
+        assert touched == stage, (key, touched)  # never another stage's layers
+        gate = [r for n, r, _ in reads if n.endswith(f"layers.{min(stage)}.mlp.gate_proj.weight")]
+        assert gate == [(64 // tp * t, 64 // tp * (t + 1))], gate  # its rows only
+        assert all(r is not None or c is not None or not n.endswith(("proj.weight", "embed_tokens.weight"))
+                   for n, r, c in reads)  # no tensor-parallel weight read whole
+
+
+def test_a_missing_tensor_is_a_key_error_naming_it(tmp_path):
+    from safetensors.torch import save_file
+
+    from flowrl.backends.train.tensor_source import safetensors_source
+
+    config, state = _tiny("llama", tied=False)
+    save_file({n: t for n, t in state.items() if n != "model.norm.weight"}, str(tmp_path / "model.safetensors"))
+    with safetensors_source(str(tmp_path)) as source, pytest.raises(KeyError, match="model.norm.weight"):
+        hf_to_megatron(source, config, tp_rank=0, tp=1, pp_rank=0, pp=1)

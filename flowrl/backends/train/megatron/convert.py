@@ -35,6 +35,7 @@ from typing import Any, Mapping
 
 import torch
 
+from flowrl.backends.train.tensor_source import as_source, chunk_range
 from flowrl.parallel.mesh import padded_vocab_size
 from flowrl.parallel.shard_spec import ModelShape
 
@@ -126,52 +127,74 @@ def _pad_rows(w: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([w, w.new_zeros(rows - w.shape[0], *w.shape[1:])]) if rows > w.shape[0] else w
 
 
-def hf_to_megatron(hf_state: Mapping[str, torch.Tensor], hf_config: Any, *, tp_rank: int, tp: int,
+def hf_to_megatron(hf_state: Any, hf_config: Any, *, tp_rank: int, tp: int,
                    pp_rank: int, pp: int, vpp_rank: int | None = None, vpp: int | None = None,
                    make_vocab_size_divisible_by: int = 128) -> dict[str, torch.Tensor]:
-    """The megatron state dict of exactly one model chunk (contiguous clones, HF dtype)."""
+    """The megatron state dict of exactly one model chunk (contiguous clones, HF dtype).
+
+    ``hf_state``: a state dict, or a source of slices (``flowrl.backends.train.tensor_source``):
+    from a safetensors source only this chunk's layers are read, and of each tensor-parallel
+    weight only this rank's rows or columns (whole KV groups of q, k and v)."""
     arch = arch_spec(hf_config)
     if arch.num_heads % tp or (arch.num_kv_heads % tp and tp % arch.num_kv_heads):
         raise ValueError(f"tp={tp} must divide num_attention_heads={arch.num_heads}, and it and "
                          f"num_key_value_heads={arch.num_kv_heads} must divide one another")
     if arch.ffn_hidden_size % tp:
         raise ValueError(f"tp={tp} must divide intermediate_size={arch.ffn_hidden_size}")
+    src = as_source(hf_state)
     pre, post = chunk_role(pp_rank=pp_rank, pp=pp, vpp_rank=vpp_rank, vpp=vpp)
     vocab = padded_vocab_size(arch.vocab_size, tp, make_vocab_size_divisible_by)
 
-    def col(w):  # column-parallel: split dim 0
-        return w.chunk(tp, dim=0)[tp_rank]
+    def col(name, rows=None):  # column-parallel: split dim 0 (of ``rows`` rows, zero-padded)
+        size = src.shape(name)[0]
+        start, stop = chunk_range(size if rows is None else rows, tp, tp_rank)
+        part = src.rows(name, min(start, size), min(stop, size))
+        return _pad_rows(part, stop - start) if stop - start > part.shape[0] else part
 
-    def row(w):  # row-parallel: split dim 1
-        return w.chunk(tp, dim=1)[tp_rank]
+    def row(name):  # row-parallel: split dim 1
+        return src.cols(name, *chunk_range(src.shape(name)[1], tp, tp_rank))
 
     out = {}
-    embed = hf_state["model.embed_tokens.weight"]
+    embed = "model.embed_tokens.weight"
     if pre:
-        out["embedding.word_embeddings.weight"] = col(_pad_rows(embed, vocab))
+        out["embedding.word_embeddings.weight"] = col(embed, vocab)
     if post:
-        out["decoder.final_layernorm.weight"] = hf_state["model.norm.weight"]
+        out["decoder.final_layernorm.weight"] = src.full("model.norm.weight")
         if not arch.tied_embeddings:
-            out["output_layer.weight"] = col(_pad_rows(hf_state["lm_head.weight"], vocab))
+            out["output_layer.weight"] = col("lm_head.weight", vocab)
         elif not pre:  # tied, pp > 1: the last stage keeps its own copy of the embedding
-            out["output_layer.weight"] = col(_pad_rows(embed, vocab))
+            out["output_layer.weight"] = col(embed, vocab)
     layers = chunk_layers(arch.num_layers, pp_rank=pp_rank, pp=pp, vpp_rank=vpp_rank, vpp=vpp)
     for j, i in enumerate(layers):
         h, m = f"model.layers.{i}.", f"decoder.layers.{j}."
         attn = h + "self_attn."
-        out[m + "input_layernorm.weight"] = hf_state[h + "input_layernorm.weight"]
+        out[m + "input_layernorm.weight"] = src.full(h + "input_layernorm.weight")
         suffixes = ("weight", "bias") if arch.qkv_bias else ("weight",)
         for s in suffixes:
-            qkv = _qkv_groups(arch, *(hf_state[f"{attn}{p}_proj.{s}"] for p in "qkv"))
-            # Split the flat interleaved rows: whole KV groups per rank when tp <= kv heads; with
-            # tp > kv heads a group spans tp / kv ranks (attention.py:1398 gathers it back).
-            out[m + f"self_attention.linear_qkv.{s}"] = col(qkv.reshape(-1, *qkv.shape[2:]))
-        out[m + "self_attention.linear_proj.weight"] = row(hf_state[attn + "o_proj.weight"])
-        out[m + "pre_mlp_layernorm.weight"] = hf_state[h + "post_attention_layernorm.weight"]
-        gate, up = hf_state[h + "mlp.gate_proj.weight"], hf_state[h + "mlp.up_proj.weight"]
-        out[m + "mlp.linear_fc1.weight"] = torch.cat([col(gate), col(up)])
-        out[m + "mlp.linear_fc2.weight"] = row(hf_state[h + "mlp.down_proj.weight"])
+            out[m + f"self_attention.linear_qkv.{s}"] = _qkv_part(src, arch, [f"{attn}{p}_proj.{s}" for p in "qkv"],
+                                                                   tp=tp, tp_rank=tp_rank)
+        out[m + "self_attention.linear_proj.weight"] = row(attn + "o_proj.weight")
+        out[m + "pre_mlp_layernorm.weight"] = src.full(h + "post_attention_layernorm.weight")
+        out[m + "mlp.linear_fc1.weight"] = torch.cat([col(h + "mlp.gate_proj.weight"), col(h + "mlp.up_proj.weight")])
+        out[m + "mlp.linear_fc2.weight"] = row(h + "mlp.down_proj.weight")
     return {name: t.detach().clone().contiguous() for name, t in out.items()}
+
+
+def _qkv_part(src: Any, arch: ArchSpec, names: list[str], *, tp: int, tp_rank: int) -> torch.Tensor:
+    """This rank's rows of the fused ``linear_qkv`` (q, k, v regrouped per KV group, then split
+    flat in ``tp`` parts), reading only the KV groups the part spans: whole groups per rank when
+    ``tp`` divides the KV heads; with more ranks than KV heads a group spans ``tp / kv`` ranks
+    (attention.py:1398 gathers it back)."""
+    g, d = arch.num_kv_heads, arch.head_dim
+    per_group = (arch.num_heads // g + 2) * d  # rows of one regrouped KV group
+    start, stop = chunk_range(g * per_group, tp, tp_rank)
+    first, last = start // per_group, -(-stop // per_group)  # the groups the part spans
+    q_rows = arch.num_heads // g * d
+    q, k, v = (src.rows(n, first * r, last * r) for n, r in zip(names, (q_rows, d, d)))
+    local = dataclasses.replace(arch, num_kv_heads=last - first, num_heads=(last - first) * (arch.num_heads // g))
+    qkv = _qkv_groups(local, q, k, v)
+    flat = qkv.reshape(-1, *qkv.shape[2:])
+    return flat[start - first * per_group: stop - first * per_group]
 
 
 def megatron_to_hf(shards: Shards, hf_config: Any, *, tp: int, pp: int, vpp: int | None = None,

@@ -23,9 +23,10 @@ T = response tokens (flattened over the micro-batch's items).
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import shutil
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -45,6 +46,8 @@ from flowrl.backends.train.megatron.model import build_gpt_model, transformer_co
 from flowrl.backends.train.megatron.vocab_parallel import vocab_parallel_logprobs
 from flowrl.metrics import names
 from flowrl.parallel.mesh import ParallelDims, padded_vocab_size, validate_model_layout
+
+log = logging.getLogger(__name__)
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, list, torch.Tensor],
                   tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -78,6 +81,10 @@ def _engine_device(device: str | None) -> torch.device:
 
 class MegatronEngine:
     """One rank's share of a megatron-core policy: forward log-probs, train steps, HF export."""
+
+    #: checkpoint bytes this rank read to load its chunks from safetensors slices; None when it
+    #: loaded the model whole (no safetensors files, other tensor names, the value model)
+    checkpoint_bytes_read: int | None = None
 
     def __init__(self, model_dir: str, *, tp: int, pp: int, vpp: int | None = None, dp: int,
                  lr: float, weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999),
@@ -136,23 +143,43 @@ class MegatronEngine:
         return [(pp_rank, v) for v in (range(self.vpp) if self.vpp else [None])]
 
     def _build_and_load(self) -> list[torch.nn.Module]:
+        """This rank's model chunks, each filled with its shard of the checkpoint: read slice by
+        slice from the safetensors files (this stage's layers, this rank's rows or columns: host
+        memory for one shard, not the model), else, without safetensors files or with tensors
+        under other names, converted from a whole ``from_pretrained`` load."""
+        from flowrl.backends.train.tensor_source import safetensors_source
+
+        with safetensors_source(self.model_dir) as source:
+            try:
+                if source is not None:
+                    models = self._build_chunks(source)
+                    self.checkpoint_bytes_read = source.bytes_read
+                    return models
+            except KeyError as missing:
+                log.info("megatron: %s not in %s's safetensors by its HF name; loading the model whole",
+                         missing, self.model_dir)
         from transformers import AutoModelForCausalLM
 
         hf_model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
-        hf_state = hf_model.state_dict()
+        try:
+            return self._build_chunks(hf_model.state_dict())
+        finally:
+            del hf_model
+
+    def _build_chunks(self, hf_state: Any) -> list[torch.nn.Module]:
         models = []
         for pp_rank, vpp_rank in self._chunk_keys():
             pre, post = chunk_role(pp_rank=pp_rank, pp=self.pp, vpp_rank=vpp_rank, vpp=self.vpp)
-            model = build_gpt_model(self.hf_config, config=self.config, pre_process=pre,
-                                    post_process=post, vp_stage=vpp_rank,
-                                    make_vocab_size_divisible_by=self.make_vocab_size_divisible_by)
             shard = hf_to_megatron(
                 hf_state, self.hf_config, tp_rank=ps.get_tensor_model_parallel_rank(), tp=self.tp,
                 pp_rank=pp_rank, pp=self.pp, vpp_rank=vpp_rank, vpp=self.vpp,
                 make_vocab_size_divisible_by=self.make_vocab_size_divisible_by)
+            model = build_gpt_model(self.hf_config, config=self.config, pre_process=pre,
+                                    post_process=post, vp_stage=vpp_rank,
+                                    make_vocab_size_divisible_by=self.make_vocab_size_divisible_by)
             self._load_shard(model, shard)
+            del shard
             models.append(model.to(self.device))
-        del hf_model, hf_state
         return models
 
     @classmethod
