@@ -339,7 +339,10 @@ class _Watched:
 
     def _wait_in_thread(self) -> None:
         self.proc.wait()
-        self.loop.call_soon_threadsafe(self._on_exit)
+        try:
+            self.loop.call_soon_threadsafe(self._on_exit)
+        except RuntimeError:  # the loop was closed first: the process is reaped all the same
+            pass
 
     async def finished(self) -> None:
         await self.drained
