@@ -18,6 +18,7 @@ The tests point notebooks at a tiny model with ``FLOWRL_NB_MODEL`` / ``FLOWRL_NB
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -57,8 +58,9 @@ def shows(kind: str, outputs: list[dict]) -> bool:
         return any("critic/score/mean" in output_text(o) for o in outputs)
     if kind == "bokeh":
         return any(BOKEH_MIME in o.get("data", {}) for o in outputs)
-    if kind == "trajectory":  # an agent trajectory printed turn by turn, with a tool's turn
-        return any("turn 1 tool" in output_text(o) for o in outputs)
+    if kind == "trajectory":  # an agent trajectory printed turn by turn, with a tool's turn, and its verdict
+        return any("turn 1 tool" in output_text(o) and re.search(r"reward: (1\.0 \(correct\)|0\.0 \(WRONG: )", output_text(o))
+                   for o in outputs)
     raise AssertionError(f"unknown output kind {kind!r} in a notebook's metadata (use graph, metrics, bokeh)")
 
 
@@ -82,6 +84,11 @@ def test_notebook_executes(path, tmp_path, tiny_model_dir, addition_data, monkey
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     errors = [o for o in outputs if o.get("output_type") == "error"]
     assert not errors, errors
+    # issue 35: BokehJS inside the notebook (charts draw offline), no red "Loading weights" bars
+    # (transformers' progress bars, on stderr, for models that load in milliseconds)
+    assert not [o for o in outputs if "cdn.bokeh.org" in json.dumps(o)], f"{path.name}: BokehJS from a CDN"
+    bars = [output_text(o)[:200] for o in outputs if "Loading weights" in output_text(o)]
+    assert not bars, f"{path.name}: {bars}"
     for kind in meta.get("outputs", []):
         assert shows(kind, outputs), f"{path.name}: no {kind} output"
     if meta.get("run_dir"):
