@@ -345,8 +345,9 @@ class _Watched:
             pass
 
     async def finished(self) -> None:
-        await self.drained
-        await self.exited
+        """Both pipes at their end and the process exited (a cancelled wait leaves both futures be)."""
+        await asyncio.shield(self.drained)
+        await asyncio.shield(self.exited)
 
     def kill(self) -> None:
         """Kill the call: ``bwrap`` (its PID namespace dies with it) or, unjailed, its process group."""

@@ -63,6 +63,13 @@ def test_the_exit_is_seen_without_a_pidfd_too(monkeypatch):
     assert not set(_children()) - before
 
 
+def test_a_process_that_closes_its_output_and_lingers_times_out():
+    before = set(_children())
+    result = _bare("import os, time\nos.close(1)\nos.close(2)\ntime.sleep(30)", limits=JailLimits(timeout_s=0.5))
+    assert result.timed_out and result.returncode is None, result
+    assert not set(_children()) - before
+
+
 @NO_JAIL
 def test_a_call_its_caller_cancels_leaves_no_process_and_no_zombie():
     before = set(_children())
