@@ -12,11 +12,12 @@ descriptor but the three pipes is passed, and ``setpriv``/``bwrap`` start with a
 (the code's is :data:`JAIL_ENV`). Inside, the code may start processes and write files: the
 namespaces, not a Python hook, are the boundary.
 
-Cost (``benchmarks/jail_overhead.py``): about 6-8 ms of CPU per call over a bare start of the same
-runner, nearly all in the kernel (creating and tearing down the namespaces: the user and mount
-namespaces with ``bwrap``'s exec about 3 ms, the network namespace about 1 ms, ``setpriv``'s exec
-about 1 ms; each bind or ``tmpfs`` mount well under 0.5 ms). ``--as-pid-1`` would save a process
-(under 1 ms) but makes the code PID 1, which ignores its own signals; it is not used.
+Cost (``benchmarks/jail_overhead.py --breakdown``): 6.5-7.5 ms of CPU per call over a bare start
+of the same runner, nearly all in the kernel: ``setpriv``'s exec about 1.4 ms, ``bwrap`` with the
+user and mount namespaces 2.3, the PID, IPC, UTS and cgroup namespaces 0.7, the network namespace
+0.8, the mounts, session and environment 1.4 (each piece within about 0.5 ms). ``--as-pid-1`` would
+save a process (0.8 ms of CPU, about 4 ms at load 8 on 2 cores) but makes the code PID 1, which
+ignores its own signals and reaps no orphans; it is not used.
 
 Limits, set by the prelude in the jailed interpreter before the code runs (so they bind it and
 everything it starts): CPU seconds, address space, file size, open files, no core files, and
@@ -198,8 +199,8 @@ def _interpreter() -> tuple[str, tuple[str, ...]]:
 def _as_jail_user(argv: list[str]) -> tuple[list[str], dict]:
     """``(argv, Popen keywords)`` that start ``argv`` as the jail's user: unchanged for a
     non-root host user; for root, through ``setpriv`` (an exec in the same process, so Popen keeps
-    ``vfork``: a fork of a worker holding gigabytes costs 100+ ms, measured in benchmarks/jail_overhead.py's
-    docstring) or else Popen's ``user``/``group``."""
+    ``vfork``: Popen's ``user=`` forks, which from a process holding torch and 1 GiB took 148 ms a
+    call against 12 ms through ``setpriv``, measured here) or else Popen's ``user``/``group``."""
     if os.geteuid() != 0:
         return argv, {}
     setpriv = _which("setpriv")
