@@ -73,7 +73,8 @@ class MultiTurnConfig:
     def _check_tools(self) -> None:
         from flowrl.agents.parsers import resolve_parser
 
-        check(bool(self.tools), "tools", self.tools, "is empty while multi_turn.enable=true",
+        check(bool(self.tools), "tools", self.tools, "is empty while multi_turn.enable=true: a multi-turn rollout "
+              "without a tool or an environment is not built in flowrl",
               "name at least one tool, e.g. rollout.multi_turn.tools=[calculator], or set "
               "rollout.multi_turn.environment=module:Class")
         try:

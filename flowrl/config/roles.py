@@ -61,7 +61,8 @@ def check_token_budget(section, keys: tuple[str, ...], dynamic: bool, name: str,
 def check_prefix_grouper(section, name: str, registry: BackendRegistry = TRAIN_BACKENDS) -> None:
     """Shared-prompt forwards (``use_prefix_grouper``) need a backend with ``shared_prompts``."""
     check(not section.use_prefix_grouper or registry.spec(section.strategy).shared_prompts, "use_prefix_grouper", True,
-          f"{name}.strategy={section.strategy} computes every row's prompt (it has no shared-prompt layout)",
+          f"shared-prompt forwards are not built in flowrl for {name}.strategy={section.strategy} (it computes "
+          "every row's prompt)",
           f"set {name}.use_prefix_grouper=false, or {name}.strategy={_with(registry, 'shared_prompts')}")
 
 
@@ -87,7 +88,8 @@ class ValKwargsConfig:
     """Responses per validation prompt (``mean@n``; ``best@n`` for n > 1). Greedy (``do_sample=false``)
     with n > 1 decodes n times the same response, as verl does: the scores are the greedy one's."""
     temperature: float = 1.0
-    """Sampling temperature when ``do_sample``."""
+    """Sampling temperature when ``do_sample``; 0 decodes greedily (as vLLM and verl, whose default
+    validation is ``do_sample=true`` at temperature 0)."""
     top_p: float = 1.0
     """Nucleus threshold when ``do_sample``."""
     top_k: int = -1
@@ -95,8 +97,7 @@ class ValKwargsConfig:
 
     def __post_init__(self) -> None:
         check_positive("n", self.n, "use 1 (greedy) or e.g. 4 with do_sample=true")
-        check(self.temperature > 0 or not self.do_sample, "temperature", self.temperature,
-              "must be > 0 when do_sample", "use 1.0 (or do_sample=false for greedy)")
+        check(self.temperature >= 0, "temperature", self.temperature, "must be >= 0 (0: greedy)", "use 1.0")
         check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]", "use 1.0 to disable")
         check(self.top_k == -1 or self.top_k >= 1, "top_k", self.top_k, "must be -1 or >= 1", "use -1 to disable")
 
@@ -194,8 +195,8 @@ class RolloutConfig(ParallelFields):
               f"set rollout.free_cache_engine=false, or use rollout.name={_with(GEN_BACKENDS, 'sleeps')}")
         if spec.supports(ParallelAxis.TP) and not spec.supports(ParallelAxis.PP):
             check(self.pipeline_model_parallel_size == 1, "pipeline_model_parallel_size",
-                  self.pipeline_model_parallel_size, f"the {self.name} backend runs one engine per replica with "
-                  "tensor parallelism only", "set rollout.pipeline_model_parallel_size=1 (use "
+                  self.pipeline_model_parallel_size, f"pipeline-parallel {self.name} engines are not built in "
+                  "flowrl (one engine per replica, with tensor parallelism only)", "set rollout.pipeline_model_parallel_size=1 (use "
                   "rollout.tensor_model_parallel_size to split the model)")
 
 

@@ -36,6 +36,8 @@ from flowrl.config.verl_keys import (_NO, _OFF, AR, KNOCK_ON, REFUSED_VALUES, VE
 VALUE_ALIASES: dict[tuple[str, Any], Any] = {
     ("trainer.save_freq", -1): 0, ("trainer.test_freq", -1): 0,  # verl's -1: never
     ("actor.strategy", "fsdp2"): "fsdp",  # flowrl's fsdp strategy is FSDP2
+    # verl's DAPO "reward": the sequence's reward before the KL penalty (rm_scores), flowrl's seq_reward
+    ("algorithm.filter_groups.metric", "reward"): "seq_reward",
     ("model.dtype", "bf16"): "bfloat16", ("model.dtype", "fp32"): "float32",  # verl's short dtype names
     **{(f"{role}.fsdp_config.mixed_precision.{kind}_dtype", short): long for role in ("actor", "ref", "critic")
        for kind in ("param", "reduce", "buffer") for short, long in (("bf16", "bfloat16"), ("fp32", "float32"))},
@@ -178,6 +180,9 @@ def is_verl_default(key: str, value: Any) -> bool:
     defaults = _verl_defaults().get(key, ())
     if any(_same(d, value) for d in defaults):
         return True
+    if not defaults:  # a leaf under an interpolated mapping (rollout.mtp: ${...model.mtp}) exists once resolved
+        parts = key.split(".")
+        defaults = [d for i in range(1, len(parts)) for d in _verl_defaults().get(".".join(parts[:i]), ())]
     if any(isinstance(d, str) and "${" in d for d in defaults):  # under an interpolation: resolved (slower, rare)
         return any(_same(d, value) for d in _resolved_defaults().get(key, ()))
     return False
@@ -233,8 +238,8 @@ def verl_value(key: str, target: str, value: Any) -> Any:
     if value is None:
         if target in ("trainer.total_training_steps", "trainer.max_ckpt_to_keep"):
             return 0
-        if last in _DERIVED:
-            return DROP
+        if last in _DERIVED or "None" not in _field_type(target):  # verl's null: unset (derived, or a
+            return DROP  # deprecated key not in use): flowrl keeps its own setting
     if target in ("data.train_files", "data.val_files") and isinstance(value, (list, tuple)):
         return ",".join(str(v) for v in value)
     if target == "trainer.logger" and isinstance(value, str):
