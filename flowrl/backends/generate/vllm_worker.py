@@ -7,10 +7,15 @@ vLLM imports it by qualified name in every worker.
 
 from __future__ import annotations
 
+import io
+import pickle
 from typing import Any
 
 #: ``worker_extension_cls`` as vLLM wants it (a dotted qualified name).
 EXTENSION = "flowrl.backends.generate.vllm_worker.WeightReloadExtension"
+#: Keys of one bucket of vLLM's IPC weight-transfer update info (``IPCWeightTransferUpdateInfo``,
+#: unpacked mode): per tensor its name, dtype name, shape and ``{GPU uuid: reduce_tensor args}``.
+IPC_BUCKET_KEYS = ("names", "dtype_names", "shapes", "ipc_handles")
 
 
 def encode_state(state: dict[str, Any]) -> bytes:
@@ -29,6 +34,41 @@ def decode_state(payload: bytes | dict[str, Any]) -> dict[str, Any]:
     return load(bytes(payload))
 
 
+def encode_ipc_bucket(update_info: dict[str, Any]) -> bytes:
+    """One bucket of vLLM's IPC update info as pickled bytes, the one form of it that crosses
+    ``collective_rpc``: its msgpack channel refuses the classes and ``torch.dtype`` inside
+    ``reduce_tensor``'s arguments unless ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` opens it to any
+    pickle, while bytes pass as they are (verl's and NeMo-RL's worker extensions do the same)."""
+    if set(update_info) != set(IPC_BUCKET_KEYS):
+        raise ValueError(f"IPC weight bucket: keys {sorted(update_info)}, expected {sorted(IPC_BUCKET_KEYS)}")
+    return pickle.dumps(update_info, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+class _HandleUnpickler(pickle.Unpickler):
+    """Unpickles an IPC bucket and nothing else: the only globals it resolves are torch's dtypes,
+    ``torch.Size`` and tensor and storage classes (what ``reduce_tensor``'s arguments hold)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        import torch
+
+        if module == "torch" or module.startswith("torch."):
+            obj = super().find_class(module, name)
+            storages = (torch.UntypedStorage, torch.storage.TypedStorage)
+            if (isinstance(obj, torch.dtype) or obj is torch.Size
+                    or (isinstance(obj, type) and issubclass(obj, (torch.Tensor, *storages)))):
+                return obj
+        raise pickle.UnpicklingError(f"IPC weight bucket: {module}.{name} is not a tensor, storage, dtype or "
+                                     "size; the payload did not come from flowrl's encode_ipc_bucket")
+
+
+def decode_ipc_bucket(payload: bytes) -> dict[str, Any]:
+    """The update info :func:`encode_ipc_bucket` packed (the worker's side)."""
+    info = _HandleUnpickler(io.BytesIO(bytes(payload))).load()
+    if not isinstance(info, dict) or set(info) != set(IPC_BUCKET_KEYS):
+        raise ValueError(f"IPC weight bucket: expected a dict with keys {sorted(IPC_BUCKET_KEYS)}")
+    return info
+
+
 class WeightReloadExtension:
     """Worker-side half of the CPU weight-update path: load a full HF-named state in place.
 
@@ -43,6 +83,24 @@ class WeightReloadExtension:
         self.reload_weights(weights_iterator=iter(state.items()))  # type: ignore[attr-defined]
         self._flowrl_retie_embeddings()
         return len(state)
+
+    def flowrl_update_weights_ipc(self, payload: bytes) -> int:
+        """One bucket of the CUDA weight update: vLLM's own ``update_weights`` (its weight-transfer
+        API, IPC backend: ``parse_update_info`` then ``receive_weights``) on the update info
+        :func:`encode_ipc_bucket` packed. Between the driver's ``start_weight_update`` and
+        ``finish_weight_update``. Returns the number of tensors."""
+        info = decode_ipc_bucket(payload)
+        self.update_weights(info)  # type: ignore[attr-defined]  # vLLM's Worker.update_weights
+        return len(info["names"])
+
+    def flowrl_seed(self, seed: int) -> None:
+        """Seed this worker's samplers for the next batch of requests, which carry no seeds of
+        their own: torch's generators (vLLM's V1 sampler draws the unseeded requests' noise from
+        them in one call) and numpy's (its V2 model runner draws each unseeded request's seed
+        there), as vLLM seeds a worker at start-up."""
+        from vllm.utils.torch_utils import set_random_seed
+
+        set_random_seed(seed)
 
     def flowrl_load_lora(self, payload: bytes | dict[str, Any], adapter_config: dict[str, Any], lora_id: int) -> int:
         """Install LoRA adapter ``lora_id`` from tensors in memory (peft's saved names,
