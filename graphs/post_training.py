@@ -84,7 +84,7 @@ def no_sync(*_after: Any) -> NodeOut:
 def held_out(table: pa.Table, *columns: Any, loss: str, options: dict, family: str) -> NodeOut:
     """``val-core/<family>/<stat>``: the loss and its stats on the whole held-out table (no
     gradient), from the log-prob ``columns`` (``logprobs``, and ``ref_logprobs`` for DPO)."""
-    from flowrl.algos.supervised import Totals
+    from flowrl.algos.supervised import Totals, means
     from flowrl.data.packed import PackedBatch
     from flowrl.roles.supervised import load_loss
 
@@ -93,9 +93,9 @@ def held_out(table: pa.Table, *columns: Any, loss: str, options: dict, family: s
     spec = load_loss(loss)
     table = join_columns(table, *columns)
     batch = PackedBatch.from_table(table, tuple(spec.fields) + ("logprobs",))
-    totals = Totals(spec.count(batch.token_fields, batch.response_cu_B1), float(batch.num_response_tokens))
-    _, stats = spec.fn(batch.token_fields["logprobs"], batch.token_fields, batch.response_cu_B1, totals=totals, **options)
-    return NodeOut(None, {f"{VALIDATION}{family}/{k}": float(v) for k, v in stats.items()})
+    totals = Totals(spec.count(batch.token_fields, batch.response_cu_B1))
+    _, sums = spec.fn(batch.token_fields["logprobs"], batch.token_fields, batch.response_cu_B1, totals=totals, **options)
+    return NodeOut(None, {f"{VALIDATION}{family}/{k}": v for k, v in means(sums, totals).items()})
 
 
 # --------------------------------------------------------------------------- graph pieces

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from flowrl.algos.aggregate import segment_sum
-from flowrl.algos.supervised import SupervisedLoss, Totals, mean_stat
+from flowrl.algos.supervised import SupervisedLoss, Totals
 
 __all__ = ["DPO_LOSS", "DPO_LOSS_TYPES", "dpo_loss", "dpo_pair_losses", "pair_count", "sequence_logps"]
 
@@ -70,8 +70,8 @@ def dpo_pair_losses(pi_c_P: Tensor, pi_r_P: Tensor, ref_c_P: Tensor, ref_r_P: Te
 
 def dpo_loss(logp_T: Tensor, fields: Mapping[str, Tensor], response_cu_B1: Tensor, *, totals: Totals, beta: float,
              loss_type: str, label_smoothing: float = 0.0) -> tuple[Tensor, dict[str, Any]]:
-    """The micro-batch's summed pair losses over the global pair count; TRL's metrics as means
-    over the mini-batch's pairs (:func:`mean_stat`)."""
+    """The micro-batch's summed pair losses over the global pair count; TRL's metrics summed over
+    the micro-batch's pairs (their means: :func:`flowrl.algos.supervised.means`)."""
     num_rows = response_cu_B1.numel() - 1
     assert num_rows % 2 == 0, f"a DPO micro-batch holds whole (chosen, rejected) pairs, got {num_rows} rows"
     average = loss_type == "ipo"
@@ -81,12 +81,12 @@ def dpo_loss(logp_T: Tensor, fields: Mapping[str, Tensor], response_cu_B1: Tenso
     losses_P, chosen_P, rejected_P = dpo_pair_losses(pi_B[0::2], pi_B[1::2], ref_B[0::2], ref_B[1::2], beta=beta,
                                                      loss_type=loss_type, label_smoothing=label_smoothing)
     loss = losses_P.sum() / max(totals.denominator, 1.0)
-    n = logp_T.numel()
-    stats = {LOSS: losses_P.detach().sum(), REWARDS_CHOSEN: chosen_P.sum(), REWARDS_REJECTED: rejected_P.sum(),
+    sums = {LOSS: losses_P.detach().sum(), REWARDS_CHOSEN: chosen_P.sum(), REWARDS_REJECTED: rejected_P.sum(),
              REWARDS_MARGINS: (chosen_P - rejected_P).sum(), REWARDS_ACCURACIES: (chosen_P > rejected_P).float().sum(),
              LOGPS_CHOSEN: pi_B[0::2].detach().sum(), LOGPS_REJECTED: pi_B[1::2].detach().sum()}
-    return loss, {k: mean_stat(v, n, totals) for k, v in stats.items()}
+    return loss, sums
 
 
 DPO_LOSS = SupervisedLoss(name="dpo", fields=("response_mask", "ref_logprobs"), count=pair_count, fn=dpo_loss,
-                          pairs=True)
+                          stats=(LOSS, REWARDS_CHOSEN, REWARDS_REJECTED, REWARDS_MARGINS, REWARDS_ACCURACIES,
+                                 LOGPS_CHOSEN, LOGPS_REJECTED), pairs=True)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from flowrl.algos.dpo_loss import pair_count
-from flowrl.algos.supervised import SupervisedLoss, Totals, mean_stat
+from flowrl.algos.supervised import SupervisedLoss, Totals
 
 __all__ = ["RM_LOSS", "bradley_terry_loss"]
 
@@ -30,15 +30,15 @@ REJECTED = "score/rejected"
 
 def bradley_terry_loss(scores_B: Tensor, fields: Mapping[str, Tensor], response_cu_B1: Tensor, *,
                        totals: Totals) -> tuple[Tensor, dict[str, Any]]:
-    """The micro-batch's summed pair losses over the global pair count; stats as means over pairs."""
+    """The micro-batch's summed pair losses over the global pair count; its stats summed over pairs."""
     assert scores_B.numel() % 2 == 0, f"a reward-model micro-batch holds whole pairs, got {scores_B.numel()} rows"
     chosen_P, rejected_P = scores_B[0::2], scores_B[1::2]
     losses_P = -F.logsigmoid(chosen_P - rejected_P)
-    n = int(response_cu_B1[-1] - response_cu_B1[0])
     c, r = chosen_P.detach(), rejected_P.detach()
-    stats = {LOSS: losses_P.detach().sum(), ACCURACY: (c > r).float().sum(), MARGIN: (c - r).sum(), CHOSEN: c.sum(),
+    sums = {LOSS: losses_P.detach().sum(), ACCURACY: (c > r).float().sum(), MARGIN: (c - r).sum(), CHOSEN: c.sum(),
              REJECTED: r.sum()}
-    return losses_P.sum() / max(totals.denominator, 1.0), {k: mean_stat(v, n, totals) for k, v in stats.items()}
+    return losses_P.sum() / max(totals.denominator, 1.0), sums
 
 
-RM_LOSS = SupervisedLoss(name="rm", fields=(), count=pair_count, fn=bradley_terry_loss, pairs=True)
+RM_LOSS = SupervisedLoss(name="rm", fields=(), count=pair_count, fn=bradley_terry_loss,
+                         stats=(LOSS, ACCURACY, MARGIN, CHOSEN, REJECTED), pairs=True)

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from torch import Tensor
 
-from flowrl.algos.supervised import SupervisedLoss, Totals, mean_stat
+from flowrl.algos.supervised import SupervisedLoss, Totals
 
 __all__ = ["SFT_LOSS", "sft_count", "sft_loss"]
 
@@ -30,11 +30,11 @@ def sft_count(fields: Mapping[str, Tensor], response_cu_B1: Tensor) -> float:
 def sft_loss(logp_T: Tensor, fields: Mapping[str, Tensor], response_cu_B1: Tensor, *,
              totals: Totals) -> tuple[Tensor, dict[str, Any]]:
     """``sum(-logp * mask) / denominator`` over this micro-batch (the mini-batch's token mean
-    once summed over micro-batches and ranks); stat ``sft_loss``, the same mean."""
+    once summed over micro-batches and ranks); the sum ``sft_loss`` (its mean: the same loss)."""
     mask_T = fields["response_mask"].to(logp_T.dtype)
     nll = -(logp_T * mask_T).sum()
     loss = nll / max(totals.denominator, 1.0)
-    return loss, {LOSS: mean_stat(nll.detach(), logp_T.numel(), totals)}
+    return loss, {LOSS: nll.detach()}
 
 
 def held_out_loss(logp_T: Tensor, mask_T: Tensor) -> float:
@@ -43,4 +43,4 @@ def held_out_loss(logp_T: Tensor, mask_T: Tensor) -> float:
     return float(-(logp_T * mask_T).sum() / mask_T.sum().clamp(min=1))
 
 
-SFT_LOSS = SupervisedLoss(name="sft", fields=("response_mask",), count=sft_count, fn=sft_loss)
+SFT_LOSS = SupervisedLoss(name="sft", fields=("response_mask",), count=sft_count, fn=sft_loss, stats=(LOSS,))

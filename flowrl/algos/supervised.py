@@ -18,17 +18,15 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["SupervisedLoss", "Totals", "mean_stat"]
+__all__ = ["SupervisedLoss", "Totals", "means"]
 
 
 @dataclass(frozen=True)
 class Totals:
     """A mini-batch's global counts (every micro-batch, every data-parallel rank): ``denominator``
-    what the loss divides by (tokens, pairs), ``num_tokens`` its response tokens (the weight the
-    engines average stats by)."""
+    what the loss divides by (assistant tokens, pairs)."""
 
     denominator: float
-    num_tokens: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,8 +34,11 @@ class SupervisedLoss:
     """A loss of one micro-batch, normalised by a global count so that summing it over
     micro-batches and ranks gives the single-process loss of the mini-batch.
 
-    ``fn(value_T, fields, response_cu_B1, *, totals, **options) -> (loss, stats)``: ``value_T`` the
-    micro-batch's response-token log-probs (or the reward model's scores, one per row);
+    ``fn(value_T, fields, response_cu_B1, *, totals, **options) -> (loss, sums)``: ``value_T`` the
+    micro-batch's response-token log-probs (or the reward model's scores, one per row); ``sums``
+    each of :attr:`stats` summed over the micro-batch's tokens or pairs (detached), whose mean over
+    the mini-batch is their sum over micro-batches and ranks divided by ``totals.denominator``
+    (:func:`means`: the role reduces them itself, whatever an engine does with its stats);
     ``count(fields, response_cu_B1) -> float`` this micro-batch's share of ``totals.denominator``."""
 
     name: str
@@ -45,13 +46,12 @@ class SupervisedLoss:
     """Token columns of the table the loss reads (``response_mask``, ``ref_logprobs``)."""
     count: Callable[[Mapping[str, "Tensor"], "Tensor"], float]
     fn: Callable[..., tuple["Tensor", dict[str, Any]]]
+    stats: tuple[str, ...]
+    """The names of the sums ``fn`` returns (every rank reduces the same list)."""
     pairs: bool = False
     """Rows come in (chosen, rejected) pairs, adjacent: micro-batches must hold whole pairs."""
 
 
-def mean_stat(total_x: "Tensor | float", num_tokens_mb: int, totals: Totals) -> float:
-    """A stat whose mean over the mini-batch is ``sum(x) / denominator`` reported through an
-    engine that averages stats weighted by each micro-batch's response tokens:
-    ``sum_x_mb * N / (D * n_mb)`` averages (weights ``n_mb / N``) to ``sum(x) / D``."""
-    value = float(total_x)
-    return value * totals.num_tokens / (max(totals.denominator, 1.0) * max(num_tokens_mb, 1))
+def means(sums: Mapping[str, "Tensor | float"], totals: Totals) -> dict[str, float]:
+    """Each summed stat over the mini-batch's denominator: its mean per token (or pair)."""
+    return {k: float(v) / max(totals.denominator, 1.0) for k, v in sums.items()}

@@ -12,7 +12,6 @@ from __future__ import annotations
 import pyarrow as pa
 
 from flowrl.algos.rm_loss import RM_LOSS
-from flowrl.algos.supervised import Totals
 from flowrl.backends.train.reward import reward_engine_class
 from flowrl.backends.train.optim import AdamWSettings, ScheduledRate
 from flowrl.catalog.backends import TRAIN_BACKENDS
@@ -23,6 +22,7 @@ from flowrl.parallel.dtypes import resolve_dtype
 from flowrl.registry import import_string
 from flowrl.roles import checkpoints
 from flowrl.roles.epochs import run_epochs
+from flowrl.roles.supervised import micro_batch_rows, reduced_step
 
 
 class RewardTrainerRole:
@@ -46,21 +46,15 @@ class RewardTrainerRole:
         self.rate.before_update(self.engine.optimizer)
 
         def step(mini: PackedBatch) -> dict[str, float]:
-            totals = Totals(*self.engine.all_reduce_sum([RM_LOSS.count({}, mini.response_cu_B1),
-                                                          float(mini.num_response_tokens)]))
-
-            def loss_fn(scores_B, mb: PackedBatch):  # noqa: ANN001, ANN202 - the engines' ValueLossFn
-                return RM_LOSS.fn(scores_B, mb.token_fields, mb.response_cu_B1, totals=totals)
-
-            return self.engine.train_step_values(mini, micro_batch_size=2 * self.cfg.ppo_micro_batch_size_per_gpu,
-                                                 loss_fn=loss_fn)
+            return reduced_step(self.engine, RM_LOSS, mini, lambda loss_fn: self.engine.train_step_values(
+                mini, micro_batch_size=micro_batch_rows(self.cfg, RM_LOSS), loss_fn=loss_fn), {})
 
         return run_epochs(batch, epochs=self.cfg.ppo_epochs, mini_batch_rows=mini_batch_rows, step=step, prefix=names.ACTOR)
 
     def compute_rm_scores(self, table: pa.Table) -> pa.Table:
         """A one-column table: ``rm_score`` of each row (as ``RewardModelRole.compute_rm_scores``)."""
         batch = PackedBatch.from_table(table)
-        scores_B = self.engine.forward_values(batch, micro_batch_size=2 * self.cfg.ppo_micro_batch_size_per_gpu)
+        scores_B = self.engine.forward_values(batch, micro_batch_size=micro_batch_rows(self.cfg, RM_LOSS))
         return pa.table({"rm_score": pa.array(scores_B.numpy(), pa.float32())})
 
     # ----------------------------------------------------------------- weights

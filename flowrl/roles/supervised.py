@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from flowrl.algos.supervised import SupervisedLoss, Totals
+from flowrl.algos.supervised import SupervisedLoss, Totals, means
 from flowrl.data import experience
 from flowrl.data.packed import PackedBatch
 from flowrl.metrics import names
@@ -54,19 +54,36 @@ def train(engine: Any, actor: "ActorConfig", table: pa.Table, *, loss: str, mini
     batch = PackedBatch.from_table(table, spec.fields)
 
     def step(mini: PackedBatch) -> dict[str, float]:
-        count, tokens = engine.all_reduce_sum([spec.count(mini.token_fields, mini.response_cu_B1),
-                                               float(mini.num_response_tokens)])
-        totals = Totals(count, tokens)
+        def train_step(loss_fn):  # noqa: ANN001, ANN202 - the engines' LossFn
+            return engine.train_step(mini.with_token_budget(token_budget(actor, spec)),
+                                     micro_batch_size=micro_batch_rows(actor, spec),
+                                     loss_fn=lambda logp_T, _entropy_T, mb: loss_fn(logp_T, mb),
+                                     temperature=SUPERVISED_TEMPERATURE, with_entropy=False)
 
-        def loss_fn(logp_T, entropy_T, mb: PackedBatch):  # noqa: ANN001, ANN202 - the engines' LossFn
-            return spec.fn(logp_T, mb.token_fields, mb.response_cu_B1, totals=totals, **options)
-
-        return engine.train_step(mini.with_token_budget(token_budget(actor, spec)),
-                                 micro_batch_size=micro_batch_rows(actor, spec), loss_fn=loss_fn,
-                                 temperature=SUPERVISED_TEMPERATURE, with_entropy=False)
+        return reduced_step(engine, spec, mini, train_step, options)
 
     return run_epochs(batch, epochs=actor.ppo_epochs, mini_batch_rows=mini_batch_rows, step=step, prefix=names.ACTOR,
                       mfu=mfu)
+
+
+def reduced_step(engine: Any, spec: SupervisedLoss, mini: PackedBatch, train_step: Any, options: dict) -> dict[str, float]:
+    """One optimizer step of ``spec`` on ``mini``: the global denominator first, then
+    ``train_step(loss_fn)`` (the engine's step with ``loss_fn(value, micro_batch)``), then the
+    loss's summed stats reduced over the data-parallel ranks into exact means (engines average
+    their own stats in their own ways: by tokens, by micro-batches)."""
+    (count,) = engine.all_reduce_sum([spec.count(mini.token_fields, mini.response_cu_B1)])
+    totals = Totals(count)
+    sums = dict.fromkeys(spec.stats, 0.0)
+
+    def loss_fn(value: Any, mb: PackedBatch) -> tuple[Any, dict]:
+        loss, stats = spec.fn(value, mb.token_fields, mb.response_cu_B1, totals=totals, **options)
+        for k, v in stats.items():
+            sums[k] += float(v)
+        return loss, {}
+
+    out = train_step(loss_fn)
+    reduced = engine.all_reduce_sum([sums[k] for k in spec.stats])
+    return {**out, **means(dict(zip(spec.stats, reduced)), totals)}
 
 
 def logprobs(engine: Any, actor: "ActorConfig", table: pa.Table, column: str) -> pa.Table:

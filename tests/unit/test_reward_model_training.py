@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from flowrl.algos.rm_loss import RM_LOSS, bradley_terry_loss
-from flowrl.algos.supervised import Totals
+from flowrl.algos.supervised import Totals, means
 from flowrl.config import ActorConfig, OptimConfig
 from flowrl.data import experience as ex
 
@@ -19,8 +19,9 @@ from flowrl.data import experience as ex
 def test_bradley_terry_loss_and_accuracy_by_hand():
     scores = torch.tensor([2.0, 0.0, -1.0, 1.0])  # pair 0: chosen 2 vs 0; pair 1: chosen -1 vs 1
     cu = torch.tensor([0, 1, 2, 3, 4])
-    totals = Totals(RM_LOSS.count({}, cu), 4.0)
-    loss, stats = bradley_terry_loss(scores, {}, cu, totals=totals)
+    totals = Totals(RM_LOSS.count({}, cu))
+    loss, sums = bradley_terry_loss(scores, {}, cu, totals=totals)
+    stats = means(sums, totals)
     # -logsigmoid(2) = log(1 + e^-2) = 0.126928; -logsigmoid(-2) = 2.126928; mean 1.126928
     assert totals.denominator == 2.0
     assert loss.item() == pytest.approx((math.log1p(math.exp(-2)) + math.log1p(math.exp(2))) / 2)

@@ -11,7 +11,7 @@ import torch
 
 from flowrl.algos.dpo_loss import DPO_LOSS, dpo_loss
 from flowrl.algos.sft_loss import SFT_LOSS, sft_loss
-from flowrl.algos.supervised import Totals
+from flowrl.algos.supervised import Totals, means
 
 
 def _cu(*lengths):
@@ -23,19 +23,20 @@ def test_sft_loss_is_the_mean_nll_of_the_masked_tokens_and_micro_batches_sum_to_
     fields = {"response_mask": torch.tensor([1, 0, 1, 1], dtype=torch.int8)}
     cu = _cu(2, 2)
     # masked tokens: 1 + 3 + 0.5 over 3 = 1.5 (the -2.0 token is not the assistant's)
-    totals = Totals(SFT_LOSS.count(fields, cu), 4.0)
-    loss, stats = sft_loss(logp, fields, cu, totals=totals)
-    assert totals.denominator == 3.0 and loss.item() == pytest.approx(1.5) and stats["sft_loss"] == pytest.approx(1.5)
-    # two micro-batches of one row: 1/3 + 3.5/3; their stats, weighted by tokens (2 and 2), average to 1.5
+    totals = Totals(SFT_LOSS.count(fields, cu))
+    loss, sums = sft_loss(logp, fields, cu, totals=totals)
+    assert totals.denominator == 3.0 and loss.item() == pytest.approx(1.5)
+    assert means(sums, totals) == {"sft_loss": pytest.approx(1.5)}
+    # two micro-batches of one row: 1/3 + 3.5/3; their sums 1 and 3.5 over 3 make the same mean
     l0, s0 = sft_loss(logp[:2], {"response_mask": fields["response_mask"][:2]}, _cu(2), totals=totals)
     l1, s1 = sft_loss(logp[2:], {"response_mask": fields["response_mask"][2:]}, _cu(2), totals=totals)
     assert (l0 + l1).item() == pytest.approx(1.5)
-    assert (s0["sft_loss"] * 2 + s1["sft_loss"] * 2) / 4 == pytest.approx(1.5)
+    assert (s0["sft_loss"] + s1["sft_loss"]).item() / 3 == pytest.approx(1.5)
 
 
 def test_sft_gradient_is_zero_on_untrained_tokens():
     logp = torch.tensor([-1.0, -2.0, -3.0], requires_grad=True)
-    loss, _ = sft_loss(logp, {"response_mask": torch.tensor([0, 1, 1])}, _cu(3), totals=Totals(2.0, 3.0))
+    loss, _ = sft_loss(logp, {"response_mask": torch.tensor([0, 1, 1])}, _cu(3), totals=Totals(2.0))
     loss.backward()
     assert logp.grad.tolist() == [0.0, -0.5, -0.5]
 
@@ -75,10 +76,11 @@ def test_dpo_loss_rewards_and_margins_equal_trl_formulas(beta, loss_type, eps):
     fields = {"response_mask": torch.ones(len(logp), dtype=torch.int8),
               "ref_logprobs": torch.tensor([x for r in REF for x in r], dtype=torch.float64)}
     cu = _cu(*map(len, POLICY))
-    totals = Totals(DPO_LOSS.count(fields, cu), float(len(logp)))
-    loss, stats = dpo_loss(logp, fields, cu, totals=totals, beta=beta, loss_type=loss_type, label_smoothing=eps)
-    assert totals.denominator == 2.0
+    totals = Totals(DPO_LOSS.count(fields, cu))
+    loss, sums = dpo_loss(logp, fields, cu, totals=totals, beta=beta, loss_type=loss_type, label_smoothing=eps)
+    assert totals.denominator == 2.0 and set(sums) == set(DPO_LOSS.stats) == set(expected)
     assert loss.item() == pytest.approx(expected["dpo_loss"], abs=1e-12)
+    stats = means(sums, totals)
     for key, value in expected.items():
         assert stats[key] == pytest.approx(value, abs=1e-12), key
     # the pairs one micro-batch each: the losses sum to the whole
@@ -90,5 +92,5 @@ def test_dpo_loss_rewards_and_margins_equal_trl_formulas(beta, loss_type, eps):
 def test_dpo_of_a_policy_equal_to_its_reference_is_log_2():
     logp = torch.tensor([-1.0, -2.0])
     fields = {"response_mask": torch.ones(2), "ref_logprobs": logp.clone()}
-    loss, stats = dpo_loss(logp, fields, _cu(1, 1), totals=Totals(1.0, 2.0), beta=0.1, loss_type="sigmoid")
-    assert loss.item() == pytest.approx(math.log(2)) and stats["rewards/margins"] == 0.0
+    loss, sums = dpo_loss(logp, fields, _cu(1, 1), totals=Totals(1.0), beta=0.1, loss_type="sigmoid")
+    assert loss.item() == pytest.approx(math.log(2)) and sums["rewards/margins"] == 0.0
