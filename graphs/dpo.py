@@ -49,12 +49,13 @@ class DPO(Family):
         ref = ref_spec(self.cfg)
         return [actor_spec(self.cfg), dataclasses.replace(ref, role_kwargs={**ref.role_kwargs, "temperature": 1.0})]
 
-    def load_data(self, tokenizer: Any, which: str = "train") -> Any:
+    @classmethod
+    def load_data(cls, cfg: RunConfig, tokenizer: Any, which: str = "train") -> Any:
         """The tokenized pairs of ``data.train_files`` (``which="val"``: ``data.val_files``)."""
         from flowrl.data.pairs import PairDataset
 
-        return PairDataset(pt.data_files(self.cfg, which), tokenizer, prompt_key=self.cfg.data.prompt_key,
-                           max_length=self.cfg.algorithm.sft.max_length, truncation=self.cfg.data.truncation)
+        return PairDataset(pt.data_files(cfg, which), tokenizer, prompt_key=cfg.data.prompt_key,
+                           max_length=cfg.algorithm.sft.max_length, truncation=cfg.data.truncation)
 
     def loss_options(self) -> dict:
         d = self.cfg.algorithm.dpo

@@ -72,11 +72,12 @@ class RewardModel(Family):
                            "total_steps": c.trainer.total_training_steps},
                           GroupMesh(dp=a.data_parallel_size, tp=1, pp=1))]
 
-    def load_data(self, tokenizer: Any, which: str = "train") -> Any:
+    @classmethod
+    def load_data(cls, cfg: RunConfig, tokenizer: Any, which: str = "train") -> Any:
         from flowrl.data.pairs import PairDataset
 
-        return PairDataset(pt.data_files(self.cfg, which), tokenizer, prompt_key=self.cfg.data.prompt_key,
-                           max_length=self.cfg.algorithm.sft.max_length, truncation=self.cfg.data.truncation)
+        return PairDataset(pt.data_files(cfg, which), tokenizer, prompt_key=cfg.data.prompt_key,
+                           max_length=cfg.algorithm.sft.max_length, truncation=cfg.data.truncation)
 
     def build(self, ctx: BuildContext, prompts: pa.Table, *, step: int, collected: NodeOut | None = None) -> IterationGraph:
         stats = node("update_actor", train_pairs, ctx.groups["actor"].bind(), prompts,

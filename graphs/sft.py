@@ -41,12 +41,13 @@ class SFT(Family):
 
         return [actor_spec(self.cfg)]
 
-    def load_data(self, tokenizer: Any, which: str = "train") -> Any:
+    @classmethod
+    def load_data(cls, cfg: RunConfig, tokenizer: Any, which: str = "train") -> Any:
         """The tokenized conversations of ``data.train_files`` (``which="val"``: ``data.val_files``)."""
         from flowrl.data.chat import ChatDataset
 
-        s, d = self.cfg.algorithm.sft, self.cfg.data
-        return ChatDataset(pt.data_files(self.cfg, which), tokenizer, messages_key=s.messages_key, prompt_key=d.prompt_key,
+        s, d = cfg.algorithm.sft, cfg.data
+        return ChatDataset(pt.data_files(cfg, which), tokenizer, messages_key=s.messages_key, prompt_key=d.prompt_key,
                            response_key=s.response_key, max_length=s.max_length, truncation=d.truncation)
 
     def loss_options(self) -> dict:

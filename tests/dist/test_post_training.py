@@ -52,7 +52,7 @@ def test_dpo_then_sft_train_through_their_graphs(tmp_path, tiny_model_dir):
     session, groups = start_groups(dpo_cfg, dpo.group_specs(), tmp_path / "run")
     try:
         before, history, after = _steps(session, dpo, BuildContext(dpo_cfg, groups, str(tiny_model_dir)),
-                                        dpo.load_data(tokenizer), dpo.load_data(tokenizer, "val"), num_steps=6,
+                                        dpo.load_data(dpo_cfg, tokenizer), dpo.load_data(dpo_cfg, tokenizer, "val"), num_steps=6,
                                         batch_size=16)
         # the policy is its reference at first: every pair's loss is log 2, no margin
         assert history[0]["actor/dpo_loss"] == pytest.approx(math.log(2), abs=1e-6)
@@ -66,7 +66,7 @@ def test_dpo_then_sft_train_through_their_graphs(tmp_path, tiny_model_dir):
 
         # SFT on the same actor group, packed micro-batches of at most 64 tokens
         before, history, after = _steps(session, sft, BuildContext(sft_cfg, groups, str(tiny_model_dir)),
-                                        sft.load_data(tokenizer), sft.load_data(tokenizer, "val"), num_steps=6,
+                                        sft.load_data(sft_cfg, tokenizer), sft.load_data(sft_cfg, tokenizer, "val"), num_steps=6,
                                         batch_size=16)
         assert history[-1]["actor/sft_loss"] < history[0]["actor/sft_loss"] - 0.2
         assert after["val-core/sft/sft_loss"] < before["val-core/sft/sft_loss"] - 0.2
