@@ -44,7 +44,8 @@ def _rows(run_dir):
 
 
 def _steady(row):  # what is not a time (nor the previous step's weight sync, which a resumed run lacks)
-    return {k: v for k, v in row.items() if not k.startswith(("timing_s/", "compute_s/", "perf/", "async/", "reshard/"))
+    return {k: v for k, v in row.items() if not k.startswith(("timing_s/", "timing_per_token_ms/", "compute_s/", "perf/",
+                                                               "async/", "reshard/"))
             and not k.endswith("_s")}
 
 
@@ -67,27 +68,27 @@ def test_staleness_one_lags_a_version_and_a_killed_run_resumes_exactly(tmp_path,
     extra = ("trainer.staleness=1", "trainer.save_freq=2")
     train(_cfg(a_dir, model_dir, data, 4, *extra))
     rows = _rows(a_dir)
-    # steps 0, 1 start the pipeline (versions 0, 0); step 1 is a checkpoint step, so step 2 waits
-    # for its weights (version 2) and step 3 runs one behind again (version 2)
-    versions = [set(pq.read_table(ex.step_path(a_dir, s)).column("weight_version").to_pylist()) for s in range(4)]
+    # steps 1, 2 start the pipeline (versions 0, 0); step 2 is a checkpoint step, so step 3 waits
+    # for its weights (version 2) and step 4 runs one behind again (version 2)
+    versions = [set(pq.read_table(ex.step_path(a_dir, s)).column("weight_version").to_pylist()) for s in range(1, 5)]
     assert versions == [{0}, {0}, {2}, {2}]
     assert [r["async/staleness_max"] for r in rows] == [0.0, 1.0, 0.0, 1.0]
     assert all("async/rollout_idle_s" in r and "async/trainer_idle_s" in r for r in rows[1:])
 
     def kill_after_step_2(step, metrics):
-        if step == 2:  # step 3's generation is in flight now
+        if step == 3:  # step 4's generation is in flight now
             raise Killed
 
     with pytest.raises(Killed):
         train(_cfg(b_dir, model_dir, data, 4, *extra), on_step=kill_after_step_2)
     resumed = train(_cfg(b_dir, model_dir, data, 4, *extra, "trainer.resume_mode=auto"))
-    assert resumed.steps == 2  # steps 2 and 3 again, from the checkpoint after step 1
+    assert resumed.steps == 2  # steps 3 and 4 again, from the checkpoint after step 2
     b_rows = _rows(b_dir)
     assert [r["training/global_step"] for r in b_rows] == [1.0, 2.0, 3.0, 4.0]
     assert [_steady(r) for r in b_rows] == [_steady(r) for r in rows]  # bitwise, the same numbers
 
     seen = Counter()
-    for s in range(4):
+    for s in range(1, 5):
         a_tab, b_tab = pq.read_table(ex.step_path(a_dir, s)), pq.read_table(ex.step_path(b_dir, s))
         assert a_tab.column("prompt_ids").to_pylist() == b_tab.column("prompt_ids").to_pylist()
         assert a_tab.column("response_ids").to_pylist() == b_tab.column("response_ids").to_pylist()
@@ -128,13 +129,13 @@ KILL_STEPS = 4  # a checkpoint after step 1 (save_freq 2); step 2 is held in its
 
 
 def _each_prompt_once(run_dir, steps, n=4, batch=8):
-    """Every step's row once, and every prompt (group id) of steps 0..steps-1 trained exactly once
-    with its n samples; the samples carry their weight versions."""
-    assert [r["step"] for r in _rows(run_dir)] == list(range(steps))
+    """Every step's row once (verl's numbering, from 1), and every prompt (group id) of steps
+    1..steps trained exactly once with its n samples; the samples carry their weight versions."""
+    assert [r["step"] for r in _rows(run_dir)] == list(range(1, steps + 1))
     seen = Counter()
-    for s in range(steps):
+    for s in range(1, steps + 1):
         tab = pq.read_table(ex.step_path(run_dir, s))
-        assert max(tab.column("weight_version").to_pylist()) <= s
+        assert max(tab.column("weight_version").to_pylist()) <= s - 1
         seen.update(tab.column("group").to_pylist())
     assert sorted(seen) == list(range(steps * batch)) and set(seen.values()) == {n}
 
@@ -167,7 +168,7 @@ def test_driver_killed_by_sigkill_mid_async_run_resumes_each_prompt_once(tmp_pat
             pass
     assert proc.returncode == -signal.SIGKILL
     assert not left, f"processes left behind by the killed driver: {left}"
-    assert [r["step"] for r in _rows(run_dir)] == [0, 1]  # step 2 never finished
+    assert [r["step"] for r in _rows(run_dir)] == [1, 2]  # step 3 never finished
     meta = json.loads((run_dir / "checkpoints" / "step_00000002" / "meta.json").read_text())
     if mode == "stream":  # a drain step: the checkpoint's queue is empty, its weights are version 2
         assert meta["extra"]["stream"] == {"weight_version": 2, "next": [2, 0], "queue": []}

@@ -42,18 +42,24 @@ def test_a_checkpoint_resumes_under_the_other_placement(tmp_path, tiny_model_dir
     assert a.placement == "hybrid"  # the default, auto
     train(a)
     ca = latest_checkpoint(a_dir / "checkpoints")
+    # colocated 2 steps, then resumed by the default (auto -> hybrid); and the uninterrupted hybrid
+    # run's own step-2 checkpoint resumed colocated (the hybrid half of that direction is run a)
     for first, then, resumed_as in (("colocated", "auto", "hybrid"), ("hybrid", "colocated", "colocated")):
         b_dir = tmp_path / f"{first}-then-{then}"
-        assert train(_cfg(b_dir, tiny_model_dir, addition_data, 2, f"cluster.placement={first}")).steps == 2
-        resumed = _cfg(b_dir, tiny_model_dir, addition_data, 4, f"cluster.placement={then}")
+        if first == "colocated":
+            assert train(_cfg(b_dir, tiny_model_dir, addition_data, 2, f"cluster.placement={first}")).steps == 2
+            resume = ()
+        else:
+            resume = (f"trainer.resume_mode={a_dir / 'checkpoints' / 'step_00000002'}",)
+        resumed = _cfg(b_dir, tiny_model_dir, addition_data, 4, f"cluster.placement={then}", *resume)
         assert resumed.placement == resumed_as
-        assert train(resumed).steps == 2  # steps 2 and 3, from step 2's checkpoint
+        assert train(resumed).steps == 2  # steps 3 and 4, from step 2's checkpoint
 
         rows_a, rows_b = _rows(a_dir), _rows(b_dir)
-        assert [r["step"] for r in rows_b] == [0, 1, 2, 3]
-        for row in rows_b[2:]:  # the resumed generation runs on the checkpoint's weights, not the initial ones
+        assert [r["step"] for r in rows_b] == ([1, 2, 3, 4] if not resume else [3, 4])  # verl's numbering
+        for row in rows_b[-2:]:  # the resumed generation runs on the checkpoint's weights, not the initial ones
             assert row["rollout/logprob_diff_max"] < 1e-4
-        for ra, rb in zip(rows_a, rows_b):  # the same run, whichever processes held the ranks
+        for ra, rb in zip(rows_a[-len(rows_b):], rows_b):  # the same run, whichever processes held the ranks
             for key in COMPARED:
                 assert ra[key] == pytest.approx(rb[key], rel=1e-5, abs=1e-6), (first, ra["step"], key)
         cb = latest_checkpoint(b_dir / "checkpoints")
