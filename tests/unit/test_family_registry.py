@@ -75,7 +75,7 @@ def test_a_user_family_by_import_string(tmp_path, monkeypatch):
 
 
 def test_an_unknown_family_is_refused_with_the_valid_names():
-    with pytest.raises(ValueError, match="unknown algorithm family 'nope'; valid: grpo, ppo, remax"):
+    with pytest.raises(ValueError, match="unknown algorithm family 'nope'; valid: dpo, grpo, ppo, remax, rm, sft"):
         resolve_family(_with_family(load_config(), "nope"))
     with pytest.raises(ValueError, match="the ppo family trains a critic"):
         PPO(load_config())  # grpo's estimator reads no values
