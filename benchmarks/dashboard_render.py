@@ -31,7 +31,8 @@ built, before the first page is sent), ``pull_doc_s`` (serializing it for the br
 ``deferred_s`` (building the figures sent after the first paint; 0 when there are none; since
 issue 39 in a worker thread, off the event loop) and ``attach_s`` (attaching them, on the loop).
 
-The server answering while it builds (issue 39): ``answer_s``, when the browser had the page's
+The server answering while it builds (issue 39, judged: under 1 s at 1,000 steps; ``judged`` in
+the results holds the worst of each over the opens): ``answer_s``, when the browser had the page's
 HTML (the session's first page built); and while the first page's browser waits for the figures
 built after its first paint, a second client asks every ``--probe-gap`` seconds (at most
 ``--probes`` times) for the page (``GET /``: a second page load, a new session built) and for a
@@ -348,7 +349,25 @@ def open_live_once(runs: list[Path], *, filter_timeout_s: float, probe_gap_s: fl
 
 def measure_live(runs: list[Path], repeats: int, **kwargs: Any) -> dict:
     opens = [open_live_once(runs, **kwargs) for _ in range(repeats)]
-    return medians({"export_s": None, "html_mb": None, "opens": opens})
+    return judged(medians({"export_s": None, "html_mb": None, "opens": opens}))
+
+
+#: Issue 39's bar: the live server gives a 1,000-step run's page, and answers other requests
+#: while it builds the rest, in under this many seconds.
+JUDGED_S = 1.0
+
+
+def judged(result: dict) -> dict:
+    """Issue 39's judged numbers, worst over the opens: the first page's HTML (``answer_s``:
+    the session's page built and sent) and the slowest answer to a second client while the
+    figures after the first paint were built (a new page, ``probe_page_s``; a static file, the
+    event loop's latency alone, ``probe_static_s``)."""
+    opens = result["opens"]
+    worst = {key: max((o[key] for o in opens if isinstance(o.get(key), (int, float))), default=None)
+             for key in ("answer_s", "probe_page_s", "probe_static_s")}
+    result["judged"] = {**{f"{k}_max": v for k, v in worst.items()}, "limit_s": JUDGED_S,
+                        "under_limit": all(v is not None and v < JUDGED_S for v in worst.values())}
+    return result
 
 
 def code_version() -> dict:

@@ -55,7 +55,10 @@ def run_dir(tmp_path_factory, tiny_model_dir, addition_data):
         "data.train_batch_size=8", "rollout.n=4", "actor.ppo_mini_batch_size=8", "cluster.dashboard=true",
         "trainer.logger=[console,tensorboard]",
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    # TensorBoard's files where verl's go: $TENSORBOARD_DIR (else tensorboard_log/ in the working directory)
+    tensorboard = out.parent / "tensorboard"
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400,
+                          env={**os.environ, "TENSORBOARD_DIR": str(tensorboard)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     # a run that succeeded ends quietly (issue 20): no worker heartbeat racing the cluster's close
     # (a CommClosedError traceback), no worker restarted by its nanny during the teardown
@@ -63,7 +66,7 @@ def run_dir(tmp_path_factory, tiny_model_dir, addition_data):
         assert noise not in proc.stderr, proc.stderr[-3000:]
     assert (out / "timeline.jsonl").is_file() and json.loads((out / "run_info.json").read_text())["dask_dashboard"]
     assert [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("step ")] == ["1/3", "2/3", "3/3"]
-    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    assert list(tensorboard.glob("events.out.tfevents.*")) or list((out / "tensorboard").glob("events.out.tfevents.*"))
     return out
 
 
@@ -254,7 +257,7 @@ def test_live_dashboard_opened_before_the_first_step_follows_the_run(run_dir, tm
             browser.wait_for(f"{DOC}.get_model_by_name('step_select').value === '{last}'", timeout_s=60)
             browser.wait_for(f"{DOC}.get_model_by_name('samples_note').text === 'step {last}: 32 samples'", timeout_s=60)
             browser.wait_for(f"new Set({DOC}.get_model_by_name('timeline_shown').data.step).has({last})", timeout_s=60)
-            assert browser.evaluate(f"{DOC}.get_model_by_name('metrics').data.step") == steps
+            assert browser.evaluate(f"Array.from({DOC}.get_model_by_name('metrics').data.step)") == steps
             probe = browser.evaluate(DOM_PROBE_JS)
             assert probe["canvases"] >= len(wanted), probe["canvases"]
             print(f"screenshot: {browser.screenshot(ARTIFACTS / 'dashboard_live_from_step_0.png')}")

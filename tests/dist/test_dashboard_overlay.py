@@ -91,8 +91,10 @@ def page(runs, tmp_path_factory):
 
 def test_several_runs_overlay_with_a_legend_and_the_filter(page, runs):
     assert page.evaluate(f"{model('run_select')}.options") == ["a_async", "b_sync"]
-    legend = page.evaluate(f"{model('metric:' + KEY)}.center.find((m) => m.items !== undefined).items.map((i) => i.label.value)")
+    # the legend below the plot, not over the curves (issue 35)
+    legend = page.evaluate(f"{model('metric:' + KEY)}.below.find((m) => m.items !== undefined).items.map((i) => i.label.value)")
     assert legend == ["a_async", "b_sync"]
+    assert page.evaluate(f"{model('metric:' + KEY)}.center.every((m) => m.items === undefined)")
     # each run's line plots its own values: the two runs' score series differ
     rows = {name: [json.loads(line)[KEY] for line in (runs / name / "metrics.jsonl").read_text().splitlines()]
             for name in ("a_async", "b_sync")}
