@@ -75,7 +75,7 @@ def test_samples_are_seeded_stop_at_eos_and_respect_max_tokens(engine, model_dir
     b, _ = engine.generate(PROMPTS, params, seed=3)
     c, _ = engine.generate(PROMPTS, params, seed=4)
     assert a == b and a != c
-    # the same prompt's samples differ (each sample has its own seed)
+    # the same prompt's samples differ (one seed for the batch, each request its own draws)
     assert len({tuple(r) for r in a[:4]}) > 1
     for resp in a:
         assert 1 <= len(resp) <= 6

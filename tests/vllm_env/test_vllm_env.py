@@ -52,6 +52,10 @@ def _run_checks(name: str, timeout: int) -> None:
     assert " passed" in proc.stdout.splitlines()[-1]
 
 
+def test_weight_update_payload_passes_vllms_serializer_and_parsers():
+    _run_checks("check_weight_payload.py", timeout=120)
+
+
 def test_vllm_matches_hf_on_the_same_weights():
     _run_checks("check_parity.py", timeout=400)
 
