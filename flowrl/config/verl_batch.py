@@ -47,8 +47,12 @@ def num_gpus(flat: dict[str, Any]) -> int:
 def ranks_of(flat: dict[str, Any], megatron_prefix: str, sp_key: str, gpus: int) -> int:
     """The ranks a global micro-batch is split over: the data-parallel ranks of Megatron
     (``gpus // (tp * pp * cp)``), else ``gpus // ulysses_size`` (verl's FSDP workers)."""
+    from flowrl.catalog.backends import TRAIN_BACKENDS, ParallelAxis
+
     strategy = str(flat.get(f"{AR}.actor.strategy") or flat.get("critic.strategy") or "fsdp")
-    if "megatron" in strategy:
+    # a strategy that splits the model over tensor/pipeline ranks (verl's megatron): only its
+    # data-parallel ranks split the batch; verl's fsdp/fsdp2 split it over every GPU
+    if strategy in TRAIN_BACKENDS.names() and TRAIN_BACKENDS.spec(strategy).supports(ParallelAxis.TP):
         split = 1
         for axis in ("tensor", "pipeline", "context"):
             split *= int(flat.get(f"{megatron_prefix}.megatron.{axis}_model_parallel_size")

@@ -114,7 +114,8 @@ def test_the_distributed_optimizer_checkpoint_rule_is_one_rule():
                  "actor.use_distributed_optimizer=true"]
     cfg = load_config(None, [*overrides, "trainer.save_freq=0"])
     problem, fix = checkpoint_problem(TRAIN_BACKENDS.spec("megatron"), cfg.actor)
-    assert problem == "with actor.use_distributed_optimizer=true: checkpoints cannot hold megatron's dp-sharded optimizer buffers"
+    assert problem == ("with actor.use_distributed_optimizer=true: saving megatron's distributed optimizer "
+                       "(its dp-sharded optimizer buffers) is not built in flowrl")
     with pytest.raises(ConfigError) as at_load:
         load_config(None, [*overrides, "trainer.save_freq=5"])
     with pytest.raises(ConfigError) as at_resume:

@@ -305,7 +305,7 @@ CONFIG_MISTAKES = [
     ("model.lora_rank=-1", "model.lora_rank"), ("data.val_max_samples=0", "data.val_max_samples"),
     ("reward_model.enable=true", "reward_model.model_path"),
     ("rollout.reshard_transport=fast", "rollout.reshard_transport"), ("actor.loss_agg_mode=nope", "actor.loss_agg_mode"),
-    ("rollout.val_kwargs.n=2", "rollout.val_kwargs.n"), ("actor.strategy=nope", "actor.strategy"),
+    ("actor.strategy=nope", "actor.strategy"),
 ]
 
 
