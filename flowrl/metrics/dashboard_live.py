@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 FIRST_PAGE, FIGURES, SPARE = 0, 1, 2
 #: Seconds of figure building per batch the loop attaches (each attach walks the page's models once).
-BATCH_S = 0.3
+BATCH_S = 0.15
 #: Milliseconds before the loop tries again a change the worker's lock held off.
 RETRY_MS = 50
 

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,10 @@ from flowrl.metrics.dashboard_live import FIRST_PAGE, SPARE, Worker, build_figur
 from flowrl.metrics.run_reader import RunReader
 
 __all__ = ["export_html", "make_server", "serve"]
+log = logging.getLogger(__name__)
+#: First pages kept built for the next sessions: a reload or a second browser while a page's
+#: figures are built takes one at once (building one takes a second or more at 1,000 steps).
+SPARES = 2
 
 
 def export_html(run_dir: str | Path | list, out: str | Path, *, max_samples: int = 64) -> Path:
@@ -67,7 +72,7 @@ class _Pages:
         self.page_worker = Worker("flowrl-dashboard-pages")  # new sessions' pages: never behind figures
         self.spare = [spare]
         self.ready: dict[str, Dashboard] = {}  # session id -> its page, between its creation and its document
-        self.refilling = False
+        self.refills = 0  # refill jobs queued or running (counted on the loop)
 
     def new_page(self) -> Dashboard:
         dash = Dashboard(self.runs, max_samples=self.max_samples, live=True, defer=True)
@@ -83,16 +88,21 @@ class _Pages:
         return self.new_page()
 
     def refill(self) -> None:
-        """(In the worker, after the sessions' work.) A spare for the next session."""
-        self.refilling = False
-        if not self.spare:
+        """(In the worker, after the sessions' work.) A spare for a next session, if one is missing."""
+        if len(self.spare) < SPARES:
             self.spare.append(self.new_page())
+
+    def _refilled(self, future: Any) -> None:
+        """(On the loop.) A refill ended; a failed one is logged (the next session builds its page)."""
+        self.refills -= 1
+        if not future.cancelled() and future.exception() is not None:
+            log.error("building a spare dashboard page failed", exc_info=future.exception())
 
     async def on_session_created(self, context: Any) -> None:
         self.ready[context.id] = await self.page_worker.submit(FIRST_PAGE, self.take)
-        if not self.refilling:
-            self.refilling = True
-            self.page_worker.submit(SPARE, self.refill)
+        for _ in range(SPARES - len(self.spare) - self.refills):  # one page per job: a session never waits for two
+            self.refills += 1
+            self.page_worker.submit(SPARE, self.refill).add_done_callback(self._refilled)
 
     def make_doc(self, doc: Any) -> None:
         dash = self.ready.pop(doc.session_context.id)
