@@ -43,8 +43,9 @@ def make_server(run_dir: str | Path | list, *, port: int = 5006, interval_s: flo
     is built in a worker thread while the session is created (the loop serves other requests
     meanwhile) and only attached on the loop; so are the figures built after its first paint
     (:meth:`Dashboard.document`) and every re-read of the files. The readers of all sessions
-    share what they parsed (:mod:`flowrl.metrics.run_reader`). The server keeps the first page
-    of the next session built (a spare, brought up to date when a session takes it), and loads
+    share what they parsed (:mod:`flowrl.metrics.run_reader`). The server keeps the first pages
+    of the next :data:`SPARES` sessions built (spares, brought up to date when a session takes
+    one, and built again in the page worker), and loads
     what every session needs before it accepts (:func:`_warm_up`: seconds for a long run, said
     first to ``on_progress`` if given), so the page is quick once the URL is out."""
     from bokeh.server.server import Server
