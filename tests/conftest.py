@@ -10,6 +10,13 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# TensorBoard's files go where verl's do, tensorboard_log/ under the working directory, unless
+# $TENSORBOARD_DIR says otherwise: the suite's runs (and the processes they start) write to a
+# temporary folder, not into the checkout
+if "TENSORBOARD_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["TENSORBOARD_DIR"] = tempfile.mkdtemp(prefix="flowrl-tests-tensorboard-")
 
 # tests/ on the path of this process and of every process it spawns (Dask workers, torch
 # multiprocessing), so test-only helpers resolve by import string: ``flowrl_testing.<module>``.
