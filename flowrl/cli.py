@@ -253,6 +253,9 @@ def _add_hydra_flags(p: argparse.ArgumentParser) -> None:
                    help="Hydra: the directory of a verl config (relative: to verl/trainer/, so 'config' is verl's tree)")
     p.add_argument("--config-name", "-cn", default=None, metavar="NAME",
                    help="Hydra: the verl config to compose (ppo_trainer, ppo_megatron_trainer, or one of --config-path)")
+    p.add_argument("--verl-script", metavar="'RUN.sh [ARGS]'", default=None,
+                   help="run a verl shell script as it is: its python3 -m verl.trainer.main_ppo arguments come "
+                        "first, the overrides after them win (read before the other arguments)")
 
 
 #: The keys ``flowrl train --help`` lists (with their defaults); ``flowrl config --fields`` has all.
@@ -289,6 +292,21 @@ class _CommandParser(argparse.ArgumentParser):
 
     def format_help(self) -> str:
         return super().format_help() + (key_help() if self.keys else "")
+
+
+def _add_export_hf(sub: Any) -> None:
+    p = sub.add_parser("export-hf", help="write a flowrl checkpoint as a transformers directory (from_pretrained loads it)")
+    p.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint directory, e.g. <run_dir>/checkpoints/step_00000010")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="where to write the transformers directory")
+    p.add_argument("--config-dir", default=None, metavar="DIR",
+                   help="the HF model directory the run started from (config.json, tokenizer); default: the "
+                        "checkpoint's recorded model.path")
+    lora = p.add_mutually_exclusive_group()  # a LoRA checkpoint (model.lora_rank > 0) holds the adapters only
+    lora.add_argument("--merge-lora", dest="lora", action="store_const", const="merge",
+                      help="LoRA checkpoint: the base model with the adapters merged in (a plain transformers directory)")
+    lora.add_argument("--adapter-only", dest="lora", action="store_const", const="adapter",
+                      help="LoRA checkpoint: peft's adapter directory (PeftModel.from_pretrained(base, OUT_DIR))")
+    p.set_defaults(func=cmd_export_hf)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -333,18 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_devices(sub)
 
-    p = sub.add_parser("export-hf", help="write a flowrl checkpoint as a transformers directory (from_pretrained loads it)")
-    p.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint directory, e.g. <run_dir>/checkpoints/step_00000010")
-    p.add_argument("out_dir", metavar="OUT_DIR", help="where to write the transformers directory")
-    p.add_argument("--config-dir", default=None, metavar="DIR",
-                   help="the HF model directory the run started from (config.json, tokenizer); default: the "
-                        "checkpoint's recorded model.path")
-    lora = p.add_mutually_exclusive_group()  # a LoRA checkpoint (model.lora_rank > 0) holds the adapters only
-    lora.add_argument("--merge-lora", dest="lora", action="store_const", const="merge",
-                      help="LoRA checkpoint: the base model with the adapters merged in (a plain transformers directory)")
-    lora.add_argument("--adapter-only", dest="lora", action="store_const", const="adapter",
-                      help="LoRA checkpoint: peft's adapter directory (PeftModel.from_pretrained(base, OUT_DIR))")
-    p.set_defaults(func=cmd_export_hf)
+    _add_export_hf(sub)
 
     p = sub.add_parser("dashboard", help="serve a run's per-step dashboard on 127.0.0.1, or --export a static HTML file")
     from flowrl.metrics.dashboard_cli import add_arguments as add_dashboard_arguments
@@ -358,8 +365,15 @@ def main(argv: list[str] | None = None) -> int:
     from flowrl.config import ConfigError
 
     from flowrl.config.verl_hydra import flags_first
+    from flowrl.config.verl_script import expand as expand_verl_script
 
-    args = build_parser().parse_args(flags_first(list(sys.argv[1:] if argv is None else argv)))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        argv = expand_verl_script(argv)  # --verl-script 'run.sh ARGS': its main_ppo arguments, then the overrides
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    args = build_parser().parse_args(flags_first(argv))
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # our own progress bar is enough
     if not args.verbose:  # read by dask's config when distributed is first imported
         os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")

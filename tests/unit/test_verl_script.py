@@ -88,3 +88,14 @@ def test_a_script_that_does_not_call_main_ppo_once_is_refused_by_name(tmp_path):
     (tmp_path / "hangs.sh").write_text("sleep 30\n")
     with pytest.raises(ConfigError, match="ran past 1 s"):
         capture(str(tmp_path / "hangs.sh"), timeout_s=1)
+
+
+def test_flowrl_config_runs_a_verl_script_from_the_command_line(script, tmp_path, capsys):
+    """``flowrl config --verl-script ...`` as a user types it: the script's list, then the overrides."""
+    from flowrl.cli import main
+
+    assert main(["config", "--verl-script", f"{shlex.quote(str(script))} hf", "trainer.total_epochs=3"]) == 0
+    out = capsys.readouterr().out
+    assert "total_epochs: 3" in out and "name: hf" in out
+    assert main(["config", "--verl-script", str(tmp_path / "missing.sh")]) == 2
+    assert "--verl-script" in capsys.readouterr().err
