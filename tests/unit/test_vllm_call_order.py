@@ -214,6 +214,12 @@ def test_one_seed_per_request_batch_and_the_callers_generators_are_left_alone(fa
     assert [c[0] for c in gen.llm.calls] == ["generate"]  # greedy draws nothing: no seeding
 
 
+def test_external_launcher_needs_the_callers_process_group():
+    with pytest.raises(ValueError, match="external_launcher=True.*none is initialised; fix: call "
+                                         "torch.distributed.init_process_group"):
+        vbackend._check_launcher_group(1)
+
+
 def test_engine_dtype_is_bf16_on_a_gpu_and_lora_in_fp32_there_is_refused():
     assert vbackend.engine_dtype("auto", on_cuda=True, lora=None) == "bfloat16"
     assert vbackend.engine_dtype("auto", on_cuda=False, lora=None) == "float32"

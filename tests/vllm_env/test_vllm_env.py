@@ -56,6 +56,10 @@ def test_weight_update_payload_passes_vllms_serializer_and_parsers():
     _run_checks("check_weight_payload.py", timeout=120)
 
 
+def test_engine_in_the_callers_process_through_the_external_launcher():
+    _run_checks("check_external_launcher.py", timeout=200)
+
+
 def test_vllm_matches_hf_on_the_same_weights():
     _run_checks("check_parity.py", timeout=400)
 
