@@ -77,7 +77,10 @@ def resolve_pools(cluster: Any, group_sizes: dict[str, int]) -> list[Pool]:
         placement = getattr(cluster, "placement", "colocated")
         if placement == "split":
             return [Pool(name, size, (name,)) for name, size in group_sizes.items()]
-        if placement == "hybrid":  # the hybrid groups share processes: the largest counts once
+        # the hybrid groups share processes (the largest counts once), but only where there is a
+        # rollout to fuse with the actor (flowrl.roles.specs.hybrid_specs): the supervised families'
+        # actor and reference run side by side as in a colocated run
+        if placement == "hybrid" and {"actor", "rollout"} <= set(group_sizes):
             fused = [size for name, size in group_sizes.items() if name in HYBRID_GROUPS]
             others = sum(size for name, size in group_sizes.items() if name not in HYBRID_GROUPS)
             return [Pool(COLOCATED_POOL, max(fused, default=0) + others, tuple(group_sizes))]

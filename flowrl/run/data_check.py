@@ -36,6 +36,10 @@ def check_prompts(cfg: RunConfig, tokenizer: Any = None) -> None:
     """Load and check the run's prompt files (see the module docstring)."""
     tokenizer = load_tokenizer(cfg) if tokenizer is None else tokenizer
     d = cfg.data
+    from flowrl.graphs.family import resolve_family
+
+    if getattr(resolve_family(cfg), "load_data", None) is not None:  # sft, dpo, rm: rows of their own
+        return _check_supervised(cfg, resolve_family(cfg), tokenizer)
     train = _load(cfg, "data.train_files", d.train_files, tokenizer, filter_overlong=d.filter_overlong_prompts,
                   truncation=d.truncation)
     if len(train) < d.train_batch_size:
@@ -48,6 +52,24 @@ def check_prompts(cfg: RunConfig, tokenizer: Any = None) -> None:
     if cfg.algorithm.reward_fn == "auto":
         for key, ds in datasets:
             check_auto_sources(key, ds)
+
+
+def _check_supervised(cfg: RunConfig, family: Any, tokenizer: Any) -> None:
+    """A supervised family's training (and, with ``trainer.test_freq``, held-out) rows load, and
+    there are enough for a batch: errors name the file, row and column (the family's loader)."""
+    d = cfg.data
+    for key, which in (("data.train_files", "train"), ("data.val_files", "val")):
+        if which == "val" and not (cfg.trainer.test_freq > 0 and d.val_files):
+            continue
+        try:
+            rows = family.load_data(cfg, tokenizer, which)
+        except (ValueError, OSError) as exc:
+            raise ConfigError(key, getattr(d, key.split(".")[1]), str(exc),
+                              f"point {key} at Parquet files of the {cfg.algorithm.family} family's format "
+                              "(see the README's post-training section)") from None
+        if which == "train" and len(rows) < d.train_batch_size:
+            raise ConfigError("data.train_batch_size", d.train_batch_size,
+                              f"exceeds the {len(rows)} usable rows of data.train_files", f"use at most {len(rows)}")
 
 
 def _load(cfg: RunConfig, key: str, files: str, tokenizer: Any, *, filter_overlong: bool, truncation: str) -> Any:

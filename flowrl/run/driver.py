@@ -83,10 +83,14 @@ class Run:
         file_modes.fix_tree(self.run_dir)  # made by the pre-flight, or by an earlier run that resumes here
         _dump_resolved_config(cfg, self.run_dir / "config.yaml")
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-        self.dataset = PromptDataset(cfg.data.train_files.split(","), self.tokenizer, prompt_key=cfg.data.prompt_key,
-                                     max_prompt_length=cfg.data.max_prompt_length,
-                                     filter_overlong=cfg.data.filter_overlong_prompts, truncation=cfg.data.truncation,
-                                     tools=cfg.rollout.multi_turn.chat_tools())
+        load_data = getattr(resolve_family(cfg), "load_data", None)  # a supervised family reads its own rows
+        if load_data is not None:
+            self.dataset = load_data(cfg, self.tokenizer)
+        else:
+            self.dataset = PromptDataset(cfg.data.train_files.split(","), self.tokenizer,
+                                         prompt_key=cfg.data.prompt_key, max_prompt_length=cfg.data.max_prompt_length,
+                                         filter_overlong=cfg.data.filter_overlong_prompts,
+                                         truncation=cfg.data.truncation, tools=cfg.rollout.multi_turn.chat_tools())
         if self.dataset.rejected:
             self.dataset.write_rejected(self.run_dir / "rejected_prompts.jsonl")
         if len(self.dataset) < cfg.data.train_batch_size:
@@ -102,7 +106,8 @@ class Run:
         if cfg.trainer.test_freq > 0:
             from flowrl.graphs.validation import load_val_prompts
 
-            self.val_prompts = load_val_prompts(cfg, self.tokenizer)
+            self.val_prompts = (load_data(cfg, self.tokenizer, "val") if load_data is not None
+                                else load_val_prompts(cfg, self.tokenizer))
         self.session: Any = None
         self.groups: dict[str, Any] = {}
         self.sync = PendingSync(self.run_dir, cfg.cluster.timeout_s)
@@ -267,10 +272,14 @@ class Run:
         from flowrl.graphs.validation import build_validation, write_samples
 
         start = time.perf_counter()
-        graph = build_validation(self.cfg, self.groups["rollout"], self.val_prompts, step=self.next_step,
-                                 tokenizer_dir=self.cfg.model.path)
-        out = self._compute(graph)
-        write_samples(self.run_dir, self.next_step, out.value)
+        held_out = getattr(self.family, "validation", None)  # a supervised family: its held-out loss or accuracy
+        if held_out is not None:
+            out = self._compute(held_out(self.context(), self.val_prompts.table, step=self.next_step))
+        else:
+            graph = build_validation(self.cfg, self.groups["rollout"], self.val_prompts, step=self.next_step,
+                                     tokenizer_dir=self.cfg.model.path)
+            out = self._compute(graph)
+            write_samples(self.run_dir, self.next_step, out.value)
         return {**{k: v for k, v in out.metrics.items() if k.startswith(names.VALIDATION_PREFIX)},
                 names.VALIDATION_TIME: time.perf_counter() - start}
 

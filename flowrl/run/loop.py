@@ -12,7 +12,7 @@ run; a lost worker rebuilds it from the last checkpoint, and the steps since the
 
 from __future__ import annotations
 
-import json
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -52,6 +52,8 @@ class RunSummary:
                      f"step{'s' * (k > 1)} {self.last_score:.3f} ({self.last_score - self.first_score:+.3f})")
         else:  # one step (or none: resumed at the end) has nothing to compare
             score = f"mean score {self.last_score:.3f}"
+        if math.isnan(self.last_score):  # nothing scored (a supervised family): its losses are in the metrics
+            return f"done: {self.steps} steps in {self.wall_s:.1f}s | run dir {self.run_dir}"
         return (f"done: {self.steps} steps in {self.wall_s:.1f}s | {score} | "
                 f"{self.tokens_per_s:.0f} tokens/s | run dir {self.run_dir}")
 
@@ -89,7 +91,8 @@ class _Sinks:
 
     def advance(self, metrics: dict[str, float]) -> None:
         if self.bar is not None:
-            self.bar.set_postfix(score=f"{metrics[names.SCORE_MEAN]:.3f}")
+            if names.SCORE_MEAN in metrics:  # a supervised family scores nothing
+                self.bar.set_postfix(score=f"{metrics[names.SCORE_MEAN]:.3f}")
             self.bar.update(1)
 
     def rewind(self, step: int) -> None:
@@ -196,10 +199,11 @@ def _loop(run: Run, sinks: _Sinks, recovery: Recovery, history: list[dict[str, f
 
 
 def _summary(run: Run, history: list[dict[str, float]], wall_s: float, restarts: int) -> RunSummary:
-    scores = [m[names.SCORE_MEAN] for m in history] or [float("nan")]  # nan: resumed at the end
+    # nan: resumed at the end, or a supervised family (sft, dpo, rm), which scores nothing
+    scores = [m.get(names.SCORE_MEAN, float("nan")) for m in history] or [float("nan")]
     k = max(1, min(5, len(scores) // 2))  # the two ends never share a step
-    gen_tokens = sum(m[names.NUM_RESPONSE_TOKENS] for m in history)
-    gen_time = sum(m[names.STEP_TIME] for m in history)
+    gen_tokens = sum(m.get(names.NUM_RESPONSE_TOKENS, 0.0) for m in history)
+    gen_time = sum(m[names.STEP_TIME] for m in history) if gen_tokens else 0.0
     return RunSummary(run_dir=run.run_dir, steps=len(history), first_score=sum(scores[:k]) / k,
                       last_score=sum(scores[-k:]) / k, tokens_per_s=gen_tokens / gen_time if gen_time else 0.0,
                       wall_s=wall_s, history=history, restarts=restarts, window=k)

@@ -73,3 +73,33 @@ def test_dpo_then_sft_train_through_their_graphs(tmp_path, tiny_model_dir):
         assert history[0]["num_tokens"] > 0
     finally:
         session.close()
+
+
+@pytest.mark.timeout(300)
+def test_flowrl_train_runs_the_sft_family_with_held_out_validation(tmp_path, tiny_model_dir):
+    """``flowrl train algorithm.family=sft ...`` as a user runs it (the default placement, auto):
+    rows checked before any worker, the held-out loss at step 0 and after the last step, the
+    loss logged per step; a file without the family's columns is refused before any worker."""
+    import json
+
+    from flowrl.config import ConfigError
+    from flowrl.run import resolve_inputs, train
+
+    train_file = write_rows(tmp_path / "sft.parquet", make_sft_rows(64, 0, "train"))
+    val_file = write_rows(tmp_path / "val.parquet", make_sft_rows(16, 0, "test"))
+    args = [f"model.path={tiny_model_dir}", "algorithm.family=sft", f"data.train_files={train_file}",
+            f"data.val_files={val_file}", "data.train_batch_size=16", "actor.ppo_mini_batch_size=16",
+            "actor.optim.lr=3e-3", "trainer.total_training_steps=3", "trainer.test_freq=3",
+            "trainer.val_before_train=true", "trainer.progress=false", f"trainer.run_dir={tmp_path / 'run'}"]
+    summary = train(load_config(None, args))
+    assert summary.steps == 3
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]  # verl's numbering: validation before training at 0
+    assert rows[0]["val-core/sft/sft_loss"] > rows[-1]["val-core/sft/sft_loss"]  # it learned, held out
+    assert all("actor/sft_loss" in r for r in rows[1:])
+
+    prompts_only = write_rows(tmp_path / "prompts.parquet", [{"prompt": "1+1=", "data_source": "x"}])
+    with pytest.raises(ConfigError, match="data.train_files"):
+        resolve_inputs(load_config(None, [*args[:2], f"data.train_files={prompts_only}", *args[3:-1],
+                                          f"trainer.run_dir={tmp_path / 'bad'}"]))
+    assert not (tmp_path / "bad" / "metrics.jsonl").exists()
