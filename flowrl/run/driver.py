@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,9 @@ class Run:
         """Start the session and the family's worker groups; restore the resume checkpoint."""
         from flowrl.run.topology import start_groups
 
+        # no "Loading weights" bar per rank (the workers take this environment): as flowrl train
+        # does for its own process, so a notebook's Run.open prints the run's lines only
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         self.session, self.groups = start_groups(self.cfg, self.family.group_specs(), self.run_dir, plan=self.devices)
         if self.resume_from is not None:
             start = time.perf_counter()
