@@ -18,8 +18,8 @@ builds each iteration's graph and keeps its driver state; :class:`Run` knows no 
 from __future__ import annotations
 
 import logging
-import sys
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
