@@ -32,15 +32,10 @@ def check_main_guard(what: str = "Run.open") -> None:
     path = getattr(main, "__file__", None)
     if getattr(main, "__name__", "") == "__mp_main__":  # a worker's start importing the script again
         raise MissingMainGuard(_message(what, path, None))
-    if not path or not str(path).endswith(".py"):
+    found = _running_script(main)
+    if found is None:
         return
-    frame = _top_level_frame(main)
-    if frame is None:
-        return
-    try:
-        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, UnicodeDecodeError):
-        return  # nothing to read: the workers' start will say what went wrong
+    frame, tree = found
     line = frame.f_lineno
     if not any(_is_main_test(n.test) and n.lineno <= line <= (n.end_lineno or n.lineno)
                for n in ast.walk(tree) if isinstance(n, ast.If)):
@@ -52,16 +47,13 @@ def check_script_guard(what: str = "resolve_inputs") -> None:
     starts local workers (it calls ``Run.open``, ``Session.start`` or ``train`` imported from
     flowrl) and has no ``if __name__ == "__main__":`` anywhere: its workers' start cannot succeed."""
     main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    if main is None or getattr(main, "__name__", "") == "__mp_main__" or not path or not str(path).endswith(".py"):
+    if main is None or getattr(main, "__name__", "") == "__mp_main__":
         return
-    frame = _top_level_frame(main)
-    if frame is None:
+    found = _running_script(main)
+    if found is None:
         return
-    try:
-        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, UnicodeDecodeError):
-        return
+    frame, tree = found
+    path = main.__file__
     nodes = list(ast.walk(tree))
     if any(isinstance(n, ast.If) and _is_main_test(n.test) for n in nodes):
         return
@@ -76,6 +68,22 @@ def _starts_workers(func: ast.expr, trains: set[str]) -> bool:
     if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
         return (func.value.id, func.attr) in (("Run", "open"), ("Session", "start"))
     return isinstance(func, ast.Name) and func.id in trains
+
+
+def _running_script(main: ModuleType) -> tuple[FrameType, ast.Module] | None:
+    """The frame running the main script's top-level code and the script's syntax tree; None
+    for anything but a ``.py`` script on this call stack that parses (a notebook, ``python -c``,
+    a console command; a file that cannot be read: the workers' start will say what went wrong)."""
+    path = getattr(main, "__file__", None)
+    if not path or not str(path).endswith(".py"):
+        return None
+    frame = _top_level_frame(main)
+    if frame is None:
+        return None
+    try:
+        return frame, ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
 
 
 def _top_level_frame(main: ModuleType) -> FrameType | None:
