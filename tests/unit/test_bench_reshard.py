@@ -6,24 +6,11 @@ The benchmark itself (a 79M-parameter model, minutes) is run by hand: ``python b
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+from flowrl_testing.benchmarks import load_benchmark
 
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_reshard", BENCH_DIR / "reshard.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load_bench()
+bench = load_benchmark("reshard.py", "bench_reshard")
 
 
 def _record(transport, moved, wall, peaks, exact=True):
@@ -63,11 +50,7 @@ def test_planning_benchmark_runs_on_a_tiny_model():
     # plan listed only up to --whole-up-to, each busiest rank's plan checked against its row
     from flowrl.parallel.shard_spec import ModelShape
 
-    spec = importlib.util.spec_from_file_location("bench_reshard_planning",
-                                                  BENCH_DIR / "reshard_planning.py")
-    planning = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = planning
-    spec.loader.exec_module(planning)
+    planning = load_benchmark("reshard_planning.py", "bench_reshard_planning")
     toy = ModelShape(vocab_size=64, hidden_size=8, ffn_hidden_size=16, num_layers=4, num_heads=4,
                      num_kv_heads=2, head_dim=2)
     result = planning.run(model=toy, max_world=16, whole_up_to=8, repeats=1,

@@ -4,24 +4,11 @@ The benchmark itself runs ``flowrl train`` per cell (minutes): ``python benchmar
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+from flowrl_testing.benchmarks import load_benchmark
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_throughput", BENCH_DIR / "throughput.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load()
+bench = load_benchmark("throughput.py", "bench_throughput")
 
 
 def test_cells_parse_and_bad_ones_name_the_cell():
