@@ -76,7 +76,7 @@ _AXIS_KEYS = {ParallelAxis.TP: "tensor_model_parallel_size", ParallelAxis.PP: "p
 @dataclass(frozen=True, kw_only=True)
 class CheckpointBlocker:
     """A boolean key of the group's section that, when true, leaves state the checkpoints cannot
-    hold (megatron's ``use_distributed_optimizer``: flat dp-sharded optimizer buffers)."""
+    hold (a plug-in's; no built-in backend has one since megatron's distributed optimizer is saved)."""
 
     key: str
     reason: str
@@ -169,6 +169,9 @@ class TrainBackendSpec(BackendSpec):
     lora: str | None = None
     """Import string of ``fn(cfg, *, model_path)``, its check of ``model.lora_*``; None: it does not
     build LoRA and pre-flight refuses ``model.lora_rank`` > 0."""
+    token_stats: frozenset[str] = frozenset({"entropy", "uniform_nll"})
+    """The per-token statistics of the logits its ``train_step`` can give a loss (``token_stat``):
+    ``entropy``, ``uniform_nll`` (``logsumexp(z) - mean_v z``, SFT's label smoothing)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -210,6 +213,12 @@ class GenerateBackendSpec(BackendSpec):
     in_process: bool
     """The engine lives in the rank's process (so ``cluster.placement=hybrid`` is possible);
     False: it runs processes of its own with its own copy of the weights."""
+    joins_trainer_group: bool = False
+    """An engine that runs processes of its own elsewhere can instead run inside the trainer's
+    processes under ``cluster.placement=hybrid``, as ranks of their ``torch.distributed`` group
+    (vLLM's ``external_launcher`` executor: every rank of a tp replica builds its share of the
+    engine, the replica's tp group is made of those processes). Its engine class then takes
+    ``external_launcher=True`` and loads weights given by reference (no bytes cross a process)."""
     sleeps: bool = False
     """Can release its memory between generations (``rollout.free_cache_engine``)."""
     adapter_sync: bool = False
@@ -284,9 +293,8 @@ TRAIN_BACKENDS.add(TrainBackendSpec(
     parallel_axes=frozenset({_DP, _TP, _PP, _VPP}), config_keys=frozenset({_DISTRIBUTED_OPTIMIZER}),
     checkpoint=CheckpointKind.SHARDED, shard_style=ShardStyle.MEGATRON, token_budget=False, shared_prompts=False,
     shares_process=False, engine_kwargs=f"{_MEGATRON}:train_engine_kwargs", preflight=f"{_MEGATRON}:check_train_layouts",
-    checkpoint_blockers=(CheckpointBlocker(key=_DISTRIBUTED_OPTIMIZER,
-                                           reason="saving megatron's distributed optimizer (its dp-sharded optimizer "
-                                                  "buffers) is not built in flowrl"),),
+    token_stats=frozenset({"entropy"}),  # uniform_nll over a vocab-parallel head: not written
+    # no checkpoint_blockers: the distributed optimizer's dp-sharded state is saved (megatron/dist_optim.py)
 ))
 TRAIN_BACKENDS.add(TrainBackendSpec(
     # FSDP shards the optimizer state over dp ranks anyway: use_distributed_optimizer is accepted (no effect)
@@ -320,7 +328,8 @@ GEN_BACKENDS.add(GenerateBackendSpec(
     name="vllm", engine=f"{_VLLM}:VLLMGenerator", parallel_axes=frozenset({_DP, _TP}),
     config_keys=frozenset({"gpu_memory_utilization", "free_cache_engine", "enforce_eager", "max_num_batched_tokens",
                            "enable_chunked_prefill"}),
-    shard_style=ShardStyle.VLLM, reshard=ReshardMode.STAGED, in_process=False, sleeps=True, adapter_sync=True,
+    shard_style=ShardStyle.VLLM, reshard=ReshardMode.STAGED, in_process=False, joins_trainer_group=True, sleeps=True,
+    adapter_sync=True,
     role_kwargs=f"{_VLLM}:vllm_role_kwargs", preflight=f"{_VLLM}:check_installed",
 ))
 

@@ -170,15 +170,31 @@ def _hybrid_refusals(cfg: Any) -> list[_HybridRule]:
             "generates continuously while the trainer trains, which cannot overlap in one process per rank "
             "(cluster.placement=hybrid)", "set cluster.placement=split, or trainer.async_mode=none",
             f"trainer.async_mode={mode} generates while the trainer trains"))
-    if not GEN_BACKENDS.spec(cfg.rollout.name).in_process:
-        in_process = either(GEN_BACKENDS.names_where(lambda s: s.in_process))
-        out.append(_HybridRule(
+    out += _generation_refusals(cfg)
+    return out
+
+
+def _generation_refusals(cfg: Any) -> list[_HybridRule]:
+    """What the generation backend (its spec's ``in_process`` and ``joins_trainer_group``) keeps
+    from running in the trainer's processes: an engine of its own that cannot join the trainer's
+    group, or one that can but would take LoRA adapters there (not built)."""
+    spec = GEN_BACKENDS.spec(cfg.rollout.name)
+    hybrid_able = either(GEN_BACKENDS.names_where(lambda s: s.in_process or s.joins_trainer_group))
+    if not (spec.in_process or spec.joins_trainer_group):
+        return [_HybridRule(
             "rollout.name", cfg.rollout.name,
             "runs its engine in processes of its own with its own copy of the weights, so it cannot share the "
-            f"trainer's process (cluster.placement=hybrid supports the in-process {in_process} engine)",
-            "use cluster.placement=colocated with rollout.free_cache_engine=true (vLLM sleeps while the trainer "
-            f"runs), or rollout.name={in_process}", f"rollout.name={cfg.rollout.name} runs its own engine"))
-    return out
+            f"trainer's process (cluster.placement=hybrid supports {hybrid_able})",
+            "use cluster.placement=colocated with rollout.free_cache_engine=true (the engine sleeps while the trainer "
+            f"runs), or rollout.name={hybrid_able}", f"rollout.name={cfg.rollout.name} runs its own engine")]
+    if not spec.in_process and cfg.model.lora_rank:
+        return [_HybridRule(
+            "model.lora_rank", cfg.model.lora_rank,
+            f"with rollout.name={cfg.rollout.name} in the trainer's processes (cluster.placement=hybrid): LoRA "
+            "adapters into an engine that joins the trainer's group are not built yet",
+            "use cluster.placement=colocated (the adapters alone are synced to the engine), or model.lora_rank=0",
+            f"LoRA adapters with rollout.name={cfg.rollout.name} sync to an engine of its own")]
+    return []
 
 
 def resolve_placement(cfg: Any) -> tuple[str, str]:

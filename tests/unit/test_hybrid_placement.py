@@ -26,6 +26,17 @@ def test_hybrid_is_accepted_with_the_defaults():
     assert load_config(None, ["cluster.placement=hybrid"]).cluster.placement == "hybrid"
 
 
+def test_vllm_joins_the_trainers_processes_and_auto_chooses_hybrid_for_it():
+    """vLLM's spec ``joins_trainer_group`` (its external launcher): hybrid is accepted, tp 2 too,
+    and ``auto`` chooses it (the 3D-HybridEngine, issue 29); a backend with an engine of its own
+    that cannot join the trainer's group is still refused (``test_backend_spec``)."""
+    assert load_config(None, ["cluster.placement=hybrid", "rollout.name=vllm"]).placement == "hybrid"
+    tp2 = ["rollout.name=vllm", "rollout.data_parallel_size=1", "rollout.tensor_model_parallel_size=2"]
+    assert load_config(None, ["cluster.placement=hybrid", *tp2]).placement == "hybrid"
+    assert _auto(["rollout.name=vllm"])[1:] == ("hybrid", "auto")
+    assert _auto(tp2)[1:] == ("hybrid", "auto")
+
+
 @pytest.mark.parametrize("overrides, key, fix", [
     (["trainer.staleness=1"], "trainer.staleness=1", "cluster.placement=split"),
     (["trainer.async_mode=stream"], "trainer.async_mode='stream'", "cluster.placement=split"),
@@ -33,7 +44,7 @@ def test_hybrid_is_accepted_with_the_defaults():
     (["ref.data_parallel_size=1"], "ref.data_parallel_size=1", "set ref ranks to 2"),
     (["actor.strategy=megatron", "actor.data_parallel_size=1", "actor.tensor_model_parallel_size=2"],
      "actor.strategy='megatron'", "cluster.placement=colocated"),
-    (["rollout.name=vllm"], "rollout.name='vllm'", "rollout.free_cache_engine=true"),
+    (["rollout.name=vllm", "model.lora_rank=8"], "model.lora_rank=8", "cluster.placement=colocated"),
     (["cluster.pools=[{name: a, groups: [actor, rollout, ref]}]"], "cluster.pools", "leave cluster.pools empty"),
 ])
 def test_refused_settings_name_the_key_and_the_fix(overrides, key, fix):
@@ -121,7 +132,7 @@ def test_the_default_is_auto_and_resolves_to_hybrid():
     (["ref.data_parallel_size=1"], "the ref group has 1 ranks, the actor 2"),
     (["actor.strategy=megatron", "actor.data_parallel_size=1", "actor.tensor_model_parallel_size=2"],
      "actor.strategy=megatron cannot share its process with a reference"),
-    (["rollout.name=vllm"], "rollout.name=vllm runs its own engine"),
+    (["rollout.name=vllm", "model.lora_rank=8"], "LoRA adapters with rollout.name=vllm sync to an engine of its own"),
     (["cluster.pools=[{name: a, groups: [actor, rollout, ref]}]"], "cluster.pools are declared"),
 ])
 def test_auto_falls_back_to_colocated_naming_what_hybrid_cannot_do(overrides, reason):
@@ -132,9 +143,10 @@ def test_auto_falls_back_to_colocated_naming_what_hybrid_cannot_do(overrides, re
 
 
 def test_auto_names_every_reason_and_explicit_placements_stay_as_given():
-    _, placement, why = _auto(["rollout.name=vllm", "trainer.staleness=1"])
+    _, placement, why = _auto(["rollout.name=vllm", "model.lora_rank=8", "trainer.staleness=1"])
     assert placement == "colocated"
-    assert why == "auto: trainer.staleness=1 generates while the trainer trains; rollout.name=vllm runs its own engine"
+    assert why == ("auto: trainer.staleness=1 generates while the trainer trains; "
+                   "LoRA adapters with rollout.name=vllm sync to an engine of its own")
     for explicit in ("colocated", "split", "hybrid"):
         assert _auto([f"cluster.placement={explicit}"]) == (explicit, explicit, "")
     assert _auto(["cluster.placement=colocated", "trainer.staleness=1"])[1:] == ("colocated", "")
@@ -155,9 +167,9 @@ def test_the_run_directory_records_the_resolved_placement_and_why(tmp_path):
     from flowrl.run.driver import _dump_resolved_config
 
     for overrides, first_line, written in (([], "# placement: hybrid (auto)", "hybrid"),
-                                           (["rollout.name=vllm"],
-                                            "# placement: colocated (auto: rollout.name=vllm runs its own engine)",
-                                            "colocated"),
+                                           (["rollout.name=vllm", "model.lora_rank=8"],
+                                            "# placement: colocated (auto: LoRA adapters with rollout.name=vllm sync "
+                                            "to an engine of its own)", "colocated"),
                                            (["cluster.placement=split"], "# placement: split", "split")):
         path = tmp_path / "config.yaml"
         _dump_resolved_config(load_config(None, overrides), path)
