@@ -48,12 +48,17 @@ def reshard(actor: BoundCall, rollout: BoundCall, _after: Any, job: "ReshardJob"
 def reshard_metrics(per_process: list[dict], seconds: float) -> dict[str, float]:
     """``reshard/bytes`` (received over the network, all processes), ``reshard/bytes_min`` (the
     plan's theoretical minimum, summed from each process's own), ``reshard/peak_extra_bytes``
-    (the largest staging peak of any process) and ``compute_s/reshard`` (the slowest process)."""
+    (the largest staging peak of any process) and ``compute_s/reshard`` (the slowest process);
+    ``perf/`` statistics a process reports (a hybrid rank's hand-over seconds and phase memory
+    peaks, ``flowrl.backends.reshard.engine_load``, ``flowrl.roles.hybrid.PhaseMemory``): the
+    largest of any process."""
+    perf = {k for s in per_process for k in s if k.startswith("perf/")}
     return {
         names.RESHARD_BYTES: float(sum(s["bytes_received"] for s in per_process)),
         names.RESHARD_BYTES_MIN: float(sum(s["bytes_min"] for s in per_process)),
         names.RESHARD_PEAK_EXTRA_BYTES: float(max(s["peak_extra_bytes"] for s in per_process)),
         names.compute(names.RESHARD): seconds,
+        **{k: float(max(s.get(k, 0.0) for s in per_process)) for k in sorted(perf)},
     }
 
 

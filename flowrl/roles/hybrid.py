@@ -41,12 +41,49 @@ if TYPE_CHECKING:
 __all__ = ["HybridRole", "SharedRollout"]
 
 
-class _Phase:
-    """A part of the hybrid role whose method calls first give torch the rank's thread budget."""
+class PhaseMemory:
+    """The most memory each phase of this rank (``rollout``: generation, ``actor``: training and
+    its log-probs, ``ref``, ``sync``: the weight sync) reached since the last report: on a GPU the
+    larger of torch's peak allocation during the call and the device's use at its end (vLLM's
+    pools included); on the CPU the process's resident memory at the call's end (the OS keeps only
+    a lifetime peak). Reported with each weight sync as ``perf/hybrid_<phase>_peak_mem_bytes``."""
 
-    def __init__(self, role: Any, num_threads: int) -> None:
+    def __init__(self, device: str) -> None:
+        self.cuda = str(device).startswith("cuda")
+        self.peaks: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+        try:
+            yield
+        finally:
+            self.peaks[name] = max(self.peaks.get(name, 0), self._now())
+
+    def _now(self) -> int:
+        if self.cuda:
+            free, total = torch.cuda.mem_get_info()
+            return max(torch.cuda.max_memory_allocated(), total - free)
+        from flowrl.roles.memory import rss_bytes
+
+        return rss_bytes()
+
+    def metrics(self) -> dict[str, float]:
+        """The phases' peaks since the last report (then forgotten)."""
+        out = {f"perf/hybrid_{name}_peak_mem_bytes": float(v) for name, v in sorted(self.peaks.items())}
+        self.peaks = {}
+        return out
+
+
+class _Phase:
+    """A part of the hybrid role whose method calls first give torch the rank's thread budget,
+    and count toward the part's memory peak."""
+
+    def __init__(self, role: Any, num_threads: int, memory: PhaseMemory | None = None, name: str = "") -> None:
         self.inner = role
         self._num_threads = num_threads
+        self._memory, self._name = memory, name
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.inner, name)
@@ -55,7 +92,10 @@ class _Phase:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             torch.set_num_threads(self._num_threads)
-            return attr(*args, **kwargs)
+            if self._memory is None:
+                return attr(*args, **kwargs)
+            with self._memory.phase(self._name):
+                return attr(*args, **kwargs)
 
         return call
 
@@ -128,15 +168,19 @@ class HybridRole:
         rollout_cls, rollout_kwargs = parts["rollout"]
         module = shares_layout(policy.engine, rollout_kwargs.get("backend", "hf"),
                                rollout_kwargs.get("tensor_model_parallel_size", 1))
+        spec = GEN_BACKENDS.spec(rollout_kwargs.get("backend", "hf"))
         if module is not None:
             rollout = SharedRollout(rank=rank, world_size=world_size, module=module, **rollout_kwargs)
+        elif spec.joins_trainer_group and not spec.in_process:  # vLLM: its tp group of these processes
+            rollout = self._build((rollout_cls, {**rollout_kwargs, "in_trainer_group": True}))
         else:
             rollout = self._build(parts["rollout"])
         self.shared = module is not None
         """Whether generation runs on the training parameters themselves (no copy, no sync)."""
-        self.actor = _Phase(policy, self.num_threads)
-        self.rollout = _Phase(rollout, self.num_threads)
-        self.ref = _Phase(self._build(parts["ref"]), self.num_threads) if "ref" in parts else None
+        self.memory = PhaseMemory(getattr(rollout, "device", "cpu"))
+        self.actor = _Phase(policy, self.num_threads, self.memory, "actor")
+        self.rollout = _Phase(rollout, self.num_threads, self.memory, "rollout")
+        self.ref = _Phase(self._build(parts["ref"]), self.num_threads, self.memory, "ref") if "ref" in parts else None
 
     def _build(self, part: tuple[str, dict]) -> Any:
         role_cls, kwargs = part
@@ -152,6 +196,16 @@ class HybridRole:
         placement = job.placement
         if placement.kind != "colocated":
             return self.actor.reshard(job)
+        if getattr(self.rollout.inner, "in_trainer_group", False):
+            from flowrl.backends.interfaces import torch_dtype
+            from flowrl.backends.reshard.engine_load import load_into_engine
+
+            rollout = self.rollout.inner
+            with self.memory.phase("sync"):
+                stats = load_into_engine(job, rank=self.rank, world_size=self.world_size, train_engine=self.actor.inner.engine,
+                                         engine=rollout.engine, dtype=torch_dtype(rollout.dtype),
+                                         device=rollout.device)
+            return {**stats, **self.memory.metrics()}
         if self.shared:
             start = time.perf_counter()
             return {"bytes_sent": 0, "bytes_received": 0, "bytes_local": 0, "peak_extra_bytes": 0,

@@ -23,7 +23,11 @@ if TYPE_CHECKING:
 class RolloutRole:
     """One rank of the generation mesh. With ``tensor_model_parallel_size`` tp > 1 (``vllm``),
     each replica's tp rank 0 holds one engine spanning tp devices and the other tp ranks hold
-    none: they take part in weight syncs only (``reshard``).
+    none: they take part in weight syncs only (``reshard``). With ``in_trainer_group`` (the
+    hybrid placement, a backend whose spec ``joins_trainer_group``) every tp rank builds its share
+    of the replica's engine in this process, the replica's tp group made of the trainer's
+    processes (vLLM's ``external_launcher``): all tp ranks generate the same samples, tp rank 0's
+    answer for the replica.
 
     With ``lora`` (``LoraSpec.to_dict()``, ``model.lora_rank`` > 0) a backend that serves LoRA
     adapters (``vllm``) starts with them enabled and receives only the adapters at each sync.
@@ -32,7 +36,7 @@ class RolloutRole:
     trajectory (:mod:`flowrl.agents`): tool answers are in ``response_ids`` with
     ``response_mask`` 0, and the table gets the agent columns (:data:`AGENT_COLUMNS`)."""
 
-    def __init__(self, *, rank: int, world_size: int, model_dir: str, backend: str = "hf", dtype: str = "float32", device: str = "cpu", micro_batch_size: int = 256, sampling: SamplingParams, tensor_model_parallel_size: int = 1, engine_kwargs: dict | None = None, multi_turn: Any = None, lora: dict | None = None) -> None:
+    def __init__(self, *, rank: int, world_size: int, model_dir: str, backend: str = "hf", dtype: str = "float32", device: str = "cpu", micro_batch_size: int = 256, sampling: SamplingParams, tensor_model_parallel_size: int = 1, engine_kwargs: dict | None = None, multi_turn: Any = None, lora: dict | None = None, in_trainer_group: bool = False) -> None:
         """``device``: the rank's (an engine in this process runs there; one with processes of
         its own, vLLM, finds its GPUs as the rank's ``CUDA_VISIBLE_DEVICES`` says);
         ``dtype``: ``model.dtype`` (``auto``: bf16 on a GPU, fp32 on the CPU), resolved here."""
@@ -43,13 +47,18 @@ class RolloutRole:
         self.tp = tensor_model_parallel_size
         self.dtype = resolve_dtype(dtype, device)
         self.device = device
-        self.holds_engine = rank % self.tp == 0
         spec = GEN_BACKENDS.spec(backend)
+        if in_trainer_group and not spec.joins_trainer_group:
+            raise ValueError(f"rollout.name={backend} cannot run its engine in the trainer's processes "
+                             "(its spec's joins_trainer_group is false); fix: cluster.placement=colocated")
+        self.in_trainer_group = in_trainer_group
+        self.holds_engine = in_trainer_group or rank % self.tp == 0
         self.staged_reshard = spec.reshard is ReshardMode.STAGED
         # LoRA (model.lora_rank > 0): an engine that serves adapters starts with LoRA on and gets
         # the adapters at each sync (AdapterJob); the others get the merged weights
         kwargs = {**(engine_kwargs or {}), **({"lora": lora} if lora and takes_adapters(backend) else {}),
-                  **({"device": device} if spec.in_process else {})}
+                  **({"device": device} if spec.in_process else {}),
+                  **({"external_launcher": True} if in_trainer_group else {})}
         self.engine = spec.engine_class()(model_dir, dtype=self.dtype, **kwargs) if self.holds_engine else None
         self.sampling = sampling
         self.micro_batch_size = micro_batch_size
@@ -62,10 +71,10 @@ class RolloutRole:
         if self.engine is None:
             return None  # not an output rank: the replica's engine rank answers for it
         if self.agent is not None:
-            return self._generate_agent(prompts, params, seed * 1009 + self.rank)
+            return self._generate_agent(prompts, params, self._seed(seed))
         prompt_ids = prompts.column("prompt_ids").to_pylist()
         responses, logprobs = self.engine.generate(
-            prompt_ids, params, seed=seed * 1009 + self.rank, micro_batch_size=self.micro_batch_size
+            prompt_ids, params, seed=self._seed(seed), micro_batch_size=self.micro_batch_size
         )
         repeat = np.repeat(np.arange(prompts.num_rows), params.n)
         table = prompts.take(pa.array(repeat))
@@ -83,6 +92,11 @@ class RolloutRole:
         )
         return with_generation_stats(table, self.engine)  # issue 14: perf/gen_* metrics
 
+    def _seed(self, seed: int) -> int:
+        """The engine's seed for the step's ``seed``: one per replica (its first rank's), so the tp
+        ranks of an engine in the trainer's processes sample alike."""
+        return seed * 1009 + self.rank - self.rank % self.tp
+
     def continue_generation(self, table: pa.Table, seed: int = 0, sampling: SamplingParams | None = None,
                             eos_ids: list[int] | None = None, response_length: int = 0, weight_version: int = 0) -> pa.Table:
         """Partial rollouts (stream mode): the next piece of ``table``'s unfinished responses
@@ -91,7 +105,7 @@ class RolloutRole:
             return None
         from flowrl.roles.partial import continue_responses
 
-        return continue_responses(self.engine, table, params=sampling or self.sampling, seed=seed * 1009 + self.rank,
+        return continue_responses(self.engine, table, params=sampling or self.sampling, seed=self._seed(seed),
                                   eos_ids=eos_ids or [], response_length=response_length,
                                   micro_batch_size=self.micro_batch_size, weight_version=weight_version)
 

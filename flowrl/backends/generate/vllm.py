@@ -52,6 +52,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from typing import Any, Iterator
 
 from flowrl.backends.interfaces import SamplingParams, eos_token_ids
@@ -59,6 +60,8 @@ from flowrl.backends.generate.vllm_install import (  # noqa: F401 - re-exported:
     CPU_HEAD_SIZES, CUDA_COMPANIONS, INSTALL_HINT, MIN_VERSION, VLLMUnavailableError, check_installed,
     import_vllm, model_head_size, vllm_problem, _installed_version)
 from flowrl.backends.generate.vllm_lora import install_adapter, lora_engine_kwargs
+from flowrl.backends.generate.vllm_weights import (  # noqa: F401 - _read_safetensors re-exported for the checks
+    _chunks, _read_safetensors, _rng_state, _set_rng_state, ipc_bucket)
 from flowrl.backends.generate.vllm_worker import EXTENSION, encode_ipc_bucket, encode_state
 
 log = logging.getLogger(__name__)
@@ -179,6 +182,9 @@ class VLLMGenerator:
     """Id of the last adapter installed (each install takes the next)."""
     _sleeping: frozenset[str] = frozenset()
     """The :data:`SLEEP_TAGS` parts vLLM holds released (:meth:`sleep`, :meth:`_wake`)."""
+    last_handover: dict[str, float] = {}
+    """Seconds of the last weight or adapter load's hand-over: ``wake_weights_s`` (a sleeping
+    engine's weights back), ``load_s``, ``wake_kv_cache_s`` (its KV cache back)."""
     external_launcher = False
     """Whether the engine runs in this process as a rank of the caller's group (see above)."""
 
@@ -371,9 +377,14 @@ class VLLMGenerator:
     def _weights_awake(self) -> Iterator[None]:
         """Around a weight or adapter load into a sleeping engine: wake its weights, load, then
         wake its KV cache (vLLM's ``wake_up(tags=...)``), leaving it fully awake."""
+        start = time.perf_counter()
         self._wake("weights")
+        woken = time.perf_counter()
         yield
+        loaded = time.perf_counter()
         self._wake("kv_cache")
+        self.last_handover = {"wake_weights_s": woken - start, "load_s": loaded - woken,
+                              "wake_kv_cache_s": time.perf_counter() - loaded}
 
     @contextlib.contextmanager
     def _batch_seed(self, seed: int | None) -> Iterator[None]:
@@ -426,74 +437,3 @@ class VLLMGenerator:
         if llm is not None:  # stops the engine core (and its processes, if any)
             llm.llm_engine.engine_core.shutdown()
             del llm
-
-
-def ipc_bucket(chunk: list[tuple[str, Any]], devices: dict[str, int]) -> tuple[dict[str, Any], list[Any]]:
-    """One bucket of vLLM's IPC update info (``IPCWeightTransferUpdateInfo``, unpacked) for the
-    tensors of ``chunk``, copied to every engine GPU (``devices``: GPU uuid -> this process's
-    device index), and the copies, which must stay alive until the update is finished."""
-    from torch.multiprocessing.reductions import reduce_tensor
-
-    info: dict[str, list] = {"names": [], "dtype_names": [], "shapes": [], "ipc_handles": []}
-    copies = []
-    for name, tensor in chunk:
-        info["names"].append(name)
-        info["dtype_names"].append(str(tensor.dtype).removeprefix("torch."))
-        info["shapes"].append(list(tensor.shape))
-        per_gpu = {}
-        for uuid, device in devices.items():
-            copy = tensor.detach().to(f"cuda:{device}", non_blocking=True).contiguous()
-            copies.append(copy)
-            per_gpu[uuid] = reduce_tensor(copy)[1]
-        info["ipc_handles"].append(per_gpu)
-    return info, copies
-
-
-def _rng_state(on_cuda: bool) -> tuple:
-    import random
-
-    import numpy as np
-    import torch
-
-    return random.getstate(), np.random.get_state(), torch.get_rng_state(), (
-        torch.cuda.get_rng_state_all() if on_cuda else None)
-
-
-def _set_rng_state(on_cuda: bool, saved: tuple) -> None:
-    import random
-
-    import numpy as np
-    import torch
-
-    random.setstate(saved[0])
-    np.random.set_state(saved[1])
-    torch.set_rng_state(saved[2])
-    if on_cuda and saved[3] is not None:
-        torch.cuda.set_rng_state_all(saved[3])
-
-
-def _chunks(state: dict[str, Any], chunk_bytes: int) -> Iterator[list[tuple[str, Any]]]:
-    chunk, size = [], 0
-    for name, tensor in state.items():
-        chunk.append((name, tensor))
-        size += tensor.numel() * tensor.element_size()
-        if size >= chunk_bytes:
-            yield chunk
-            chunk, size = [], 0
-    if chunk:
-        yield chunk
-
-
-def _read_safetensors(model_dir: str) -> dict[str, Any]:
-    """``model_dir``'s weights as HF-named tensors (the one load of a ``dummy`` start)."""
-    from pathlib import Path
-
-    from safetensors.torch import load_file
-
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{model_dir} holds no *.safetensors weights; save the model with save_pretrained")
-    state: dict[str, Any] = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    return state
