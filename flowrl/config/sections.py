@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from flowrl.config.checks import ChecksConfig
 from flowrl.config.errors import check, check_one_of, check_positive
 from flowrl.parallel.dtypes import COMPUTE_DTYPES, MODEL_DTYPES
 
@@ -237,6 +238,10 @@ class TrainerConfig:
     """Modes of everything the run writes (checkpoints, experience, metrics, config, logs):
     ``private`` files 0600 and folders 0700 (only you); ``group`` 0640 and 0750, for a team that
     shares run directories through a Unix group (``flowrl.data.file_modes``)."""
+    checks: ChecksConfig = field(default_factory=ChecksConfig)
+    """The run's checks of itself, each ``off`` | ``warn`` | ``error`` (``trainer.checks.staleness=warn``):
+    weight-version lag, NaN/inf rewards and advantages, learning signal, reward time, token-exact
+    trajectories, rollout/trainer log-prob agreement (``flowrl.config.checks``, README "Checks")."""
 
     def __post_init__(self) -> None:
         check(self.total_training_steps > 0 or (self.total_training_steps == 0 and self.total_epochs > 0),

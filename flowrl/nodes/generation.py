@@ -8,6 +8,7 @@ import pyarrow as pa
 
 from flowrl.actors.dispatch import Gather, Scatter
 from flowrl.actors.group import BoundCall
+from flowrl.checks.tokens import with_response_hash
 from flowrl.data import experience
 from flowrl.metrics import names
 from flowrl.nodes.core import NodeOut
@@ -29,8 +30,11 @@ def _generate(rollout: BoundCall, prompts: pa.Table, kwargs: dict, what: str) ->
 def generate(rollout: BoundCall, prompts: pa.Table, seed: int, weight_version: int | None = None) -> NodeOut:
     """``rollout.n`` responses per prompt with the group's sampling parameters, seeded; with
     multi-turn rollouts also the ``agent/*`` metrics (:func:`agent_metrics`). With
-    ``weight_version`` (asynchronous RL) every row is tagged with it (column ``weight_version``)."""
+    ``weight_version`` (asynchronous RL) every row is tagged with it (column ``weight_version``).
+    Each row carries the hash of its ``response_ids`` (``response_hash``: the ``tokens`` check
+    holds the trained tokens to it, ``flowrl.checks.tokens``)."""
     out = _generate(rollout, prompts, {"seed": seed}, "gen")
+    out.value = with_response_hash(out.value)
     out.metrics.update(agent_metrics(out.value))
     if weight_version is not None:
         out.value = out.value.append_column("weight_version", pa.array([weight_version] * out.value.num_rows, pa.int64()))

@@ -5,6 +5,9 @@ step: runs the iteration, validates when due, logs (``metrics.jsonl`` always), s
 Steps are numbered as verl numbers them, in every sink: training steps 1 .. total, and
 ``trainer.val_before_train`` at step 0, a row of its own. The loop's index (0-based, what the
 data order and the seeds are functions of) is one less than the step it logs.
+After each step the run checks itself (``trainer.checks``, ``flowrl.checks``): the checks'
+metrics join the step's row, a ``health:`` line follows the console line, and a failed check in
+``error`` mode stops the run once the step is logged (before its checkpoint), naming what diverged.
 A failed step goes to the recovery state machine (``flowrl.run.recovery``): a real error ends the
 run; a lost worker rebuilds it from the last checkpoint, and the steps since then run again
 (their rows are dropped from ``metrics.jsonl`` and ``timeline.jsonl`` first).
@@ -19,11 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from flowrl.checks import CheckFailed, StepChecks
 from flowrl.config import RunConfig
 from flowrl.metrics import names
 from flowrl.metrics.logger import drop_rows_from
 from flowrl.metrics.timeline import TIMELINE_FILE
 from flowrl.run.driver import Run, epoch_steps
+from flowrl.run.health import open_checks
 from flowrl.run.preflight import resolve_inputs
 from flowrl.run.recovery import Recovery
 from flowrl.run.topology import describe_placement
@@ -44,6 +49,7 @@ class RunSummary:
     history: list[dict[str, float]] = field(default_factory=list, repr=False)
     restarts: int = 0  # worker groups rebuilt after a lost worker (trainer.max_restarts)
     window: int = 5  # steps averaged at each end: up to 5, and never overlapping (half a short run)
+    health: str = ""  # the checks' last results (``health: staleness=ok ...``, flowrl.checks)
 
     def text(self) -> str:
         if self.steps >= 2:
@@ -53,9 +59,11 @@ class RunSummary:
         else:  # one step (or none: resumed at the end) has nothing to compare
             score = f"mean score {self.last_score:.3f}"
         if math.isnan(self.last_score):  # nothing scored (a supervised family): its losses are in the metrics
-            return f"done: {self.steps} steps in {self.wall_s:.1f}s | run dir {self.run_dir}"
-        return (f"done: {self.steps} steps in {self.wall_s:.1f}s | {score} | "
-                f"{self.tokens_per_s:.0f} tokens/s | run dir {self.run_dir}")
+            done = f"done: {self.steps} steps in {self.wall_s:.1f}s | run dir {self.run_dir}"
+        else:
+            done = (f"done: {self.steps} steps in {self.wall_s:.1f}s | {score} | "
+                    f"{self.tokens_per_s:.0f} tokens/s | run dir {self.run_dir}")
+        return f"{done}\n{self.health}" if self.health else done
 
 
 class _Sinks:
@@ -88,6 +96,11 @@ class _Sinks:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.logger.log(step, metrics)
+
+    def note(self, line: str) -> None:
+        """A line after the step's console line (the ``health:`` line), with the ``console`` logger."""
+        if "console" in self.cfg.trainer.logger:
+            self.bar.write(line) if self.bar is not None else print(line, flush=True)
 
     def advance(self, metrics: dict[str, float]) -> None:
         if self.bar is not None:
@@ -129,6 +142,7 @@ def train(cfg: RunConfig, *, on_step: Callable[[int, dict[str, float]], None] | 
     for name in (METRICS_FILE, TIMELINE_FILE):  # steps this run writes again (from 0, val_before_train, when fresh)
         drop_rows_from(run.run_dir / name, first + 1 if first else 0)
     history: list[dict[str, float]] = []
+    checks = open_checks(run.cfg)  # trainer.checks (flowrl.run.health)
     sinks = _Sinks(run.cfg, run)
     recovery = Recovery(cfg.trainer.max_restarts, run.resume_from)
     restore_signal = signals.install(cfg.trainer.save_on_signal)  # issue 18: trainer.save_on_signal
@@ -137,12 +151,14 @@ def train(cfg: RunConfig, *, on_step: Callable[[int, dict[str, float]], None] | 
         sinks.start_bar(first)
         if first == 0 and cfg.trainer.val_before_train and run.val_prompts is not None:
             sinks.log(0, run.validate())  # verl logs the untrained policy's val-core/... at step 0
-        _loop(run, sinks, recovery, history, first, on_step)
+        _loop(run, sinks, recovery, checks, history, first, on_step)
     finally:
         restore_signal()
         sinks.close()
         run.close()
-    return _summary(run, history, time.perf_counter() - start, recovery.restarts)
+    summary = _summary(run, history, time.perf_counter() - start, recovery.restarts)
+    summary.health = checks.health_line()
+    return summary
 
 
 def _open_run(cfg: RunConfig) -> Run:
@@ -168,28 +184,34 @@ def _open_run(cfg: RunConfig) -> Run:
     return run
 
 
-def _loop(run: Run, sinks: _Sinks, recovery: Recovery, history: list[dict[str, float]], first: int,
-          on_step: Callable[[int, dict[str, float]], None] | None) -> None:
+def _loop(run: Run, sinks: _Sinks, recovery: Recovery, checks: StepChecks, history: list[dict[str, float]],
+          first: int, on_step: Callable[[int, dict[str, float]], None] | None) -> None:
     """Steps ``first`` .. ``total_training_steps - 1`` (0-based); each is logged as verl's step
-    ``index + 1`` (``on_step`` gets that number too)."""
+    ``index + 1`` (``on_step`` gets that number too), then checked (``CheckFailed`` ends the run)."""
     t = run.cfg.trainer
     step = first
     while step < t.total_training_steps:
         try:
-            _, metrics = run.step()
+            table, metrics = run.step()
             metrics.update(run.validate_if_due(step))  # trainer.test_freq: val-core/... metrics
+            metrics.update(checks.observe(step, table, metrics))  # trainer.checks: checks/<name>
             history.append(metrics)
             sinks.log(step + 1, metrics)
+            sinks.note(checks.health_line())
             if on_step is not None:
                 on_step(step + 1, metrics)
+            checks.enforce()  # a failed check in error mode: the step is logged, not checkpointed
             if t.save_freq > 0 and ((step + 1) % t.save_freq == 0 or step + 1 == t.total_training_steps):
                 recovery.saved(run.save_checkpoint())
+        except CheckFailed:
+            raise  # the run is wrong, not its workers: no rebuild
         except Exception as exc:  # noqa: BLE001 - re-raised by the recovery unless a worker was lost
             restart = recovery.on_failure(exc, step, run.session)
             run.rebuild(restart.checkpoint, restart.resume_step)
             step = restart.resume_step
             del history[step - first:]
             sinks.rewind(step)
+            checks.rewind()
             recovery.rebuilt(step)
             continue
         sinks.advance(metrics)

@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # (floor, module prefixes), low to high; the longest matching prefix decides a module's floor.
 FLOORS = [
     (0, ["flowrl._version", "flowrl.registry", "flowrl.catalog"]),
-    (1, ["flowrl.algos", "flowrl.parallel", "flowrl.rewards", "flowrl.data", "flowrl.models", "flowrl.agents"]),
+    (1, ["flowrl.algos", "flowrl.parallel", "flowrl.rewards", "flowrl.data", "flowrl.models", "flowrl.agents",
+         "flowrl.checks"]),
     (2, ["flowrl.config"]),
     (3, ["flowrl.checkpoint", "flowrl.metrics", "flowrl.comm", "flowrl.cluster", "flowrl.tasks"]),
     (4, ["flowrl.actors"]),

@@ -1,0 +1,87 @@
+"""The checks of a run: each enabled check over every finished step, its metrics, the health
+line, and the stop for a failed check in ``error`` mode."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any, Mapping
+
+from flowrl.checks.base import CHECKS, MODES, CheckFailed, Limits, StepData, Verdict
+
+log = logging.getLogger(__name__)
+
+PREFIX = "checks/"
+TIME = "checks/time_s"
+"""The checks' own wall time in the step (the benchmark holds it under 3 % of ``timing_s/step``)."""
+
+
+class StepChecks:
+    """``modes``: check name -> ``off`` | ``warn`` | ``error`` (every registered check named);
+    ``limits``: the run's bounds. Call :meth:`observe` after each step, then :meth:`enforce`
+    once the step is logged."""
+
+    def __init__(self, modes: Mapping[str, str], limits: Limits) -> None:
+        unknown = sorted(set(modes) - set(CHECKS.names()))
+        if unknown:
+            raise CHECKS.unknown(unknown[0])
+        for name, mode in modes.items():
+            if mode not in MODES:
+                raise ValueError(f"trainer.checks.{name}={mode!r}: not a mode; use one of {', '.join(MODES)}")
+        self.modes = {name: modes.get(name, CHECKS.traits(name)["default"]) for name in CHECKS.names()}
+        self.limits = limits
+        self.memory: dict[str, dict] = {name: {} for name in self.modes}
+        self.last: dict[str, Verdict] = {}
+        self.failed: list[tuple[str, int, Verdict]] = []  # error-mode failures of the last step
+
+    def observe(self, index: int, table: Any, metrics: Mapping[str, float]) -> dict[str, float]:
+        """Run the enabled checks on step ``index`` (0-based): their metrics (``checks/<name>``
+        1 when it failed, ``checks/<name>_value`` its number, ``checks/time_s``). A failure in
+        ``warn`` mode is logged; one in ``error`` mode waits for :meth:`enforce`."""
+        start = time.perf_counter()
+        data = StepData(index, table, metrics)
+        out: dict[str, float] = {}
+        self.failed = []
+        for name, mode in self.modes.items():
+            if mode == "off":
+                continue
+            verdict = self.last[name] = CHECKS.get(name)(data, self.limits, self.memory[name])
+            if verdict.ok is None:
+                continue
+            out[PREFIX + name] = 0.0 if verdict.ok else 1.0
+            if math.isfinite(verdict.value):
+                out[f"{PREFIX}{name}_value"] = verdict.value
+            if not verdict.ok and mode == "error":
+                self.failed.append((name, index + 1, verdict))
+            elif not verdict.ok:
+                log.warning("check %s at step %d: %s", name, index + 1, verdict.message)
+        out[TIME] = time.perf_counter() - start
+        return out
+
+    def enforce(self) -> None:
+        """Raise :class:`CheckFailed` for the first error-mode failure of the last step."""
+        if self.failed:
+            raise CheckFailed(*self.failed[0])
+
+    def rewind(self) -> None:
+        """The run goes back to a checkpoint: multi-step memories start again."""
+        self.memory = {name: {} for name in self.modes}
+        self.last, self.failed = {}, []
+
+    def health_line(self) -> str:
+        """``health: staleness=ok finite=ok reward_signal=ok ... logprob_agreement=n/a``: every
+        check's last result (``off``; ``WARN`` a failure in warn mode; ``FAIL`` one that stops)."""
+        parts = []
+        for name, mode in self.modes.items():
+            verdict = self.last.get(name)
+            if mode == "off":
+                word = "off"
+            elif verdict is None:
+                word = "-"
+            elif verdict.ok is False:
+                word = "FAIL" if mode == "error" else "WARN"
+            else:
+                word = verdict.word
+            parts.append(f"{name}={word}")
+        return "health: " + " ".join(parts)
