@@ -43,6 +43,7 @@ __all__ = [
     "HasLora",
     "HasModel",
     "HasOptimizer",
+    "OffloadsState",
     "ReportsStats",
     "FullCheckpointEngine",
     "GenerateEngine",
@@ -324,3 +325,19 @@ class ReportsStats(Protocol):
     computed, ``tokens``: real tokens fed), None before the first ``generate``."""
 
     last_stats: Any
+
+
+@runtime_checkable
+class OffloadsState(Protocol):
+    """A train engine that moves its state to host memory between its phases (FSDP's
+    ``fsdp_config.param_offload`` / ``optimizer_offload``, megatron's offload): the role calls
+    ``onload_state`` before each phase and ``offload_state`` after it
+    (``flowrl.roles.memory.Residency``). ``offloads``: whether any switch is on."""
+
+    offloads: bool
+
+    def offload_state(self) -> None:
+        """The switched-on state to the host (nothing moves on the CPU)."""
+
+    def onload_state(self, *, optimizer: bool = False) -> None:
+        """The parameters back on the device; with ``optimizer``, the optimizer state too."""

@@ -32,20 +32,27 @@ class FSDPConfig:
     """How the ``fsdp`` strategy shards a group (verl's ``fsdp_config``)."""
 
     param_offload: bool = False
-    """Keep the sharded parameters (and gradients, optimizer step) in host memory, FSDP2's
-    ``CPUOffloadPolicy`` on GPU; on CPU they are there already (no effect)."""
+    """Move the sharded parameters and gradients to host memory whenever the engine is not
+    computing, and back before each of its phases (verl's ``offload_fsdp_model_to_cpu`` /
+    ``load_fsdp_model_to_gpu``): in the colocated and hybrid placements the generation engine
+    then has the GPU's memory while it generates. On CPU they are in host memory already (the
+    calls happen, nothing moves)."""
     optimizer_offload: bool = False
-    """Keep the optimizer state in host memory. Only together with ``param_offload``: FSDP2's
-    ``CPUOffloadPolicy`` then holds the sharded parameters, gradients and AdamW state on the host
-    and steps there; on its own (verl moves the state to the device and back around each step) it
-    is not built and refused. On CPU everything is in host memory already."""
+    """Move AdamW's state to host memory outside the update, and back before it (verl's
+    ``offload_fsdp_optimizer`` / ``load_fsdp_optimizer``). On CPU: nothing moves."""
+    offload_policy: bool = False
+    """FSDP2's ``CPUOffloadPolicy`` (verl's ``fsdp_config.offload_policy``): the sharded
+    parameters, gradients and AdamW's state live in host memory and the optimizer steps there;
+    each forward copies a block's rows to the GPU. Replaces ``param_offload`` and
+    ``optimizer_offload`` (nothing left on the GPU to move). On CPU: no effect."""
     reshard_after_forward: bool = True
     """Free the gathered parameters after each block's forward (gather again in backward)."""
     mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
     """Parameter, gradient-reduction and buffer dtypes."""
 
     def __post_init__(self) -> None:
-        check(self.param_offload or not self.optimizer_offload, "optimizer_offload", self.optimizer_offload,
-              "alone is not built (the optimizer state is offloaded with the parameters, by param_offload)",
-              "set fsdp_config.param_offload=true as well (parameters, gradients and AdamW state on the host), "
-              "or optimizer_offload=false")
+        moved = [n for n in ("param_offload", "optimizer_offload") if getattr(self, n)]
+        check(not (self.offload_policy and moved), "offload_policy", self.offload_policy,
+              f"is set together with {', '.join(moved)} (CPUOffloadPolicy keeps that state on the host already)",
+              "set only offload_policy=true (state always on the host), or param_offload/optimizer_offload "
+              "(moved to the host between phases)")

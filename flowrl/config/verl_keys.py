@@ -76,8 +76,8 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     # --- actor
     _k(f"{AR}.actor.strategy", "dyn", "actor.strategy", does="the training engine (fsdp, fsdp2, megatron)",
        nearest="actor.strategy=dp (data parallel) or megatron"),
-    # fsdp_config: flowrl's FSDP2 options (param_offload, optimizer_offload, reshard_after_forward,
-    # mixed_precision.*) by the prefix; verl's other FSDP knobs one by one (_FSDP_KNOBS, below)
+    # fsdp_config: flowrl's FSDP2 options (param_offload, optimizer_offload, offload_policy,
+    # reshard_after_forward, mixed_precision.*) by the prefix; verl's other FSDP knobs one by one (_FSDP_KNOBS, below)
     _k(f"{AR}.actor.fsdp_config.*", "map", "actor.fsdp_config.*"),
     _k(f"{AR}.ref.fsdp_config.*", "map", "ref.fsdp_config.*"),
     _k("critic.model.fsdp_config.*", "map", "critic.fsdp_config.*"),
@@ -102,8 +102,6 @@ VERL_KEYS: tuple[VerlKey, ...] = (
           ("pad_to_length_bucket", "noop", "the bucket of pad_to_length", "flowrl pads each micro-batch to its longest row", ()),
           ("forward_only", "noop", "marks an engine that never steps", "the reference never steps in flowrl", ()),
           ("strategy", "noop", "verl's copy of the engine's name", "{to}.strategy (the reference: actor.strategy)", ()),
-          ("offload_policy", "refuse", "FSDP2's CPUOffloadPolicy as a switch of its own",
-           "{to}.fsdp_config.param_offload=true (flowrl's FSDP2 CPUOffloadPolicy)", _OFF),
           ("model_dtype", "refuse", "the dtype FSDP keeps the model's weights in",
            "model.dtype, {to}.fsdp_config.mixed_precision.param_dtype", ()),
           ("dtype", "refuse", "the FSDP engine's compute dtype", "{to}.fsdp_config.mixed_precision.param_dtype", ()),

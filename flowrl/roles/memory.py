@@ -9,14 +9,17 @@ that reaches it, in the order above.
 
 from __future__ import annotations
 
+import contextlib
 import resource
-from typing import Any, Iterable
+import time
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
-from flowrl.backends.interfaces import HasModel, HasOptimizer
+from flowrl.backends.interfaces import HasModel, HasOptimizer, OffloadsState
+from flowrl.metrics import names as metric_names
 
-__all__ = ["peak_rss_bytes", "role_memory_bytes", "rss_bytes"]
+__all__ = ["Residency", "peak_rss_bytes", "role_memory_bytes", "rss_bytes"]
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -89,3 +92,60 @@ def rss_bytes() -> int:
 def peak_rss_bytes() -> int:
     """This process's peak resident set size so far (``getrusage``: KiB on Linux)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class Residency:
+    """When a trainer's state is on its device: only inside its own phases, when its engine
+    offloads (verl's hybrid-engine pattern: ``load_fsdp_model_to_gpu`` before ``update_actor``,
+    ``compute_log_prob`` and the weight export, ``offload_fsdp_model_to_cpu`` after them), so in
+    the colocated and hybrid placements the generation engine on the same GPU has the memory.
+
+    The state leaves the device once built (:meth:`release`), comes back for a phase
+    (``with residency.resident(optimizer=...)``: the optimizer state only for an update) and
+    leaves again after it; nested phases move nothing more. An engine that does not offload (or
+    with both switches off) is never called. :meth:`take_metrics` gives the seconds spent moving
+    (``perf/actor_offload_s``, ``perf/actor_onload_s``) since it was last asked."""
+
+    def __init__(self, engine: Any, *, clock: Callable[[], float] = time.perf_counter,
+                 names: tuple[str, str] = (metric_names.ACTOR_OFFLOAD_S, metric_names.ACTOR_ONLOAD_S)) -> None:
+        self.engine = engine
+        self.active = isinstance(engine, OffloadsState) and bool(engine.offloads)
+        self._clock, self._names = clock, names
+        self._depth = 0
+        self._seconds = [0.0, 0.0]  # offload, onload
+
+    def _timed(self, which: int, fn: Callable[[], None]) -> None:
+        start = self._clock()
+        fn()
+        self._seconds[which] += self._clock() - start
+
+    def release(self) -> None:
+        """Outside any phase: the state to the host (after the engine is built or restored)."""
+        if self.active and self._depth == 0:
+            self._timed(0, self.engine.offload_state)
+
+    @contextlib.contextmanager
+    def resident(self, *, optimizer: bool = False) -> Iterator[None]:
+        """The state on the device for the block (the optimizer state too with ``optimizer``)."""
+        if not self.active or self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        self._timed(1, lambda: self.engine.onload_state(optimizer=optimizer))
+        self._depth = 1
+        try:
+            yield
+        finally:
+            self._depth = 0
+            self._timed(0, self.engine.offload_state)
+
+    def take_metrics(self) -> dict[str, float]:
+        """The moving seconds since the last call, by metric name; empty when nothing offloads."""
+        if not self.active:
+            return {}
+        out = dict(zip(self._names, self._seconds))
+        self._seconds = [0.0, 0.0]
+        return out

@@ -18,6 +18,7 @@ from flowrl.backends.interfaces import ComputesReferenceLogprobs, HasLora, HasMo
 from flowrl.backends.train.optim import AdamWSettings, ScheduledRate
 from flowrl.catalog.backends import TRAIN_BACKENDS, CheckpointKind
 from flowrl.config import ActorConfig
+from flowrl.config.batching_auto import settled
 from flowrl.data import experience
 from flowrl.data.packed import PackedBatch
 from flowrl.metrics import names
@@ -25,6 +26,7 @@ from flowrl.parallel.dtypes import resolve_dtype
 from flowrl.roles import checkpoints
 from flowrl.roles.accounting import update_mfu
 from flowrl.roles.epochs import run_epochs
+from flowrl.roles.memory import Residency
 
 if TYPE_CHECKING:
     from flowrl.backends.reshard import AdapterJob, ReshardJob
@@ -53,7 +55,7 @@ class PolicyRole:
         self.rank, self.world_size = rank, world_size
         self.device = device
         self.ref_micro_batch_size = ref_micro_batch_size or actor.ppo_micro_batch_size_per_gpu
-        self.cfg = actor
+        self.cfg = settled(actor)  # as resolved by the run (roles.specs), else auto off
         self.temperature = temperature
         self.response_length = response_length
         self.use_old_logprobs = use_old_logprobs
@@ -79,13 +81,18 @@ class PolicyRole:
             clip_ratio_low=actor.clip_ratio_low, clip_ratio_high=actor.clip_ratio_high, clip_ratio_c=actor.clip_ratio_c,
             entropy_coeff=actor.entropy_coeff, use_kl_loss=actor.use_kl_loss, kl_loss_coef=actor.kl_loss_coef,
         )
+        # fsdp_config.param_offload / optimizer_offload: the state on the device only in this role's
+        # phases, so generation between them has the GPU (nothing moves on the CPU)
+        self.residency = Residency(self.engine)
+        self.residency.release()
 
     # ----------------------------------------------------------------- nodes
     def compute_logprobs(self, table: pa.Table, column: str = "old_logprobs") -> pa.Table:
         batch = self._log_prob_batch(table)
-        logp_T, _ = self.engine.forward_logprobs(
-            batch, micro_batch_size=self.cfg.ppo_micro_batch_size_per_gpu, temperature=self.temperature
-        )
+        with self.residency.resident():
+            logp_T, _ = self.engine.forward_logprobs(
+                batch, micro_batch_size=self.cfg.ppo_micro_batch_size_per_gpu, temperature=self.temperature
+            )
         return pa.table({column: experience.list_column(logp_T, batch.response_cu_B1, experience.TOKEN_FLOATS)})
 
     def compute_ref_logprobs(self, table: pa.Table, column: str = "ref_logprobs") -> pa.Table:
@@ -95,8 +102,9 @@ class PolicyRole:
             raise TypeError(f"actor.strategy={self.cfg.strategy}: its engine does not compute reference log-probs "
                             "(LoRA's base model); fix: set model.lora_rank=0 (a reference group computes them)")
         batch = self._log_prob_batch(table)
-        logp_T = self.engine.reference_logprobs(batch, micro_batch_size=self.ref_micro_batch_size,
-                                                temperature=self.temperature)
+        with self.residency.resident():
+            logp_T = self.engine.reference_logprobs(batch, micro_batch_size=self.ref_micro_batch_size,
+                                                    temperature=self.temperature)
         return pa.table({column: experience.list_column(logp_T, batch.response_cu_B1, experience.TOKEN_FLOATS)})
 
     def _log_prob_batch(self, table: pa.Table) -> PackedBatch:
@@ -115,8 +123,10 @@ class PolicyRole:
             fields.append("ref_logprobs")
         batch = PackedBatch.from_table(table, tuple(fields))
         self.rate.before_update(self.engine.optimizer)
-        return run_epochs(batch, epochs=self.cfg.ppo_epochs, mini_batch_rows=mini_batch_rows, step=self._step,
-                          prefix=names.ACTOR, mfu=self.mfu)
+        with self.residency.resident(optimizer=True):
+            stats = run_epochs(batch, epochs=self.cfg.ppo_epochs, mini_batch_rows=mini_batch_rows, step=self._step,
+                               prefix=names.ACTOR, mfu=self.mfu)
+        return {**stats, **self.residency.take_metrics()}
 
     def _step(self, mini: PackedBatch) -> dict[str, float]:
         """One optimizer step on a mini-batch: the global denominator, then the engine's
@@ -143,27 +153,32 @@ class PolicyRole:
         from flowrl.roles import supervised
 
         self.rate.before_update(self.engine.optimizer)
-        return supervised.train(self.engine, self.cfg, table, loss=loss, mini_batch_rows=mini_batch_rows,
-                                options=options or {}, mfu=self.mfu)
+        with self.residency.resident(optimizer=True):
+            stats = supervised.train(self.engine, self.cfg, table, loss=loss, mini_batch_rows=mini_batch_rows,
+                                     options=options or {}, mfu=self.mfu)
+        return {**stats, **self.residency.take_metrics()}
 
     def supervised_logprobs(self, table: pa.Table, column: str = "logprobs") -> pa.Table:
         """The response-token log-probs at temperature 1 (the supervised families' validation)."""
         from flowrl.roles import supervised
 
-        return supervised.logprobs(self.engine, self.cfg, table, column)
+        with self.residency.resident():
+            return supervised.logprobs(self.engine, self.cfg, table, column)
 
     # ----------------------------------------------------------------- weights
     def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
-        return self.engine.hf_state_dict()
+        with self.residency.resident():
+            return self.engine.hf_state_dict()
 
     def reshard(self, job: "ReshardJob | AdapterJob") -> dict:
         """Send this rank's parameter shards to the generation layout (``flowrl.backends.reshard``);
         an ``AdapterJob`` (LoRA into vLLM): the adapters only, from rank 0."""
         from flowrl.backends.reshard import AdapterJob, run_adapter_rank, run_rank
 
-        if isinstance(job, AdapterJob):
-            return run_adapter_rank(job, src_rank=self.rank, adapters=self._adapters_whole())[0]
-        return run_rank(job, src_rank=self.rank, src=self.engine.reshard_source())
+        with self.residency.resident():
+            if isinstance(job, AdapterJob):
+                return run_adapter_rank(job, src_rank=self.rank, adapters=self._adapters_whole())[0]
+            return run_rank(job, src_rank=self.rank, src=self.engine.reshard_source())
 
     def _adapters_whole(self) -> dict[str, torch.Tensor]:
         """What LoRA trains (the adapters, and modules peft trains whole), by the trainer's names,
@@ -174,7 +189,8 @@ class PolicyRole:
         return {n: full(p.detach()).cpu() for n, p in self.engine.model.named_parameters() if p.requires_grad}
 
     def grad_state_dict(self) -> dict[str, torch.Tensor]:
-        return self.engine.grad_state_dict()
+        with self.residency.resident():
+            return self.engine.grad_state_dict()
 
     def save_checkpoint(self, path: str, *, step: int, extra: dict) -> dict | None:
         """Every rank: checkpoint ``path`` of step ``step`` with ``extra`` in its meta (plus
@@ -183,7 +199,8 @@ class PolicyRole:
         With LoRA the checkpoint holds the adapters only, ``extra["lora"]`` their settings."""
         lora = self._lora()
         extra = {**extra, "lora": lora.to_dict()} if lora is not None else extra
-        return checkpoints.save(self.engine, self.checkpoint_kind, path, rank=self.rank, step=step, extra=extra)
+        with self.residency.resident(optimizer=True):
+            return checkpoints.save(self.engine, self.checkpoint_kind, path, rank=self.rank, step=step, extra=extra)
 
     def load_checkpoint(self, path: str) -> int:
         """Every rank: restore parameters and optimizer state from checkpoint ``path`` (``full``:
@@ -199,7 +216,8 @@ class PolicyRole:
                              f"model.lora_rank/lora_alpha/target_modules={mine}; fix: resume with the "
                              "checkpoint's model.lora_* settings, or start a fresh run (trainer.resume_mode=disable)")
         self.rate.resume(path)
-        return checkpoints.load(self.engine, self.checkpoint_kind, path)
+        with self.residency.resident(optimizer=True):
+            return checkpoints.load(self.engine, self.checkpoint_kind, path)
 
     def _lora(self):  # noqa: ANN202 - a LoraSpec, or None (every weight trains)
         return self.engine.lora if isinstance(self.engine, HasLora) else None
@@ -207,7 +225,8 @@ class PolicyRole:
     def save_hf(self, directory: str) -> None:
         """``full`` backends: rank 0 writes; ``sharded``: every rank gathers, rank 0 writes."""
         if self.rank == 0 or self.checkpoint_kind is CheckpointKind.SHARDED:
-            self.engine.save_hf(directory)
+            with self.residency.resident():
+                self.engine.save_hf(directory)
 
     def close(self) -> None:
         self.engine.close()

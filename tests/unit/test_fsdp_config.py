@@ -42,10 +42,15 @@ def test_ulysses_and_bad_dtypes_are_refused():
         load_config(None, ["actor.ulysses_sequence_parallel_size=2"])
     with pytest.raises(ConfigError, match="param_dtype"):
         load_config(None, ["actor.strategy=fsdp", "actor.fsdp_config.mixed_precision.param_dtype=float64"])
-    with pytest.raises(ConfigError, match=r"actor\.fsdp_config\.optimizer_offload.*param_offload=true"):
-        load_config(None, ["actor.strategy=fsdp", "actor.fsdp_config.optimizer_offload=true"])
+    # verl's three: moved between phases (param_offload, optimizer_offload, each alone or both), or
+    # CPUOffloadPolicy (offload_policy) with nothing left to move
+    load_config(None, ["actor.strategy=fsdp", "actor.fsdp_config.optimizer_offload=true"])
     load_config(None, ["actor.strategy=fsdp", "actor.fsdp_config.optimizer_offload=true",
-                       "actor.fsdp_config.param_offload=true"])  # offloaded with the parameters
+                       "actor.fsdp_config.param_offload=true"])
+    load_config(None, ["actor.strategy=fsdp", "actor.fsdp_config.offload_policy=true"])
+    with pytest.raises(ConfigError, match=r"actor\.fsdp_config\.offload_policy.*param_offload.*set only offload_policy"):
+        load_config(None, ["actor.strategy=fsdp", "actor.fsdp_config.offload_policy=true",
+                           "actor.fsdp_config.param_offload=true"])
 
 
 def test_fsdp_tensor_parallel_is_refused():

@@ -90,9 +90,11 @@ def test_fsdp_config_errors_name_the_fsdp_option_not_a_missing_fsdp():
     or refused naming flowrl's own FSDP setting."""
     assert errors("actor_rollout_ref.actor.fsdp_config.forward_prefetch=True",
                   "actor_rollout_ref.ref.fsdp_config.use_orig_params=True",
-                  "actor_rollout_ref.actor.fsdp_config.param_offload=True") == []
-    lines = errors("actor_rollout_ref.actor.fsdp_config.offload_policy=True")
-    assert len(lines) == 1 and "actor.fsdp_config.param_offload=true" in lines[0]
+                  "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+                  "actor_rollout_ref.ref.fsdp_config.offload_policy=True") == []
+    lines = errors("actor_rollout_ref.actor.fsdp_config.offload_policy=True",
+                   "actor_rollout_ref.actor.fsdp_config.param_offload=True")  # both: one is refused by name
+    assert len(lines) == 1 and "offload_policy" in lines[0] and "set only offload_policy=true" in lines[0]
     assert not any("not implemented" in line or "strategy=dp" in line for line in lines)
 
 

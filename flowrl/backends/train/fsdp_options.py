@@ -15,7 +15,7 @@ def engine_kwargs(group_cfg: Any) -> dict:
     f = group_cfg.fsdp_config
     mp = f.mixed_precision
     return {"reshard_after_forward": f.reshard_after_forward, "param_offload": f.param_offload,
-            "optimizer_offload": f.optimizer_offload, "param_dtype": mp.param_dtype,
+            "optimizer_offload": f.optimizer_offload, "offload_policy": f.offload_policy, "param_dtype": mp.param_dtype,
             "reduce_dtype": mp.reduce_dtype, "buffer_dtype": mp.buffer_dtype}
 
 

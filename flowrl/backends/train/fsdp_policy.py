@@ -72,6 +72,7 @@ class FSDPEngine(TorchDPEngine):
         reshard_after_forward: bool = True,
         param_offload: bool = False,
         optimizer_offload: bool = False,
+        offload_policy: bool = False,
         param_dtype: str | None = None,
         reduce_dtype: str | None = None,
         buffer_dtype: str | None = None,
@@ -79,7 +80,7 @@ class FSDPEngine(TorchDPEngine):
         lora: dict | None = None,
         **optim: Any,
     ) -> None:
-        """``optim``: the optimizer keywords of :class:`~flowrl.backends.train.optim.AdamWSettings`."""
+        """``optim``: :class:`~flowrl.backends.train.optim.AdamWSettings`'s keywords; offload: :meth:`offload_state`."""
         settings = AdamWSettings(**optim)
         if not dist.is_initialized():
             raise RuntimeError("FSDPEngine needs torch.distributed.init_process_group first (a worker group)")
@@ -97,8 +98,9 @@ class FSDPEngine(TorchDPEngine):
         self._add_adapters_on(meta is not None, lora)  # LoRA: before sharding, sharded with their blocks
         self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
         self.grad_clip = settings.grad_clip
-        # with param_offload (config-enforced) CPUOffloadPolicy keeps AdamW's state on the host too
-        self.optimizer_offload = optimizer_offload and (param_offload or self.device.type == "cpu")
+        offload_policy = offload_policy or (param_offload and not trainable)  # a frozen one: verl's ref policy
+        self._offload = self._offload_switch(param_offload and not offload_policy, optimizer_offload and not offload_policy)
+        param_offload = offload_policy  # CPUOffloadPolicy below: parameters, gradients, AdamW's step on the host
         if buffer_dtype is not None:
             for buf in self.model.buffers():
                 if buf.is_floating_point():
@@ -118,6 +120,23 @@ class FSDPEngine(TorchDPEngine):
         else:
             self.model.eval()
             self.model.requires_grad_(False)
+
+    # ----------------------------------------------------------------- offload between phases
+    def _offload_switch(self, params: bool, optimizer: bool):  # noqa: ANN202 - an OffloadSwitch
+        from flowrl.backends.train.fsdp_offload import OffloadSwitch
+
+        self.offloads = params or optimizer
+        return OffloadSwitch(self.device, params=params, optimizer=optimizer, modules=lambda: [self.model],
+                             get_optimizer=lambda: self.optimizer)
+
+    def offload_state(self) -> None:
+        """After a phase: the parameters and gradients (``param_offload``) and AdamW's state
+        (``optimizer_offload``) to the host; nothing moves on the CPU."""
+        self._offload.offload()
+
+    def onload_state(self, *, optimizer: bool = False) -> None:
+        """Before a phase: the parameters back on the device, AdamW's state too for an update."""
+        self._offload.onload(optimizer=optimizer)
 
     def _meta_model(self, model_dir: str, dtype: torch.dtype) -> tuple[torch.nn.Module, dict, dict] | None:
         """The model with its parameters on the meta device (buffers real), each parameter's
@@ -204,8 +223,9 @@ class FSDPEngine(TorchDPEngine):
         return t.cpu().tolist()
 
     # ----------------------------------------------------------------- forward (under the root)
-    def _forward(self, mb: PackedBatch, *, temperature: float, with_entropy: bool):
-        return self._root(super()._forward, mb, temperature=temperature, with_entropy=with_entropy)
+    def _forward(self, mb: PackedBatch, *, temperature: float, with_entropy: bool, token_stat: str = "entropy"):
+        return self._root(super()._forward, mb, temperature=temperature, with_entropy=with_entropy,
+                          token_stat=token_stat)
 
     # ----------------------------------------------------------------- update
     def _reduce_gradients_and_step(self) -> float:

@@ -43,6 +43,7 @@ from flowrl.backends.train.megatron.compat import apply_cpu_compat
 from flowrl.backends.train.megatron.convert import (
     arch_spec, chunk_role, hf_to_megatron, megatron_to_hf)
 from flowrl.backends.train.megatron.model import build_gpt_model, transformer_config_from_hf
+from flowrl.backends.train.megatron.offload import MegatronOffload
 from flowrl.backends.train.megatron.vocab_parallel import vocab_parallel_logprobs
 from flowrl.metrics import names
 from flowrl.parallel.mesh import ParallelDims, padded_vocab_size, validate_model_layout
@@ -90,12 +91,14 @@ class MegatronEngine:
                  lr: float, weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, grad_clip: float = 1.0, use_distributed_optimizer: bool = False,
                  bf16: bool = False, seed: int = 0, make_vocab_size_divisible_by: int = 128,
-                 device: str | None = None):
+                 device: str | None = None, param_offload: bool = False, grad_offload: bool = False,
+                 optimizer_offload: bool = False):
         """``device``: the rank's (``cuda:0``: the GPU its process was given and set current;
         ``cpu``: gloo with the CPU shims of ``compat``); None: the current CUDA device where
         CUDA is available, else the CPU (the multi-process test harnesses). ``bf16``: bf16
         weights and compute, fp32 main parameters in the optimizer and fp32 gradient reduction
-        (``flowrl.parallel.dtypes.megatron_bf16``)."""
+        (``flowrl.parallel.dtypes.megatron_bf16``). ``*_offload``: that state in host memory
+        between phases (:meth:`offload_state`, ``flowrl.backends.train.megatron.offload``)."""
         from transformers import AutoConfig
 
         if not dist.is_initialized():
@@ -136,6 +139,17 @@ class MegatronEngine:
                             use_distributed_optimizer=use_distributed_optimizer),
             self.chunks)
         self.set_lr(lr)
+        self._offload = MegatronOffload(self.device, params=param_offload, grads=grad_offload, optimizer=optimizer_offload,
+                                        chunks=lambda: self.chunks, get_optimizer=lambda: self.optimizer, main_params=bf16)
+        self.offloads = self._offload.offloads
+
+    def offload_state(self) -> None:
+        """After a phase: the switched-on state (parameters, gradients, optimizer) to the host."""
+        self._offload.offload()
+
+    def onload_state(self, *, optimizer: bool = False) -> None:
+        """Before a phase: parameters and gradients back on the device, the optimizer's state too with ``optimizer``."""
+        self._offload.onload(optimizer=optimizer)
 
     # ----------------------------------------------------------------------------- construction
     def _chunk_keys(self) -> list[tuple[int, int | None]]:

@@ -17,14 +17,29 @@ def _vpp(group_cfg: Any) -> int | None:
     return vpp if vpp > 1 else None
 
 
+#: verl's megatron offload switches (``actor_rollout_ref.actor.megatron.param_offload`` ...)
+OFFLOAD_KEYS = ("param_offload", "grad_offload", "optimizer_offload")
+
+
+def offload_kwargs(megatron_cfg: Any) -> dict:
+    """``MegatronTrainEngine(offload=...)`` from a group's ``megatron`` section (verl's names);
+    empty when the config has no such section or every switch is off."""
+    if megatron_cfg is None:
+        return {}
+    switches = {k: bool(getattr(megatron_cfg, k)) for k in OFFLOAD_KEYS}
+    return {"offload": switches} if any(switches.values()) else {}
+
+
 def train_engine_kwargs(group_cfg: Any) -> dict:
-    """``MegatronTrainEngine``'s mesh settings from an actor or reference config."""
+    """``MegatronTrainEngine``'s mesh settings from an actor or reference config (and its
+    ``megatron`` offload switches, where the config has that section)."""
     return {
         "tp": group_cfg.tensor_model_parallel_size,
         "pp": group_cfg.pipeline_model_parallel_size,
         "dp": group_cfg.data_parallel_size,
         "vpp": _vpp(group_cfg),
         **({"use_distributed_optimizer": True} if getattr(group_cfg, "use_distributed_optimizer", False) else {}),
+        **offload_kwargs(getattr(group_cfg, "megatron", None)),
     }
 
 

@@ -69,11 +69,13 @@ class MegatronTrainEngine:
         device: str = "cpu",
         seed: int = 0,
         use_distributed_optimizer: bool = False,
+        offload: dict | None = None,
         **optim: Any,
     ) -> None:
         """``optim``: the optimizer keywords of :class:`~flowrl.backends.train.optim.AdamWSettings`;
         ``device``: the rank's; ``dtype``: ``model.dtype`` (``auto``: bf16 on a GPU, with fp32
-        main parameters and gradient reduction; fp32 on the CPU)."""
+        main parameters and gradient reduction; fp32 on the CPU); ``offload``: megatron's
+        ``param_offload`` / ``grad_offload`` / ``optimizer_offload`` (verl's names)."""
         from flowrl.backends.train.megatron.engine import MegatronEngine
 
         self.trainable = trainable
@@ -81,8 +83,15 @@ class MegatronTrainEngine:
         self.engine = MegatronEngine(
             model_dir, tp=tp, pp=pp, vpp=vpp, dp=dp, **AdamWSettings(**optim).engine_kwargs(),
             use_distributed_optimizer=use_distributed_optimizer and trainable,
-            bf16=megatron_bf16(self.precision), seed=seed, device=str(self.device),
+            bf16=megatron_bf16(self.precision), seed=seed, device=str(self.device), **(offload or {}),
         )
+        self.offloads = any((offload or {}).values())  # the engine moves what is switched on
+
+    def offload_state(self) -> None:
+        self.engine.offload_state()
+
+    def onload_state(self, *, optimizer: bool = False) -> None:
+        self.engine.onload_state(optimizer=optimizer)
 
     @property
     def optimizer(self):  # noqa: ANN201 - megatron-core's optimizer (its param_groups carry the rate)
