@@ -35,7 +35,7 @@ def check_layout(cfg: RunConfig, family: str, *, pairs: bool) -> None:
             raise ConfigError(key, value, f"is not divisible by actor.data_parallel_size={a.data_parallel_size}: the "
                               f"{family} family gives each data-parallel rank the same number of {what}",
                               f"use a multiple of {a.data_parallel_size}")
-    if pairs and a.use_dynamic_bsz:
+    if pairs and a.use_dynamic_bsz is True:  # auto: never packs pairs (flowrl.roles.supervised.token_budget)
         raise ConfigError("actor.use_dynamic_bsz", True, f"the {family} family's micro-batches hold whole "
                           "(chosen, rejected) pairs, which a token budget could part",
                           "set actor.use_dynamic_bsz=false (actor.ppo_micro_batch_size_per_gpu counts pairs)")

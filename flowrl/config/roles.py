@@ -46,36 +46,48 @@ def _with(registry: BackendRegistry, capability: str) -> str:
     return either(registry.names_where(lambda spec: getattr(spec, capability)))
 
 
+def check_switches(section, keys: tuple[str, ...]) -> None:
+    """The batching switches are ``true``, ``false`` or ``auto`` (resolved by
+    ``flowrl.config.batching_auto``: on where the backend has it and the estimate says it wins)."""
+    for key in keys:
+        value = getattr(section, key)
+        check(value is True or value is False or value == "auto", key, value, "must be true, false or auto",
+              f"write {key}=auto (flowrl decides), true or false")
+
+
 def check_token_budget(section, keys: tuple[str, ...], dynamic: bool, name: str,
                        registry: BackendRegistry = TRAIN_BACKENDS) -> None:
-    """Token budgets are positive; token-budget micro-batches need a backend with a ``token_budget``
-    (``registry``: the section's kind of backend)."""
+    """Token budgets are >= 0 (0: derived); explicit token-budget micro-batches (``dynamic``: a
+    switch set to true) need a backend with a ``token_budget`` (``registry``: the section's kind)."""
     for key in keys:
-        check_positive(key, getattr(section, key), "use e.g. 16384")
+        value = getattr(section, key)
+        check(isinstance(value, int) and not isinstance(value, bool) and value >= 0, key, value,
+              "must be an integer >= 0", f"use 0 (derived from the micro-batch rows and lengths) or e.g. {key}=16384")
     check(not dynamic or registry.spec(section.strategy).token_budget, "use_dynamic_bsz", True,
           f"token-budget micro-batching is not built in flowrl for {name}.strategy={section.strategy} (it forms "
-          "its micro-batches by rows)", f"set {name}.use_dynamic_bsz=false "
-          f"(and log_prob_use_dynamic_bsz=false), or {name}.strategy={_with(registry, 'token_budget')}")
+          "its micro-batches by rows)", f"set {name}.use_dynamic_bsz=auto or false "
+          f"(and log_prob_use_dynamic_bsz), or {name}.strategy={_with(registry, 'token_budget')}")
 
 
 def check_prefix_grouper(section, name: str, registry: BackendRegistry = TRAIN_BACKENDS) -> None:
-    """Shared-prompt forwards (``use_prefix_grouper``) need a backend with ``shared_prompts``."""
-    check(not section.use_prefix_grouper or registry.spec(section.strategy).shared_prompts, "use_prefix_grouper", True,
+    """Explicit shared-prompt forwards (``use_prefix_grouper=true``) need a backend with ``shared_prompts``."""
+    check(section.use_prefix_grouper is not True or registry.spec(section.strategy).shared_prompts,
+          "use_prefix_grouper", True,
           f"shared-prompt forwards are not built in flowrl for {name}.strategy={section.strategy} (it computes "
           "every row's prompt)",
-          f"set {name}.use_prefix_grouper=false, or {name}.strategy={_with(registry, 'shared_prompts')}")
+          f"set {name}.use_prefix_grouper=auto or false, or {name}.strategy={_with(registry, 'shared_prompts')}")
 
 
 def check_reference_budget(ref, actor) -> None:
-    """The reference runs on ``actor.strategy``: token-budget and shared-prompt forwards need its
-    ``token_budget`` and ``shared_prompts``."""
+    """The reference runs on ``actor.strategy``: explicit token-budget and shared-prompt forwards
+    need its ``token_budget`` and ``shared_prompts``."""
     spec, strategy = TRAIN_BACKENDS.spec(actor.strategy), actor.strategy
-    check(not ref.log_prob_use_dynamic_bsz or spec.token_budget, "ref.log_prob_use_dynamic_bsz", True,
+    check(ref.log_prob_use_dynamic_bsz is not True or spec.token_budget, "ref.log_prob_use_dynamic_bsz", True,
           f"the reference runs on actor.strategy={strategy}, which forms micro-batches by rows",
-          f"set ref.log_prob_use_dynamic_bsz=false, or actor.strategy={_with(TRAIN_BACKENDS, 'token_budget')}")
-    check(not ref.use_prefix_grouper or spec.shared_prompts, "ref.use_prefix_grouper", True,
+          f"set ref.log_prob_use_dynamic_bsz=auto or false, or actor.strategy={_with(TRAIN_BACKENDS, 'token_budget')}")
+    check(ref.use_prefix_grouper is not True or spec.shared_prompts, "ref.use_prefix_grouper", True,
           f"the reference runs on actor.strategy={strategy}, which has no shared-prompt layout",
-          f"set ref.use_prefix_grouper=false, or actor.strategy={_with(TRAIN_BACKENDS, 'shared_prompts')}")
+          f"set ref.use_prefix_grouper=auto or false, or actor.strategy={_with(TRAIN_BACKENDS, 'shared_prompts')}")
 
 
 @dataclass(kw_only=True)
@@ -214,21 +226,27 @@ class ActorConfig(ParallelFields):
     """Samples per forward/backward on one rank (gradient accumulation)."""
     ppo_epochs: int = 1
     """Passes over each batch."""
-    use_dynamic_bsz: bool = False
+    use_dynamic_bsz: bool | Literal["auto"] = "auto"
     """Micro-batches by token count instead of rows (verl's key): each holds at most
     ``ppo_max_token_len_per_gpu`` real tokens, its sequences packed into lines (no padding
-    computed); ``ppo_micro_batch_size_per_gpu`` is then unused. Losses are unchanged."""
-    ppo_max_token_len_per_gpu: int = 16384
-    """Real tokens (prompt + response) per update micro-batch on one rank, with ``use_dynamic_bsz``."""
-    log_prob_use_dynamic_bsz: bool = False
-    """The old-log-prob pass by token count too (verl's ``rollout.log_prob_use_dynamic_bsz``)."""
-    log_prob_max_token_len_per_gpu: int = 16384
-    """Real tokens per old-log-prob micro-batch on one rank, with ``log_prob_use_dynamic_bsz``."""
-    use_prefix_grouper: bool = False
+    computed); ``ppo_micro_batch_size_per_gpu`` is then unused. Losses are unchanged. ``auto``
+    (verl: false): on where ``actor.strategy`` has it (``flowrl.config.batching_auto``)."""
+    ppo_max_token_len_per_gpu: int = 0
+    """Real tokens (prompt + response) per update micro-batch on one rank, with ``use_dynamic_bsz``;
+    0: derived, ``ppo_micro_batch_size_per_gpu`` x (``data.max_prompt_length`` +
+    ``rollout.response_length``) (verl: 16384)."""
+    log_prob_use_dynamic_bsz: bool | Literal["auto"] = "auto"
+    """The old-log-prob pass by token count too (verl's ``rollout.log_prob_use_dynamic_bsz``);
+    ``auto``: an explicit ``use_dynamic_bsz``, else on where the strategy has it."""
+    log_prob_max_token_len_per_gpu: int = 0
+    """Real tokens per old-log-prob micro-batch on one rank, with ``log_prob_use_dynamic_bsz``; 0:
+    ``ppo_max_token_len_per_gpu`` if set, else derived as it is."""
+    use_prefix_grouper: bool | Literal["auto"] = "auto"
     """Compute a prompt once for its consecutive rows (a GRPO group of ``rollout.n`` samples) in the
     update and the old-log-prob pass (verl's key): the prompt, then each row's response, under a
     block attention mask. Same log-probs and gradients; fewer positions computed. Works with and
-    without ``use_dynamic_bsz``; dp and fsdp strategies only."""
+    without ``use_dynamic_bsz``; dp and fsdp strategies only. ``auto`` (verl: false): on where the
+    strategy has it and it saves at least a tenth of the positions (``flowrl.config.batching_auto``)."""
     policy_loss: str = "vanilla"
     """Registered policy loss: ``vanilla`` (PPO clip with dual clip) or ``gspo``; or
     ``package.module:function`` of your own (``flowrl.catalog.algos.POLICY_LOSSES``' signature)."""
@@ -277,8 +295,9 @@ class ActorConfig(ParallelFields):
         check_positive("ppo_mini_batch_size", self.ppo_mini_batch_size, "use data.train_batch_size for one step per batch")
         check_positive("ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu, "use e.g. 64")
         check_positive("ppo_epochs", self.ppo_epochs, "use 1")
+        check_switches(self, ("use_dynamic_bsz", "log_prob_use_dynamic_bsz", "use_prefix_grouper"))
         check_token_budget(self, ("ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu"),
-                           self.use_dynamic_bsz or self.log_prob_use_dynamic_bsz, "actor")
+                           self.use_dynamic_bsz is True or self.log_prob_use_dynamic_bsz is True, "actor")
         check_prefix_grouper(self, "actor")
         check(self.ulysses_sequence_parallel_size == 1, "ulysses_sequence_parallel_size",
               self.ulysses_sequence_parallel_size, "Ulysses sequence parallelism is not built in flowrl",
@@ -315,20 +334,27 @@ class ReferenceConfig(ParallelFields):
     """Reference-policy workers (only started when ``actor.use_kl_loss``)."""
     log_prob_micro_batch_size_per_gpu: int = 256
     """Samples per forward pass on one rank."""
-    log_prob_use_dynamic_bsz: bool = False
-    """Forward micro-batches by token count, sequences packed (verl's key)."""
-    log_prob_max_token_len_per_gpu: int = 16384
-    """Real tokens per forward micro-batch on one rank, with ``log_prob_use_dynamic_bsz``."""
-    use_prefix_grouper: bool = False
+    log_prob_use_dynamic_bsz: bool | Literal["auto"] = "auto"
+    """Forward micro-batches by token count, sequences packed (verl's key); ``auto``: an explicit
+    ``actor.use_dynamic_bsz`` (verl's interpolation), else on where ``actor.strategy`` has it."""
+    log_prob_max_token_len_per_gpu: int = 0
+    """Real tokens per forward micro-batch on one rank, with ``log_prob_use_dynamic_bsz``; 0:
+    ``actor.ppo_max_token_len_per_gpu`` if set, else ``log_prob_micro_batch_size_per_gpu`` x
+    (``data.max_prompt_length`` + ``rollout.response_length``)."""
+    use_prefix_grouper: bool | Literal["auto"] = "auto"
     """Compute a prompt once for its consecutive rows in the reference forward (as
-    ``actor.use_prefix_grouper``; the reference runs on ``actor.strategy``: dp or fsdp only)."""
+    ``actor.use_prefix_grouper``, whose explicit value ``auto`` follows; the reference runs on
+    ``actor.strategy``: dp or fsdp only)."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """How the reference shards under ``actor.strategy=fsdp`` (verl's ``fsdp_config``)."""
 
     def __post_init__(self) -> None:
         self._check_mesh()
         check_positive("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu, "use e.g. 128")
-        check_positive("log_prob_max_token_len_per_gpu", self.log_prob_max_token_len_per_gpu, "use e.g. 16384")
+        check_switches(self, ("log_prob_use_dynamic_bsz", "use_prefix_grouper"))
+        check(isinstance(self.log_prob_max_token_len_per_gpu, int) and self.log_prob_max_token_len_per_gpu >= 0,
+              "log_prob_max_token_len_per_gpu", self.log_prob_max_token_len_per_gpu, "must be an integer >= 0",
+              "use 0 (derived) or e.g. 16384")
 
 
 @dataclass(kw_only=True)
@@ -352,15 +378,20 @@ class CriticConfig(ParallelFields):
     """Samples per forward/backward on one rank (gradient accumulation)."""
     forward_micro_batch_size_per_gpu: int = 256
     """Samples per forward pass when computing values."""
-    use_dynamic_bsz: bool = False
-    """Micro-batches by token count, sequences packed (verl's key), for updates and values."""
-    ppo_max_token_len_per_gpu: int = 32768
-    """Real tokens per update micro-batch on one rank, with ``use_dynamic_bsz`` (verl's default)."""
-    forward_max_token_len_per_gpu: int = 32768
-    """Real tokens per value-forward micro-batch on one rank, with ``use_dynamic_bsz``."""
-    use_prefix_grouper: bool = False
+    use_dynamic_bsz: bool | Literal["auto"] = "auto"
+    """Micro-batches by token count, sequences packed (verl's key), for updates and values;
+    ``auto``: an explicit ``actor.use_dynamic_bsz`` (verl's interpolation), else on where
+    ``critic.strategy`` has it."""
+    ppo_max_token_len_per_gpu: int = 0
+    """Real tokens per update micro-batch on one rank, with ``use_dynamic_bsz``; 0: derived,
+    ``ppo_micro_batch_size_per_gpu`` x (``data.max_prompt_length`` + ``rollout.response_length``)
+    (verl: 32768)."""
+    forward_max_token_len_per_gpu: int = 0
+    """Real tokens per value-forward micro-batch on one rank, with ``use_dynamic_bsz``; 0:
+    ``ppo_max_token_len_per_gpu`` if set, else derived from ``forward_micro_batch_size_per_gpu``."""
+    use_prefix_grouper: bool | Literal["auto"] = "auto"
     """Compute a prompt once for its consecutive rows in value forwards and updates (as
-    ``actor.use_prefix_grouper``; dp and fsdp strategies only)."""
+    ``actor.use_prefix_grouper``, whose explicit value ``auto`` follows; dp and fsdp strategies only)."""
     ppo_epochs: int = 1
     """Passes of the critic over each batch."""
     cliprange_value: float = 0.5
@@ -387,8 +418,9 @@ class CriticConfig(ParallelFields):
         check_positive("ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu, "use e.g. 64")
         check_positive("forward_micro_batch_size_per_gpu", self.forward_micro_batch_size_per_gpu, "use e.g. 256")
         check_positive("ppo_epochs", self.ppo_epochs, "use 1")
-        check_token_budget(self, ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu"), self.use_dynamic_bsz, "critic",
-                           VALUE_BACKENDS)
+        check_switches(self, ("use_dynamic_bsz", "use_prefix_grouper"))
+        check_token_budget(self, ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu"), self.use_dynamic_bsz is True,
+                           "critic", VALUE_BACKENDS)
         check_prefix_grouper(self, "critic", VALUE_BACKENDS)
         check_positive("cliprange_value", self.cliprange_value, "use 0.5")
         check_one_of("loss_agg_mode", self.loss_agg_mode, AGG_MODES.names())

@@ -118,11 +118,17 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k(f"{AR}.actor.clip_ratio", "derive", does="sets clip_ratio_low and clip_ratio_high together"),
     _k(f"{AR}.actor.ppo_micro_batch_size", "derive", does="the global micro-batch size (deprecated in verl): "
        "actor.ppo_micro_batch_size_per_gpu = it // the GPUs it is split over"),
-    _k(f"{AR}.actor.use_dynamic_bsz", "map", "actor.use_dynamic_bsz", default=False),
-    _k(f"{AR}.actor.ppo_max_token_len_per_gpu", "map", "actor.ppo_max_token_len_per_gpu", default=16384),
-    _k(f"{AR}.actor.use_prefix_grouper", "map", "actor.use_prefix_grouper"),  # verl: False, and not with use_dynamic_bsz
-    _k(f"{AR}.rollout.log_prob_use_dynamic_bsz", "map", "actor.log_prob_use_dynamic_bsz"),
-    _k(f"{AR}.rollout.log_prob_max_token_len_per_gpu", "map", "actor.log_prob_max_token_len_per_gpu"),
+    # batching: a verl YAML's default (or a value following one) is not adopted, flowrl's auto and
+    # derived budgets stay (flowrl.config.batching_auto); a value the user wrote is (issue 30)
+    _k(f"{AR}.actor.use_dynamic_bsz", "map", "actor.use_dynamic_bsz", default=False, adopt=False),
+    _k(f"{AR}.actor.ppo_max_token_len_per_gpu", "map", "actor.ppo_max_token_len_per_gpu", default=16384, adopt=False),
+    _k(f"{AR}.actor.use_prefix_grouper", "map", "actor.use_prefix_grouper", default=False, adopt=False),
+    _k(f"{AR}.rollout.log_prob_use_dynamic_bsz", "map", "actor.log_prob_use_dynamic_bsz", adopt=False),
+    _k(f"{AR}.rollout.log_prob_max_token_len_per_gpu", "map", "actor.log_prob_max_token_len_per_gpu", adopt=False),
+    _k(f"{AR}.ref.log_prob_use_dynamic_bsz", "map", "ref.log_prob_use_dynamic_bsz", adopt=False),
+    _k(f"{AR}.ref.log_prob_max_token_len_per_gpu", "map", "ref.log_prob_max_token_len_per_gpu", adopt=False),
+    *(_k(f"critic.{key}", "map", f"critic.{key}", adopt=False) for key in (
+        "use_dynamic_bsz", "ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu")),
     # lr_scheduler_type, lr_warmup_steps(_ratio), min_lr_ratio, num_cycles map by the actor.* prefix
     _k(f"{AR}.actor.optim.warmup_style", "map", "actor.optim.lr_scheduler_type"),  # verl's deprecated name
     _k("critic.optim.warmup_style", "map", "critic.optim.lr_scheduler_type"),

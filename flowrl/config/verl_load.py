@@ -37,6 +37,8 @@ def translate_all(yaml_items: list[tuple[str, Any, str]], cli_items: list[tuple[
     missing = [key for key, _, state in yaml_items if state == "missing" and key not in given]
     errors.extend(_mandatory(key) for key in missing)
     for key, value, state in yaml_items:
+        if state == "written":  # at verl's default, written in the user's own file: explicit where not adopted
+            state = "default" if _adopts(key) else "set"
         if state not in ("inert", "missing"):  # a verl YAML's -1 of save_freq / test_freq is flowrl's 0 (never)
             value = alias(key, value) if state == "default" else value
             _one(out, {}, notes, errors, key, value, state == "default")
@@ -50,6 +52,12 @@ def translate_all(yaml_items: list[tuple[str, Any, str]], cli_items: list[tuple[
         for target in KNOCK_ON.get(refused, ()):
             out.pop(target, None)  # its check fails only because of the refusal already reported
     return out, notes, {target: key for target, key in set_by.items() if target != key}
+
+
+def _adopts(key: str) -> bool:
+    """Whether a verl YAML's default value of ``key`` is applied (the table's ``adopt``)."""
+    entry, _ = lookup(key)
+    return entry is None or entry.adopt
 
 
 def _mandatory(key: str) -> ConfigError:
@@ -95,6 +103,8 @@ def _one(out: dict[str, Any], set_by: dict[str, str], notes: list[str], errors: 
     if key == "trainer.resume_mode" and value == "resume_path":
         return  # verl's token: derive() put trainer.resume_from_path there
     if field_exists(key):
+        if at_default and not _adopts(key):
+            return  # verl's default of a key whose flowrl default stays (batching: auto)
         target: str | None = key
     else:
         try:

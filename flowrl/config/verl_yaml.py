@@ -22,7 +22,8 @@ _MISSING = object()
 def compose_verl_yaml(path: Path, items: list[tuple[str, Any, str]]) -> tuple[list[tuple[str, Any, str]], list[tuple[str, Any, str]]]:
     """``([(verl key, value, state)], overrides left for flowrl)``; ``state`` is ``set`` (differs
     from verl's default), ``default`` (verl's default, or an interpolation following another key:
-    applied where flowrl has the field), ``missing`` (verl's mandatory ``???``, not given; the value
+    applied where flowrl has the field), ``written`` (verl's default, written in the user's own file:
+    explicit for keys whose verl default flowrl does not adopt), ``missing`` (verl's mandatory ``???``, not given; the value
     is None) or ``inert`` (a default under a feature that is off: skipped). The overrides naming keys of the composed config go to Hydra (so interpolations
     follow them)."""
     try:
@@ -37,6 +38,7 @@ def compose_verl_yaml(path: Path, items: list[tuple[str, Any, str]]) -> tuple[li
     flat = flatten(_container(cfg, path))
     reference = _reference(path, base)
     followers = _interpolated(cfg)
+    written = _written(path) | {i[0] for i in to_hydra if not i[0].startswith("~")}  # the file's keys, the command line's
     off = [k[: -len("enable")] for k, v in flat.items() if k.endswith(".enable") and v in (False, None)
            and not (k == "critic.enable" and v is None and flat.get("algorithm.adv_estimator") == "gae")]
     # verl's critic.enable=null: a critic when algorithm.adv_estimator=gae (verl's need_critic)
@@ -47,12 +49,33 @@ def compose_verl_yaml(path: Path, items: list[tuple[str, Any, str]]) -> tuple[li
             state = "inert"  # a default under a feature left off (``enable: false``)
         elif value == "???":
             state = "missing"  # verl's mandatory value, not given (``name: ???`` of the rollout)
+        elif at_default and key in written:  # verl's default, written in the user's own file
+            state = "written"
         elif at_default or key in followers:  # verl's default, or follows another key
             state = "default"
         else:
             state = "set"
         out.append((key, None if value == "???" else value, state))
     return out, rest
+
+
+def _written(path: Path) -> set[str]:
+    """The dotted keys the user's file itself writes (none for one of verl's own config files,
+    whose every value is a default); the loader applies such a key even at verl's default."""
+    import yaml
+
+    if _verl_own(path):
+        return set()
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return set()  # composed already: Hydra reported what is wrong with it
+    return set(flatten({k: v for k, v in raw.items() if k != "defaults"})) if isinstance(raw, dict) else set()
+
+
+def _verl_own(path: Path) -> bool:
+    """``path`` lies in verl's config tree, or is one of its generated flat configs."""
+    return (path.parent / "_generated_ppo_trainer.yaml").is_file() or path.stem.startswith("_generated_")
 
 
 def _hydra_override(key: str, value: Any, raw: str) -> str:
@@ -208,7 +231,7 @@ def _reference(path: Path, base: Any) -> dict[str, Any] | None:
     flat config next to the file."""
     from omegaconf import OmegaConf
 
-    if (path.parent / "_generated_ppo_trainer.yaml").is_file() or path.stem.startswith("_generated_"):
+    if _verl_own(path):
         return flatten(_container(base, path))
     tree = verl_config_dir()
     if tree is not None and (tree / "ppo_trainer.yaml").is_file():

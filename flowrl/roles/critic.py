@@ -15,6 +15,7 @@ from flowrl.algos.actor_loss import critic_loss
 from flowrl.backends.train.optim import AdamWSettings, ScheduledRate
 from flowrl.catalog.backends import VALUE_BACKENDS
 from flowrl.config import CriticConfig
+from flowrl.config.batching_auto import settled
 from flowrl.data import experience
 from flowrl.data.packed import PackedBatch
 from flowrl.metrics import names
@@ -39,7 +40,7 @@ class CriticRole:
         total_steps: int = 0,
     ) -> None:
         self.rank, self.world_size = rank, world_size
-        self.cfg = critic
+        self.cfg = settled(critic)  # as resolved by the run (roles.specs), else auto off
         self.response_length = response_length
         o = critic.optim
         spec = VALUE_BACKENDS.spec(critic.strategy)

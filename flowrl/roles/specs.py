@@ -14,6 +14,7 @@ from flowrl.actors import GroupMesh
 from flowrl.actors.session import GroupSpec
 from flowrl.backends.interfaces import SamplingParams
 from flowrl.catalog.backends import GEN_BACKENDS, TRAIN_BACKENDS
+from flowrl.config.batching_auto import resolved_section
 from flowrl.registry import import_string
 
 __all__ = ["actor_spec", "critic_spec", "hybrid_specs", "lora_engine_kwargs", "needs_ref_group", "ref_spec", "reference_call", "rm_spec",
@@ -86,7 +87,7 @@ def rollout_spec(cfg: Any) -> GroupSpec:
 
 def actor_spec(cfg: Any) -> GroupSpec:
     """The trained policy: ``PolicyRole`` with the backend ``actor.strategy``."""
-    r, a = cfg.rollout, cfg.actor
+    r, a = cfg.rollout, resolved_section(cfg, "actor")  # batching auto resolved (flowrl.config.batching_auto)
     return GroupSpec(
         "actor", "flowrl.roles.policy:PolicyRole",
         {"model_dir": cfg.model.path, "actor": a, "dtype": cfg.model.dtype, "temperature": r.logprob_temperature,
@@ -101,13 +102,13 @@ def actor_spec(cfg: Any) -> GroupSpec:
 
 def ref_spec(cfg: Any) -> GroupSpec:
     """The frozen reference policy: ``ReferenceRole`` on the actor's backend, with ``ref``'s mesh."""
-    strategy = cfg.actor.strategy
+    strategy, ref = cfg.actor.strategy, resolved_section(cfg, "ref")
     return GroupSpec(
         "ref", "flowrl.roles.reference:ReferenceRole",
         {"model_dir": cfg.model.path, "strategy": strategy, "dtype": cfg.model.dtype,
          "temperature": cfg.rollout.logprob_temperature, "micro_batch_size": cfg.ref.log_prob_micro_batch_size_per_gpu,
-         "max_token_len": cfg.ref.log_prob_max_token_len_per_gpu if cfg.ref.log_prob_use_dynamic_bsz else 0,
-         "prefix_grouper": cfg.ref.use_prefix_grouper,
+         "max_token_len": ref.log_prob_max_token_len_per_gpu if ref.log_prob_use_dynamic_bsz else 0,
+         "prefix_grouper": ref.use_prefix_grouper,
          "engine_kwargs": _train_engine_kwargs(cfg.ref, strategy)},
         _mesh(cfg.ref),
     )
@@ -115,7 +116,7 @@ def ref_spec(cfg: Any) -> GroupSpec:
 
 def critic_spec(cfg: Any) -> GroupSpec:
     """The PPO critic: ``CriticRole`` (its backend ``critic.strategy`` chosen inside the role)."""
-    c = cfg.critic
+    c = resolved_section(cfg, "critic")
     return GroupSpec(
         "critic", "flowrl.roles.critic:CriticRole",
         {"model_dir": c.model_path or cfg.model.path, "critic": c, "dtype": cfg.model.dtype,
