@@ -64,8 +64,9 @@ class PendingSync:
 
 
 def _is_sync_metric(key: str) -> bool:
-    """``reshard/*``, ``timing_s/reshard``, ``compute_s/reshard``: what the sync reports."""
-    return key.startswith(names.RESHARD_PREFIX) or key in (names.timing(names.RESHARD), names.compute(names.RESHARD))
+    """``reshard/*``, ``timing_s/reshard``, ``compute_s/reshard``, and a hybrid rank's hand-over
+    seconds and phase memory peaks (``perf/hybrid_*``): what the sync reports."""
+    return key.startswith((names.RESHARD_PREFIX, "perf/hybrid_")) or key in (names.timing(names.RESHARD), names.compute(names.RESHARD))
 
 
 class RolloutsAhead:

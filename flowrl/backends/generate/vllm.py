@@ -149,6 +149,31 @@ def _check_launcher_group(tensor_parallel_size: int) -> None:
                          "this process; fix: unset VLLM_ENABLE_V1_MULTIPROCESSING")
 
 
+@contextlib.contextmanager
+def _launcher_env(external_launcher: bool, on_cuda: bool) -> Iterator[None]:
+    """What vLLM's external launcher reads from a torchrun-style environment while the engine
+    starts: ``RANK`` (the caller's group's), ``LOCAL_RANK`` as the index of this rank's device in
+    what the process sees (its placement shows it only its own GPUs: ``cuda:0``; on the CPU 0),
+    not the node's local rank; the environment is put back after."""
+    if not external_launcher:
+        yield
+        return
+    import torch
+    import torch.distributed as dist
+
+    saved = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK")}
+    os.environ["RANK"] = str(dist.get_rank())
+    os.environ["LOCAL_RANK"] = str(torch.cuda.current_device() if on_cuda else 0)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def _cpu_environment(tensor_parallel_size: int) -> None:
     """vLLM's CPU settings, unless the environment sets them."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", _DEFAULT_CPU_KVCACHE_GIB)
@@ -226,7 +251,7 @@ class VLLMGenerator:
                                      max_num_batched_tokens=max_num_batched_tokens,
                                      enable_chunked_prefill=enable_chunked_prefill,
                                      gpu_memory_utilization=gpu_memory_utilization)
-        with _children_allowed():
+        with _children_allowed(), _launcher_env(self.external_launcher, self.on_cuda):
             self.llm = vllm.LLM(**kwargs)
         if self.uses_ipc:
             self.llm.init_weight_transfer_engine({"init_info": {"packed": False}})
