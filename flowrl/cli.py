@@ -115,8 +115,10 @@ def _print_job_scripts(cfg) -> int:  # noqa: ANN001 - a RunConfig
         raise ConfigError("cluster.kind", cfg.cluster.kind, "has no job script to show (--dry-run prints SLURM jobs)",
                           "use a SLURM spec (cluster.kind=slurm), or drop --dry-run")
     from flowrl.cluster.job_script import render
+    from flowrl.config.devices import check_slurm_jobs, device_plan, slurm_inventory
     from flowrl.run.run_dir import default_run_dir
 
+    check_slurm_jobs(cfg, device_plan(cfg, slurm_inventory(cfg)))  # the jobs hold the device plan, as at submit
     cluster = dataclasses.replace(cfg.cluster, placement=cfg.placement)
     run_dir = cfg.trainer.run_dir or str(default_run_dir(cfg))
     print(render(cluster, resolve_pools(cluster, cfg.worker_group_sizes), run_dir=os.path.abspath(run_dir),

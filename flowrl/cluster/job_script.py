@@ -140,8 +140,14 @@ def slurm_cluster_kwargs(cfg: Any, *, job_name: str, log_dir: str | Path | None,
     return kwargs
 
 
-def gres_directive(cfg: Any) -> list[str]:
+def gres_directive(cfg: Any, gpus: int | None = None) -> list[str]:
+    """The ``--gres`` of a job: ``cluster.slurm.gres`` or ``gpus_per_job``; with ``gpus`` (a pool's
+    own ``gpus_per_job``) that many GPUs, of ``cluster.slurm.gres``'s type when it names one
+    (``gpu:a100:8`` -> ``gpu:a100:<gpus>``); none for 0 GPUs."""
     s = cfg.slurm
+    if gpus is not None:
+        kind = s.gres.rsplit(":", 1)[0] if s.gres.count(":") >= 2 else "gpu"
+        return [f"--gres={kind}:{gpus}"] if gpus else []
     if s.gres:
         return [f"--gres={s.gres}"]
     return [f"--gres=gpu:{s.gpus_per_job}"] if s.gpus_per_job else []
@@ -164,12 +170,20 @@ def job_options(options: dict[str, Any], resources: dict[str, float], **override
 
 def pool_jobs(cfg: Any, kwargs: dict[str, Any], pools: list[Pool], *, controller: bool) -> list[tuple[str, int, dict]]:
     """(what, job count, option overrides) of each kind of job a run submits: one per pool
-    (its processes per job, the gres), then the controller's small job (one process, one core)."""
+    (its processes per job, the gres: ``cluster.slurm``'s, or the pool's own ``gpus_per_job`` with
+    one process per GPU and group), then the controller's small job (one process, one core)."""
     directives = list(kwargs["job_extra_directives"])
+    from flowrl.config.devices import own_job_processes
+
+    own = {p.name: p.gpus_per_job for p in cfg.pools if p.gpus_per_job is not None}
     out = []
     for pool in pools:
-        count = -(-pool.workers // cfg.slurm.processes)
-        out.append((pool.name, count, {"job_extra_directives": directives + gres_directive(cfg)}))
+        gpus = own.get(pool.name)
+        processes = own_job_processes(gpus, len(pool.groups)) or cfg.slurm.processes
+        overrides = {"job_extra_directives": directives + gres_directive(cfg, gpus)}
+        if processes != cfg.slurm.processes:
+            overrides["processes"] = processes
+        out.append((pool.name, -(-pool.workers // processes), overrides))
     if controller:
         out.append((CONTROLLER, 1, {"processes": 1, "cores": 1, "job_extra_directives": directives,
                                     "memory": controller_memory(cfg.slurm.memory, cfg.slurm.processes)}))

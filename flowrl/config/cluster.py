@@ -26,9 +26,17 @@ class PoolConfig:
     """Worker groups placed on this pool: rollout, actor, ref."""
     workers: int = 0
     """Worker processes in the pool; 0: the sum of its groups' world sizes."""
+    gpus_per_job: int | None = None
+    """On SLURM: GPUs of each of this pool's jobs (its own ``--gres=gpu:N``, one worker process
+    per GPU), e.g. a rollout pool of 4-GPU jobs beside a trainer pool of 8-GPU jobs; 0: CPU jobs;
+    None: ``cluster.slurm.gpus_per_job`` and ``processes``. The device plan places the pool on
+    its own jobs (``flowrl devices`` shows it, ``flowrl submit --dry-run`` the job scripts)."""
 
     def __post_init__(self) -> None:
         check_pool(self)
+        check(self.gpus_per_job is None or (isinstance(self.gpus_per_job, int) and self.gpus_per_job >= 0),
+              "gpus_per_job", self.gpus_per_job, "must be an integer >= 0 (or unset)",
+              "use e.g. 8 (GPUs per SLURM job of this pool), 0 for CPU jobs, or leave it unset")
 
 
 @dataclass(kw_only=True)
@@ -145,3 +153,12 @@ class ClusterConfig:
         check(self.host != "", "host", self.host, "must not be empty", "use 127.0.0.1")
         check_memory_limit(self.memory_limit)
         check_cluster(self)
+        for i, pool in enumerate(self.pools):
+            check(pool.gpus_per_job is None or self.kind == "slurm", f"pools[{i}].gpus_per_job", pool.gpus_per_job,
+                  f"sizes SLURM jobs, and cluster.kind={self.kind}",
+                  "set cluster.kind=slurm, or leave gpus_per_job unset (a local run uses this machine's GPUs)")
+            processes = (pool.gpus_per_job or 0) * len(pool.groups)  # a process per GPU for each of its groups
+            check(processes <= self.slurm.cores, f"pools[{i}].gpus_per_job", pool.gpus_per_job,
+                  f"starts {processes} worker process(es) per job (one per GPU for each of its {len(pool.groups)} "
+                  f"group(s)), more than cluster.slurm.cores={self.slurm.cores}",
+                  f"raise cluster.slurm.cores to at least {processes}, or lower gpus_per_job")

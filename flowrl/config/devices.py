@@ -13,7 +13,8 @@ from flowrl.config.errors import ConfigError
 from flowrl.config.pools import HYBRID_GROUP, HYBRID_GROUPS, resolve_pools
 from flowrl.parallel.device_plan import DevicePlan, DevicePlanError, GroupLayout, Inventory, plan_devices
 
-__all__ = ["check_slurm_jobs", "device_plan", "group_layouts", "slurm_inventory", "started_sizes"]
+__all__ = ["PoolsInventory", "check_slurm_jobs", "device_plan", "group_layouts", "own_job_processes", "pool_gpus", "pool_processes",
+           "slurm_inventory", "started_sizes"]
 
 #: The config section of each worker group (whose ``data_parallel_size`` sets its size); the fused
 #: hybrid group is sized by the actor's.
@@ -80,14 +81,83 @@ def _by_pool(layouts: list[GroupLayout]) -> dict[str, list[GroupLayout]]:
     return out
 
 
+def pool_gpus(cfg: Any) -> dict[str, int]:
+    """On SLURM, the declared pools with jobs of their own size (``cluster.pools[].gpus_per_job``):
+    {pool: GPUs per job}; empty elsewhere (every pool on ``cluster.slurm``'s jobs)."""
+    if cfg.cluster.kind != "slurm":
+        return {}
+    return {p.name: p.gpus_per_job for p in cfg.cluster.pools if p.gpus_per_job is not None}
+
+
+def pool_processes(cfg: Any, pool: str) -> int:
+    """Worker processes per SLURM job of ``pool``: with GPUs of its own, one per GPU for each of
+    its groups (colocated groups share each GPU, a rank of each: ``own_job_processes``), else
+    ``cluster.slurm.processes``."""
+    gpus = pool_gpus(cfg).get(pool)
+    groups = next((len(p.groups) for p in cfg.cluster.pools if p.name == pool), 1)
+    return own_job_processes(gpus, groups) or cfg.cluster.slurm.processes
+
+
+def own_job_processes(gpus: int | None, groups: int) -> int:
+    """Worker processes per job of a pool with ``gpus`` GPUs per job of its own and ``groups``
+    worker groups sharing them (0 when it has none: the cluster's processes apply)."""
+    return (gpus or 0) * max(groups, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolsInventory(Inventory):
+    """SLURM jobs sized per pool: ``pools`` = ((pool, jobs, GPUs per job), ...), one node per job,
+    the pools' nodes one after the other (``gpus_per_node``: the largest, for ``has_gpus``)."""
+
+    pools: tuple[tuple[str, int, int], ...] = ()
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(jobs * gpus for _, jobs, gpus in self.pools)
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{name}: {jobs} job(s) x {gpus} GPU(s)" for name, jobs, gpus in self.pools)
+        return f"{self.nodes} node(s), {self.total_gpus} GPU(s) ({parts}; {self.source})"
+
+
+def _pool_jobs(cfg: Any, name: str, layouts: list[GroupLayout]) -> int:
+    """SLURM jobs pool ``name`` needs on its own jobs: GPU slots (its groups share them rank by
+    rank) over its GPUs per job, or its worker processes over its processes per job."""
+    gpus = pool_gpus(cfg).get(name, cfg.cluster.slurm.gpus_per_job)
+    if gpus > 0:
+        return max(1, -(-max(g.world_size for g in layouts) // gpus))
+    return max(1, -(-sum(g.world_size for g in layouts) // pool_processes(cfg, name)))
+
+
+def _plan_per_pool(cfg: Any, layouts: list[GroupLayout], dtype: str | None) -> DevicePlan:
+    """Each pool planned on its own SLURM jobs (:func:`pool_gpus`), its nodes after the previous
+    pools' nodes; the ranks in the groups' order."""
+    ranks, sized, first = [], [], 0
+    for name, members in _by_pool(layouts).items():
+        gpus = pool_gpus(cfg).get(name, cfg.cluster.slurm.gpus_per_job)
+        jobs = _pool_jobs(cfg, name, members)
+        own = Inventory(nodes=jobs, gpus_per_node=gpus, source=f"pool {name!r}'s SLURM jobs")
+        ranks += [dataclasses.replace(r, node=r.node + first) for r in plan_devices(own, members, dtype=dtype).ranks]
+        sized.append((name, jobs, gpus))
+        first += jobs
+    order = {g.name: i for i, g in enumerate(layouts)}
+    inventory = PoolsInventory(nodes=first, gpus_per_node=max(g for _, _, g in sized), pools=tuple(sized),
+                               source="cluster.pools[].gpus_per_job")
+    return DevicePlan(inventory, tuple(sorted(ranks, key=lambda r: (order[r.group], r.rank))))
+
+
 def device_plan(cfg: Any, inventory: Inventory, sizes: dict[str, int] | None = None) -> DevicePlan:
     """The plan of ``cfg`` on ``inventory`` (``sizes``: the groups as started, see
     :func:`group_layouts`); a layout the inventory cannot hold is a :class:`ConfigError` naming
     the key and the fix. ``model.dtype=auto`` (or absent) takes the device kind's default (bf16
-    on GPU, fp32 on CPU)."""
+    on GPU, fp32 on CPU). On SLURM with pools whose jobs have GPUs of their own
+    (:func:`pool_gpus`), those jobs are the inventory: each pool is planned on its own."""
     dtype = getattr(cfg.model, "dtype", "auto")
+    dtype = None if dtype == "auto" else dtype
     try:
-        return plan_devices(inventory, group_layouts(cfg, sizes), dtype=None if dtype == "auto" else dtype)
+        if pool_gpus(cfg):
+            return _plan_per_pool(cfg, group_layouts(cfg, sizes), dtype)
+        return plan_devices(inventory, group_layouts(cfg, sizes), dtype=dtype)
     except DevicePlanError as exc:
         raise ConfigError(exc.key, exc.value, exc.problem, exc.fix) from None
 
@@ -100,7 +170,6 @@ def check_slurm_jobs(cfg: Any, plan: DevicePlan, sizes: dict[str, int] | None = 
     ``cluster.slurm.processes`` and the value that fits, before any job is submitted."""
     if cfg.cluster.kind != "slurm" or not plan.inventory.has_gpus:
         return
-    processes = cfg.cluster.slurm.processes
     sizes = started_sizes(cfg) if sizes is None else dict(sizes)
     cluster = dataclasses.replace(cfg.cluster, placement=cfg.placement)
     workers = {p.name: p.workers for p in resolve_pools(cluster, sizes)}
@@ -109,6 +178,7 @@ def check_slurm_jobs(cfg: Any, plan: DevicePlan, sizes: dict[str, int] | None = 
         counts = per_node.setdefault(r.pool, {})
         counts[plan.pool_node(r)] = counts.get(plan.pool_node(r), 0) + 1
     for pool, counts in per_node.items():
+        processes = pool_processes(cfg, pool)
         most, nodes = max(counts.values()), len(counts)
         jobs = -(-workers.get(pool, sum(counts.values())) // max(processes, 1))
         if most > processes or jobs < nodes:

@@ -89,7 +89,12 @@ def test_the_plan_names_the_groups_the_session_starts(placement):
 def test_vllm_replica_of_tp_t_gets_t_gpus(tp):
     over = ["rollout.name=vllm", f"rollout.tensor_model_parallel_size={tp}", f"rollout.data_parallel_size={8 // tp}",
             "actor.data_parallel_size=8", "ref.data_parallel_size=8"]
-    plan = device_plan(load_config(None, over), Inventory(gpus_per_node=8))
+    # hybrid (auto's choice for vLLM since its external launcher): the engine is a rank of the
+    # trainer's group, tp ranks of one GPU each form a replica
+    hybrid = device_plan(load_config(None, over), Inventory(gpus_per_node=8))
+    assert [r.gpus for r in hybrid.ranks] == [(g,) for g in range(8)]
+    # colocated: vLLM's engine runs in processes of its own and spans its replica's t GPUs
+    plan = device_plan(load_config(None, over + ["cluster.placement=colocated"]), Inventory(gpus_per_node=8))
     engines = [r for r in plan.group("rollout") if r.rank % tp == 0]
     assert [r.gpus for r in engines] == [tuple(range(k * tp, (k + 1) * tp)) for k in range(8 // tp)]
     # the replica's other ranks stage tensors on their own GPU, inside the replica's set
