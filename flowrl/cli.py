@@ -407,13 +407,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _named_error(exc: BaseException) -> BaseException | None:
     """The error in ``exc``'s cause chain that already names its cause and fix (a failing reward
-    function): printed as one ``error:`` line instead of a traceback of the graph's machinery."""
+    function, a failed check of the run): printed as one ``error:`` line instead of a traceback
+    of the graph's machinery."""
+    from flowrl.checks import CheckFailed
     from flowrl.rewards.registry import RewardFunctionError
 
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
-        if isinstance(cur, RewardFunctionError):
+        if isinstance(cur, (RewardFunctionError, CheckFailed)):
             return cur
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__

@@ -219,3 +219,13 @@ def test_bad_check_settings_name_the_key(item, key, text):
     with pytest.raises(ConfigError) as err:
         load_config(None, [item])
     assert key in str(err.value) and text in str(err.value)
+
+
+def test_flowrl_train_prints_a_failed_check_as_one_error_line():
+    from flowrl.cli import _named_error
+
+    failed = CheckFailed("finite", 3, run("finite", table(scores=(0.0, float("nan"), 1.0, 0.0))))
+    try:
+        raise RuntimeError("the graph failed") from failed
+    except RuntimeError as exc:
+        assert _named_error(exc) is failed
