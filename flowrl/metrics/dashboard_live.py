@@ -79,23 +79,31 @@ def _settle(future: asyncio.Future, result: Any, error: BaseException | None) ->
         future.set_result(result)
 
 
-def build_figures(dash: Any, worker: Worker, doc: Any) -> None:
+def build_figures(dash: Any, worker: Worker, doc: Any, yield_to: Any = None) -> None:
     """Build ``dash``'s deferred figures in ``worker``, a batch at a time, and attach each batch
     on ``doc``'s loop (``Dashboard.document``'s ``start``; called once the browser drew the page).
     The worker builds the next batch while the loop attaches one; after each attach (which walks
     the page's models and serializes the new ones: a good part of a second on a busy machine) the
     loop is left to other work for as long as the attach took, so requests are answered between
-    attaches, not after all of them."""
+    attaches, not after all of them. While ``yield_to()`` is true (another browser waits for its
+    first page) neither a batch is started nor one attached: that page's build has the
+    interpreter to itself (the threads share one GIL) and the loop is free to send it."""
     from bokeh.document import without_document_lock
+
+    async def others_first() -> None:
+        while yield_to is not None and yield_to():
+            await asyncio.sleep(RETRY_MS / 1000)
 
     @without_document_lock
     async def run() -> None:
         loop = asyncio.get_running_loop()
+        await others_first()
         next_batch = worker.submit(FIGURES, partial(dash.build_batch, BATCH_S))
         while True:
             built = await next_batch
             if not built or doc.session_context is None:
                 return
+            await others_first()
             next_batch = worker.submit(FIGURES, partial(dash.build_batch, BATCH_S))
             attached = loop.create_future()
             doc.add_next_tick_callback(partial(_attach, dash, built, attached))

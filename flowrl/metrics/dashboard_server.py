@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,7 @@ class _Pages:
         self.spare = [spare]
         self.ready: dict[str, Dashboard] = {}  # session id -> its page, between its creation and its document
         self.refills = 0  # refill jobs queued or running (counted on the loop)
+        self.waiting = 0  # sessions waiting for their first page (counted on the loop; read by build_figures)
 
     def new_page(self) -> Dashboard:
         dash = Dashboard(self.runs, max_samples=self.max_samples, live=True, defer=True)
@@ -99,15 +101,37 @@ class _Pages:
         if not future.cancelled() and future.exception() is not None:
             log.error("building a spare dashboard page failed", exc_info=future.exception())
 
+    def take_into(self, doc: Any) -> Dashboard:
+        """(In the worker.) A page (:meth:`take`) made the root of ``doc``, the session's document
+        that Bokeh has created but not yet served: adding the root walks the page's models (0.1 s
+        at 1,000 steps), time the loop would otherwise spend while every other request waits."""
+        dash = self.take()
+        dash.document(doc, start=self._figures_of(dash))
+        return dash
+
     async def on_session_created(self, context: Any) -> None:
-        self.ready[context.id] = await self.page_worker.submit(FIRST_PAGE, self.take)
+        # the session's document: created by Bokeh for this session, read by no one until the
+        # session exists (after this hook), so the worker may fill it (BokehSessionContext keeps it
+        # as ``_document``; Bokeh >= 3.4)
+        doc = getattr(context, "_document", None)
+        job = self.take if doc is None else partial(self.take_into, doc)
+        self.waiting += 1
+        try:
+            self.ready[context.id] = (await self.page_worker.submit(FIRST_PAGE, job), doc is not None)
+        finally:
+            self.waiting -= 1
         for _ in range(SPARES - len(self.spare) - self.refills):  # one page per job: a session never waits for two
             self.refills += 1
             self.page_worker.submit(SPARE, self.refill).add_done_callback(self._refilled)
 
+    def _figures_of(self, dash: Dashboard) -> Any:
+        """The ``start`` of ``dash``'s document: its deferred figures, after the pages others wait for."""
+        return lambda doc: build_figures(dash, self.worker, doc, yield_to=lambda: self.waiting > 0)
+
     def make_doc(self, doc: Any) -> None:
-        dash = self.ready.pop(doc.session_context.id)
-        dash.document(doc, start=lambda d: build_figures(dash, self.worker, d))
+        dash, filled = self.ready.pop(doc.session_context.id)
+        if not filled:
+            dash.document(doc, start=self._figures_of(dash))
         keep_fresh(dash, self.worker, doc, self.interval_s)
 
     def application(self) -> Any:
