@@ -98,7 +98,15 @@ for spec in "${RUNS[@]}"; do
   DIRS+=("$dir")
   # shellcheck disable=SC2206
   args=("${COMMON[@]}" cluster.placement="$placement" $keys trainer.run_dir="$dir/run")
-  left=$((BUDGET - SECONDS - 15))
+  if ((BUDGET - SECONDS < 90)); then
+    step "$label: skipped, the 8-minute budget is spent"
+    printf '{"label": "%s", "placement": "%s", "rc": "skipped", "seconds": 0}\n' "$label" "$placement" >"$dir/check.json"
+    continue
+  fi
+  timeout 30 "$PY" -m flowrl.cli devices "${args[@]}" >"$dir/plan.txt" 2>&1
+  cat "$dir/plan.txt"
+  # what is left of the budget after this run's kill grace (10 s), clean-up (25 s) and the table (10 s)
+  left=$((BUDGET - SECONDS - 45))
   limit=$((left < RUN_TIMEOUT ? left : RUN_TIMEOUT))
   if ((limit < 30)); then
     step "$label: skipped, the 8-minute budget is spent"
@@ -106,8 +114,6 @@ for spec in "${RUNS[@]}"; do
     continue
   fi
   step "$label: flowrl train ${args[*]} (timeout ${limit}s)"
-  timeout 60 "$PY" -m flowrl.cli devices "${args[@]}" >"$dir/plan.txt" 2>&1
-  cat "$dir/plan.txt"
   start=$SECONDS
   timeout -k 10 "$limit" "$PY" -m flowrl.cli train "${args[@]}" >"$dir/train.log" 2>&1 &
   pid=$!
@@ -118,7 +124,7 @@ for spec in "${RUNS[@]}"; do
   wait "$watcher"
   tail -n 4 "$dir/train.log"
   printf '{"label": "%s", "placement": "%s", "rc": %d, "seconds": %d}\n' "$label" "$placement" "$rc" $((SECONDS - start)) >"$dir/check.json"
-  timeout 30 "$PY" tests/gpu/device_table.py wait-free 20  # the run's processes gone before the next
+  timeout 25 "$PY" tests/gpu/device_table.py wait-free 20  # the run's processes gone before the next
 done
 
 # ---------------------------------------------------------------- 4. the table
