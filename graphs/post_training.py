@@ -41,6 +41,20 @@ def check_layout(cfg: RunConfig, family: str, *, pairs: bool) -> None:
                           "set actor.use_dynamic_bsz=false (actor.ppo_micro_batch_size_per_gpu counts pairs)")
 
 
+def check_token_stat(cfg: RunConfig, key: str, value: Any, options: dict) -> None:
+    """The actor's train backend computes the per-token statistic the SFT loss needs with
+    ``options`` (its spec's ``token_stats``); ConfigError naming ``key`` otherwise."""
+    from flowrl.algos.sft_loss import SFT_LOSS
+    from flowrl.catalog.backends import TRAIN_BACKENDS
+
+    stat = SFT_LOSS.stat_for(options)
+    able = TRAIN_BACKENDS.names_where(lambda spec: stat in spec.token_stats)
+    if stat is not None and cfg.actor.strategy not in able:
+        raise ConfigError(key, value, f"needs the per-token {stat!r} of the logits, which actor.strategy="
+                          f"{cfg.actor.strategy} does not compute", f"set {key}=0, or actor.strategy to one of "
+                          f"{', '.join(able)}")
+
+
 def mini_batch_rows(cfg: RunConfig, *, pairs: bool) -> int:
     """Rows per data-parallel rank in one optimizer step: ``actor.ppo_mini_batch_size`` rows (or
     pairs, two rows each) over the ranks."""

@@ -50,6 +50,14 @@ class SupervisedLoss:
     """The names of the sums ``fn`` returns (every rank reduces the same list)."""
     pairs: bool = False
     """Rows come in (chosen, rejected) pairs, adjacent: micro-batches must hold whole pairs."""
+    token_stat: Callable[[Mapping[str, Any]], "str | None"] | None = None
+    """``token_stat(options)``: the name of a second per-token statistic of the logits ``fn``
+    needs with these options (``"uniform_nll"``: label smoothing's, the engines' ``token_stat``),
+    passed to ``fn`` as ``<name>_T``; None, or a None result: none."""
+
+    def stat_for(self, options: Mapping[str, Any]) -> "str | None":
+        """The per-token statistic ``fn`` needs with ``options`` (None: only the log-probs)."""
+        return self.token_stat(options) if self.token_stat is not None else None
 
 
 def means(sums: Mapping[str, "Tensor | float"], totals: Totals) -> dict[str, float]:

@@ -172,6 +172,9 @@ class TrainBackendSpec(BackendSpec):
     token_stats: frozenset[str] = frozenset({"entropy", "uniform_nll"})
     """The per-token statistics of the logits its ``train_step`` can give a loss (``token_stat``):
     ``entropy``, ``uniform_nll`` (``logsumexp(z) - mean_v z``, SFT's label smoothing)."""
+    token_stats: frozenset[str] = frozenset({"entropy", "uniform_nll"})
+    """The per-token statistics of the logits its ``train_step`` can give a loss (``token_stat``):
+    ``entropy``, ``uniform_nll`` (``logsumexp(z) - mean_v z``, SFT's label smoothing)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -293,6 +296,7 @@ TRAIN_BACKENDS.add(TrainBackendSpec(
     parallel_axes=frozenset({_DP, _TP, _PP, _VPP}), config_keys=frozenset({_DISTRIBUTED_OPTIMIZER}),
     checkpoint=CheckpointKind.SHARDED, shard_style=ShardStyle.MEGATRON, token_budget=False, shared_prompts=False,
     shares_process=False, engine_kwargs=f"{_MEGATRON}:train_engine_kwargs", preflight=f"{_MEGATRON}:check_train_layouts",
+    token_stats=frozenset({"entropy"}),  # uniform_nll over a vocab-parallel head: not written
     token_stats=frozenset({"entropy"}),  # uniform_nll over a vocab-parallel head: not written
     # no checkpoint_blockers: the distributed optimizer's dp-sharded state is saved (megatron/dist_optim.py)
 ))

@@ -65,8 +65,22 @@ class SFTConfig:
     max_length: int = 1024
     """Tokens per row (prompt and response; verl's ``data.max_length``); longer rows follow
     ``data.truncation`` (``error``: refused, ``right``: the end cut, ``left``: the start cut)."""
+    label_smoothing: float = 0.0
+    """Label smoothing of the SFT loss (torch's ``cross_entropy(label_smoothing=...)``): the target
+    puts ``1 - eps`` on the token and ``eps / V`` on each vocabulary entry; 0: plain NLL (verl's SFT
+    has no such key). The default task's warm-up uses 0.4 (a policy right greedily, unsure when
+    sampled). Train backends whose heads cannot compute it (megatron) refuse it by name."""
+    label_smoothing_factor: float | None = None
+    """TRL's ``SFTConfig`` name of ``label_smoothing``, accepted as an alias (None: not given)."""
 
     def __post_init__(self) -> None:
+        if self.label_smoothing_factor is not None:  # TRL's name
+            check(self.label_smoothing in (0.0, self.label_smoothing_factor), "label_smoothing_factor",
+                  self.label_smoothing_factor, f"disagrees with algorithm.sft.label_smoothing={self.label_smoothing} "
+                  "(the same setting under TRL's name)", "set only one of them")
+            self.label_smoothing = self.label_smoothing_factor
+        check(0.0 <= self.label_smoothing < 1.0, "label_smoothing", self.label_smoothing, "must be in [0, 1)",
+              "use 0.0 (no smoothing) or e.g. 0.1")
         check(bool(self.messages_key), "messages_key", self.messages_key, "must name a column", "use messages")
         check(bool(self.response_key), "response_key", self.response_key, "must name a column", "use response")
         check_positive("max_length", self.max_length, "use e.g. 1024")

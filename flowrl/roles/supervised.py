@@ -52,13 +52,15 @@ def train(engine: Any, actor: "ActorConfig", table: pa.Table, *, loss: str, mini
     mini-batch of ``mini_batch_rows`` rows; ``actor/<stat>`` metrics (``run_epochs``)."""
     spec = load_loss(loss)
     batch = PackedBatch.from_table(table, spec.fields)
+    stat = spec.stat_for(options)  # label smoothing's uniform_nll: the engine's second per-token tensor
+    extra = {"with_entropy": True, "token_stat": stat} if stat is not None else {"with_entropy": False}
 
     def step(mini: PackedBatch) -> dict[str, float]:
         def train_step(loss_fn):  # noqa: ANN001, ANN202 - the engines' LossFn
             return engine.train_step(mini.with_token_budget(token_budget(actor, spec)),
                                      micro_batch_size=micro_batch_rows(actor, spec),
-                                     loss_fn=lambda logp_T, _entropy_T, mb: loss_fn(logp_T, mb),
-                                     temperature=SUPERVISED_TEMPERATURE, with_entropy=False)
+                                     loss_fn=lambda logp_T, stat_T, mb: loss_fn(logp_T, mb, stat_T),
+                                     temperature=SUPERVISED_TEMPERATURE, **extra)
 
         return reduced_step(engine, spec, mini, train_step, options)
 
@@ -75,8 +77,11 @@ def reduced_step(engine: Any, spec: SupervisedLoss, mini: PackedBatch, train_ste
     totals = Totals(count)
     sums = dict.fromkeys(spec.stats, 0.0)
 
-    def loss_fn(value: Any, mb: PackedBatch) -> tuple[Any, dict]:
-        loss, stats = spec.fn(value, mb.token_fields, mb.response_cu_B1, totals=totals, **options)
+    stat = spec.stat_for(options)
+
+    def loss_fn(value: Any, mb: PackedBatch, stat_T: Any = None) -> tuple[Any, dict]:
+        extra = {f"{stat}_T": stat_T} if stat is not None else {}
+        loss, stats = spec.fn(value, mb.token_fields, mb.response_cu_B1, totals=totals, **options, **extra)
         for k, v in stats.items():
             sums[k] += float(v)
         return loss, {}

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from flowrl.algos import entropy_from_logits, logprobs_from_logits
+from flowrl.algos.sft_loss import UNIFORM_NLL, uniform_nll_from_logits
 from flowrl.backends.interfaces import LossFn, model_kwargs, torch_dtype
 from flowrl.backends.train.optim import AdamWSettings
 from flowrl.backends.train.precision import autocast, placement, to_host
@@ -34,6 +35,10 @@ if TYPE_CHECKING:
 
 
 FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+TOKEN_STATS = {"entropy": entropy_from_logits, UNIFORM_NLL: uniform_nll_from_logits}
+"""The second per-token tensor ``train_step`` may give its loss (``token_stat``): the softmax's
+entropy (RL's entropy bonus) or its cross-entropy against the uniform distribution (SFT's label
+smoothing)."""
 
 
 def adamw(params: list[torch.nn.Parameter], **kwargs: Any) -> torch.optim.AdamW:
@@ -173,7 +178,8 @@ class TorchDPEngine:
         hidden = getattr(self.model.config, "hidden_size", 0)
         return PAIR_COST_PER_HIDDEN / hidden if hidden else 0.0
 
-    def _forward(self, mb: PackedBatch, *, temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _forward(self, mb: PackedBatch, *, temperature: float, with_entropy: bool,
+                 token_stat: str = "entropy") -> tuple[torch.Tensor, torch.Tensor | None]:
         padded, dev = mb.model_inputs(self.pad_id, self.pair_cost), self.device
         self.slots_computed += padded.num_slots
         kwargs = model_kwargs(padded, dev, self.model.config._attn_implementation)
@@ -186,7 +192,7 @@ class TorchDPEngine:
         if temperature != 1.0:
             logits_TV = logits_TV / temperature
         logp_T = logprobs_from_logits(logits_TV, mb.response_T.long().to(dev))
-        entropy_T = entropy_from_logits(logits_TV) if with_entropy else None
+        entropy_T = TOKEN_STATS[token_stat](logits_TV) if with_entropy else None
         # results on the host, where the losses' inputs are (no copy on the CPU)
         return logp_T.cpu(), (entropy_T.cpu() if entropy_T is not None else None)
 
@@ -208,15 +214,21 @@ class TorchDPEngine:
 
     # ----------------------------------------------------------------- update
     def train_step(
-        self, batch: PackedBatch, *, micro_batch_size: int, loss_fn: LossFn, temperature: float = 1.0, with_entropy: bool = True
+        self, batch: PackedBatch, *, micro_batch_size: int, loss_fn: LossFn, temperature: float = 1.0, with_entropy: bool = True,
+        token_stat: str = "entropy",
     ) -> dict[str, float]:
         """One optimizer step over ``batch`` (this rank's share), accumulating micro-batches.
 
         ``loss_fn`` returns a loss already normalised by the global denominator, so losses are
         summed, not averaged, over micro-batches and ranks. Stats are token-weighted means.
+        With ``with_entropy`` its second argument is the ``token_stat`` of :data:`TOKEN_STATS`.
         """
+        if token_stat not in TOKEN_STATS:
+            raise ValueError(f"token_stat={token_stat!r} is not one of {', '.join(TOKEN_STATS)}")
+
         def mb_loss(mb: PackedBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-            logp_T, entropy_T = self._forward(mb, temperature=temperature, with_entropy=with_entropy)
+            logp_T, entropy_T = self._forward(mb, temperature=temperature, with_entropy=with_entropy,
+                                              token_stat=token_stat)
             return loss_fn(logp_T, entropy_T, mb)
 
         return self._accumulate_and_step(batch, micro_batch_size, mb_loss)
