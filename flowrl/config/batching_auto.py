@@ -189,12 +189,20 @@ def settled(section: Any) -> Any:
     return dataclasses.replace(section, **changes) if changes else section
 
 
-def describe_batching(cfg: Any, roles: tuple[str, ...] = ("actor", "ref", "critic")) -> list[str]:
-    """One line per role of ``roles``: ``batching actor: use_dynamic_bsz=True (auto: packed), ...``,
-    what the run uses and why (printed at start, written atop the run's ``config.yaml``)."""
+def batching_roles(cfg: Any) -> tuple[str, ...]:
+    """The roles of ``cfg``'s run that batch: the actor, the reference group when one starts
+    (with LoRA the actor computes the reference), the critic when the estimator reads values."""
+    ref = ("ref",) if cfg.needs_reference and not cfg.model.lora_rank else ()
+    return ("actor", *ref, *(("critic",) if cfg.needs_critic else ()))
+
+
+def describe_batching(cfg: Any, roles: tuple[str, ...] | None = None) -> list[str]:
+    """One line per role (``roles``, default :func:`batching_roles`): ``batching actor:
+    use_dynamic_bsz=True (auto: packed), ...``, what the run uses and why (printed at start,
+    written atop the run's ``config.yaml``)."""
     resolved = resolve_batching(cfg)
     lines = []
-    for role in roles:
+    for role in batching_roles(cfg) if roles is None else roles:
         r = resolved[role]
         parts = [f"{k}={v}" + ("" if r.reasons[k] == "set" else f" ({r.reasons[k]})") for k, v in r.values.items()]
         lines.append(f"batching {role}: " + ", ".join(parts))

@@ -38,12 +38,14 @@ def _dump_resolved_config(cfg: RunConfig, path: Path) -> None:
     written as what it resolved to, and so ``cluster.controller``), under a comment that says why (``# placement: hybrid (auto)``)."""
     import yaml
 
+    from flowrl.config.batching_auto import describe_batching
     from flowrl.run.topology import describe_placement
 
     tree = to_dict(cfg)
     tree["cluster"]["placement"] = cfg.placement
     tree["cluster"]["controller"] = cfg.graph_controller
-    path.write_text(f"# {describe_placement(cfg)}\n" + yaml.safe_dump(tree, sort_keys=False))
+    batching = "".join(f"# {line}\n" for line in describe_batching(cfg))  # what auto chose (the keys stay auto)
+    path.write_text(f"# {describe_placement(cfg)}\n{batching}" + yaml.safe_dump(tree, sort_keys=False))
 
 
 def _keep_previous(cfg: RunConfig, run_dir: Path) -> None:

@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from flowrl.checks import CheckFailed, StepChecks
 from flowrl.config import RunConfig
+from flowrl.config.batching_auto import describe_batching
 from flowrl.metrics import names
 from flowrl.metrics.logger import drop_rows_from
 from flowrl.metrics.timeline import TIMELINE_FILE
@@ -137,6 +138,7 @@ def train(cfg: RunConfig, *, on_step: Callable[[int, dict[str, float]], None] | 
     run = _open_run(cfg)  # dataset, run dir, family and resume checkpoint checked before any worker starts
     first = run.next_step  # steps trained: the run goes on with step first + 1
     print(describe_placement(run.cfg), flush=True)  # e.g. "placement: hybrid (auto)"
+    print("\n".join(describe_batching(run.cfg)), flush=True)  # what batching auto chose
     if run.resume_from is not None:
         print(f"resumed from step {first} ({run.resume_from})", flush=True)  # its checkpoint: step_<first>
     for name in (METRICS_FILE, TIMELINE_FILE):  # steps this run writes again (from 0, val_before_train, when fresh)

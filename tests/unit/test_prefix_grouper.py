@@ -183,9 +183,9 @@ def test_long_responses_after_a_short_prompt_are_not_grouped():
 
 
 def test_prefix_grouper_is_refused_with_megatron():
-    with pytest.raises(ConfigError, match="use_prefix_grouper.*megatron.*fix: set actor.use_prefix_grouper=false"):
+    with pytest.raises(ConfigError, match="use_prefix_grouper.*megatron.*fix: set actor.use_prefix_grouper=auto or false"):
         ActorConfig(strategy="megatron", use_prefix_grouper=True, data_parallel_size=1)
-    with pytest.raises(ConfigError, match="use_prefix_grouper.*critic.use_prefix_grouper=false"):
+    with pytest.raises(ConfigError, match="use_prefix_grouper.*critic.use_prefix_grouper=auto or false"):
         CriticConfig(strategy="megatron", use_prefix_grouper=True, data_parallel_size=1)
     assert dataclasses.replace(ActorConfig(), use_prefix_grouper=True).use_prefix_grouper
 
