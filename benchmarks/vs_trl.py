@@ -22,7 +22,9 @@ flowrl.
 
 The grid (:data:`GRID`): 0.13M and 10.7M parameters x 128 and 1024 samples per step (prompts x 16)
 x 8 and 128 new tokens; EOS is tuned (:func:`spread_eos`) so responses stop at spread lengths, half
-the budget on average; flowrl runs token-budget micro-batches (``actor.use_dynamic_bsz``). The grid
+the budget on average. flowrl runs at its defaults, no speed flags (issue 30: ``use_dynamic_bsz`` and
+``use_prefix_grouper`` are ``auto``, resolved by ``flowrl.config.batching_auto``); ``--flowrl-flags
+KEY=VALUE ...`` adds keys to flowrl's side for a comparison with explicit settings. The grid
 table prints, per cell, both step times and their ratio, each side's generation time and the rest,
 flowrl's update and weight sync, and both sides' padding ratios (decode, train).
 
@@ -84,7 +86,6 @@ class Scale:
     steps_per_block: int  # K: timed steps per turn
     suppress_eos: bool = False  # push EOS's logit down so every response runs to response_length
     spread_eos: float = 0.0  # > 0: EOS tuned so responses average this fraction of response_length (a spread)
-    token_budget: int = 0  # > 0: flowrl's actor.use_dynamic_bsz with this ppo_max_token_len_per_gpu
 
     @property
     def num_samples(self) -> int:
@@ -101,10 +102,10 @@ SCALES = {
 
 def _grid_cell(preset: str, samples: int, tokens: int) -> Scale:
     """One grid cell: ``samples`` per step as prompts x 16, responses stopping at spread lengths
-    (EOS tuned to half the budget on average), flowrl's token-budget micro-batches."""
+    (EOS tuned to half the budget on average); flowrl at its defaults."""
     steps = 1 if (preset == "10m" and samples * tokens >= 128 * 128) else (2 if preset == "10m" or samples * tokens > 8192 else 4)
     return Scale(preset=preset, max_position_embeddings=tokens + 16, response_length=tokens, num_prompts=samples // 16,
-                 group_size=16, steps_per_block=steps, spread_eos=0.5, token_budget=16384)
+                 group_size=16, steps_per_block=steps, spread_eos=0.5)
 
 
 # The issue-14 grid: 0.13M and 10.7M parameters x 128 and 1024 samples per step x 8 and 128 new
@@ -113,7 +114,7 @@ GRID = {f"{'0.1M' if p == 'default' else '10M'}-{n}x{t}": _grid_cell(p, n, t)
         for p in ("default", "10m") for n in (128, 1024) for t in (8, 128)}
 SCALES.update(GRID)
 SCALES["smoke"] = Scale(preset="default", max_position_embeddings=24, response_length=8, num_prompts=2, group_size=8,
-                        steps_per_block=1, spread_eos=0.5, token_budget=16384)
+                        steps_per_block=1, spread_eos=0.5)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,9 +140,11 @@ NOTES = [
     "flowrl trains in fp32 and never recomputes activations, CPU bf16 matmuls are not faster here, and "
     "checkpointing would add a forward pass to TRL's update. Constant learning rate (TRL defaults to linear decay; "
     "no effect on time).",
-    "Grid cells: flowrl forms update micro-batches by a token budget (actor.use_dynamic_bsz, "
-    "ppo_max_token_len_per_gpu 16384) and computes each prompt once per group of rollout.n rows "
-    "(actor.use_prefix_grouper, verl's key; off by default in both). TRL has neither.",
+    "flowrl runs at its defaults (no speed flags): batching auto (issue 30) forms micro-batches by a token "
+    "budget derived from the micro-batch rows and lengths (actor.use_dynamic_bsz=auto) and computes each prompt "
+    "once per group of rollout.n rows where that saves a tenth of the positions (actor.use_prefix_grouper=auto); "
+    "what auto chose is in flowrl's run directory (config.yaml). flowrl_overrides lists any --flowrl-flags. "
+    "TRL has neither layout.",
     "Loss: TRL loss_type 'dapo' (token mean over the batch's completion tokens) = flowrl token-mean with one "
     "mini-batch; TRL scale_rewards 'group' = flowrl GRPO std normalisation.",
     "Step time: flowrl timing_s/step (whole iteration graph incl. weight sync trainer->rollout); TRL "
@@ -259,11 +262,7 @@ def flowrl_overrides(spec: dict[str, Any]) -> list[str]:
         f"trainer.run_dir={spec['run_dir']}",
         "trainer.progress=false",
         "trainer.save_experience=false",
-    ] + ([  # token-budget micro-batches, packed, each prompt once per group (issue 14); one decode call per rollout rank
-        "actor.use_dynamic_bsz=true", f"actor.ppo_max_token_len_per_gpu={s['token_budget']}",
-        "actor.use_prefix_grouper=true",
-        f"rollout.micro_batch_size={max(s['num_prompts'] * s['group_size'] // 2, 1)}",
-    ] if s.get("token_budget") else [])
+    ] + list(spec.get("flowrl_flags", []))  # none by default: flowrl's speed settings at their defaults (issue 30)
 
 
 def serve_flowrl(spec: dict[str, Any]) -> None:
@@ -464,7 +463,8 @@ def _instrument(trainer: Any, timer: Any) -> None:
 
 # --------------------------------------------------------------------------- driver
 def bench_scale(
-    name: str, scale: Scale, common: Common, *, repeats: int, warmup: int, steps_per_block: int, workdir: Path
+    name: str, scale: Scale, common: Common, *, repeats: int, warmup: int, steps_per_block: int, workdir: Path,
+    flowrl_flags: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     model_dir, train_path = prepare_inputs(scale, common, workdir)
@@ -474,6 +474,7 @@ def bench_scale(
         "model_dir": str(model_dir),
         "train_path": str(train_path),
         "total_steps": warmup + repeats * steps_per_block,
+        "flowrl_flags": list(flowrl_flags),
     }
     children: dict[str, Child] = {}
     blocks: list[dict[str, Any]] = []
@@ -636,6 +637,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     p.add_argument("--out", default="", help="default: benchmarks/results/vs_trl.json (vs_trl_grid.json with --scale grid)")
     p.add_argument("--workdir", default="", help="models, data, run dirs and child logs "
                    "(default: a temp dir, removed after a successful run)")
+    p.add_argument("--flowrl-flags", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="flowrl keys added to its side (default none: flowrl at its defaults)")
     p.add_argument("--serve", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -669,9 +672,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         scale = SCALES[name]
         k = args.steps or scale.steps_per_block
         result = bench_scale(
-            name, scale, common, repeats=args.repeats, warmup=args.warmup, steps_per_block=k, workdir=workdir / name
+            name, scale, common, repeats=args.repeats, warmup=args.warmup, steps_per_block=k, workdir=workdir / name,
+            flowrl_flags=tuple(args.flowrl_flags),
         )
-        spec = {"scale": result["settings"], "common": dataclasses.asdict(common),
+        spec = {"scale": result["settings"], "common": dataclasses.asdict(common), "flowrl_flags": args.flowrl_flags,
                 "model_dir": "<model_dir>", "train_path": "<train.parquet>", "run_dir": "<run_dir>"}
         result["trl_grpo_config"] = trl_settings(spec)
         result["flowrl_overrides"] = flowrl_overrides(spec)

@@ -88,11 +88,14 @@ def test_grid_spans_the_issue_14_scales():
     assert {c.preset for c in cells} == {"default", "10m"}
     assert {c.num_samples for c in cells} == {128, 1024}
     assert {c.response_length for c in cells} == {8, 128}
-    assert all(c.spread_eos > 0 and c.token_budget > 0 for c in cells)
-    overrides = vs_trl.flowrl_overrides({"scale": vs_trl.dataclasses.asdict(vs_trl.GRID["0.1M-128x8"]),
-                                         "common": vs_trl.dataclasses.asdict(vs_trl.Common()),
-                                         "model_dir": "m", "train_path": "t", "run_dir": "r"})
-    assert "actor.use_dynamic_bsz=true" in overrides and "rollout.micro_batch_size=64" in overrides
+    assert all(c.spread_eos > 0 for c in cells)
+    spec = {"scale": vs_trl.dataclasses.asdict(vs_trl.GRID["0.1M-128x8"]), "common": vs_trl.dataclasses.asdict(vs_trl.Common()),
+            "model_dir": "m", "train_path": "t", "run_dir": "r"}
+    # flowrl at its defaults (issue 30): no batching, micro-batch or placement keys on its side
+    speed = ("dynamic_bsz", "max_token_len", "prefix_grouper", "micro_batch_size", "cluster.", "rollout.name")
+    assert not [o for o in vs_trl.flowrl_overrides(spec) if any(k in o for k in speed)]
+    flagged = vs_trl.flowrl_overrides({**spec, "flowrl_flags": ["actor.use_dynamic_bsz=false"]})
+    assert flagged[-1] == "actor.use_dynamic_bsz=false"
 
 
 def test_trl_padding_counts_slots_per_real_token():
