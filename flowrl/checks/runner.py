@@ -13,6 +13,9 @@ from flowrl.checks.base import CHECKS, MODES, CheckFailed, Limits, StepData, Ver
 log = logging.getLogger(__name__)
 
 PREFIX = "checks/"
+START_CHECKS = {"chat_template": "warn"}
+"""Checks run once when the run opens (:meth:`StepChecks.record`), with their default modes:
+``chat_template`` (:func:`flowrl.checks.template.round_trip`, multi-turn rollouts)."""
 TIME = "checks/time_s"
 """The checks' own wall time in the step (the benchmark holds it under 3 % of ``timing_s/step``)."""
 
@@ -23,12 +26,13 @@ class StepChecks:
     once the step is logged."""
 
     def __init__(self, modes: Mapping[str, str], limits: Limits) -> None:
-        unknown = sorted(set(modes) - set(CHECKS.names()))
+        unknown = sorted(set(modes) - set(CHECKS.names()) - set(START_CHECKS))
         if unknown:
-            raise CHECKS.unknown(unknown[0])
+            raise ValueError(f"unknown check {unknown[0]!r}; valid: {', '.join(sorted([*CHECKS.names(), *START_CHECKS]))}")
         for name, mode in modes.items():
             if mode not in MODES:
                 raise ValueError(f"trainer.checks.{name}={mode!r}: not a mode; use one of {', '.join(MODES)}")
+        self.start_modes = {name: modes.get(name, default) for name, default in START_CHECKS.items()}
         self.modes = {name: modes.get(name, CHECKS.traits(name)["default"]) for name in CHECKS.names()}
         self.limits = limits
         self.memory: dict[str, dict] = {name: {} for name in self.modes}
@@ -59,6 +63,18 @@ class StepChecks:
         out[TIME] = time.perf_counter() - start
         return out
 
+    def record(self, name: str, verdict: Verdict) -> None:
+        """The verdict of start check ``name``: on the health line; a failure logged (``warn``)
+        or raised as :class:`CheckFailed` (``error``, at step 0: before the first step)."""
+        mode = self.start_modes[name]
+        if mode == "off":
+            return
+        self.last[name] = verdict
+        if verdict.ok is False and mode == "error":
+            raise CheckFailed(name, 0, verdict)
+        if verdict.ok is False:
+            log.warning("check %s at start: %s", name, verdict.message)
+
     def enforce(self) -> None:
         """Raise :class:`CheckFailed` for the first error-mode failure of the last step."""
         if self.failed:
@@ -67,13 +83,14 @@ class StepChecks:
     def rewind(self) -> None:
         """The run goes back to a checkpoint: multi-step memories start again."""
         self.memory = {name: {} for name in self.modes}
-        self.last, self.failed = {}, []
+        self.last = {name: v for name, v in self.last.items() if name in self.start_modes}
+        self.failed = []
 
     def health_line(self) -> str:
-        """``health: staleness=ok finite=ok reward_signal=ok ... logprob_agreement=n/a``: every
+        """``health: chat_template=n/a finite=ok ... tokens=ok``: every
         check's last result (``off``; ``WARN`` a failure in warn mode; ``FAIL`` one that stops)."""
         parts = []
-        for name, mode in self.modes.items():
+        for name, mode in {**self.start_modes, **self.modes}.items():
             verdict = self.last.get(name)
             if mode == "off":
                 word = "off"

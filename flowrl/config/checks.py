@@ -10,9 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from flowrl.config.errors import check
+from flowrl.config.errors import ConfigError, check
 
-Mode = Literal["off", "warn", "error"]
+Mode = Literal["off", "warn", "error"] | bool
+"""A check's mode. YAML reads a bare ``off`` as false (``trainer.checks.tokens=off``): false is
+``off``; true (``on``) is refused for naming no mode."""
 
 
 @dataclass(kw_only=True)
@@ -36,11 +38,21 @@ class ChecksConfig:
     logprob_agreement: Mode = "warn"
     """The rollout's log-probs of its tokens agree with the trainer's (where the step computes
     ``old_logprobs``): mean per-token KL at most ``logprob_kl_max``."""
+    chat_template: Mode = "warn"
+    """Multi-turn rollouts, at start: the agent loop's turn-by-turn tokens of a two-turn tool
+    conversation equal the chat template's rendering of it, tokenized (the first differing token
+    shown)."""
     logprob_kl_max: float = 0.1
     """``logprob_agreement``'s alarm: the mean per-token KL (k3) between the rollout's and the
     trainer's log-probs of the rollout's tokens, in nats."""
 
     def __post_init__(self) -> None:
+        for name in self.modes():
+            value = getattr(self, name)
+            if value is True:
+                raise ConfigError(name, "on", "is not a mode", "use warn (log a failure) or error (stop the run)")
+            if value is False:
+                setattr(self, name, "off")
         check(isinstance(self.reward_signal_steps, int) and self.reward_signal_steps >= 1, "reward_signal_steps",
               self.reward_signal_steps, "must be an integer >= 1", "use e.g. 10")
         check(self.logprob_kl_max > 0, "logprob_kl_max", self.logprob_kl_max, "must be > 0", "use e.g. 0.1")

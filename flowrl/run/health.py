@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import math
 
+from typing import Any
+
 from flowrl.checks import Limits, StepChecks
+from flowrl.checks.base import skipped
 from flowrl.config import RunConfig
 
 
@@ -32,3 +35,18 @@ def open_checks(cfg: RunConfig) -> StepChecks:
     limits = Limits(max_lag=bound, lag_source=source, no_signal_steps=c.reward_signal_steps,
                     logprob_kl_max=c.logprob_kl_max)
     return StepChecks(c.modes(), limits)
+
+
+def check_at_start(checks: StepChecks, cfg: RunConfig, tokenizer: Any) -> None:
+    """The checks that run once, before any worker starts: the chat template's round trip of a
+    multi-turn tool conversation (``trainer.checks.chat_template``)."""
+    if checks.start_modes["chat_template"] == "off":
+        return
+    mt = cfg.rollout.multi_turn
+    if not mt.enable:
+        checks.record("chat_template", skipped("single-turn rollouts"))
+        return
+    from flowrl.agents.loop import ChatCodec
+    from flowrl.checks.template import round_trip
+
+    checks.record("chat_template", round_trip(tokenizer, ChatCodec(tokenizer).observation_ids, mt.chat_tools()))

@@ -29,7 +29,7 @@ from flowrl.metrics import names
 from flowrl.metrics.logger import drop_rows_from
 from flowrl.metrics.timeline import TIMELINE_FILE
 from flowrl.run.driver import Run, epoch_steps
-from flowrl.run.health import open_checks
+from flowrl.run.health import check_at_start, open_checks
 from flowrl.run.preflight import resolve_inputs
 from flowrl.run.recovery import Recovery
 from flowrl.run.topology import describe_placement
@@ -145,6 +145,11 @@ def train(cfg: RunConfig, *, on_step: Callable[[int, dict[str, float]], None] | 
         drop_rows_from(run.run_dir / name, first + 1 if first else 0)
     history: list[dict[str, float]] = []
     checks = open_checks(run.cfg)  # trainer.checks (flowrl.run.health)
+    try:
+        check_at_start(checks, run.cfg, run.tokenizer)  # multi-turn: the chat template's round trip
+    except BaseException:
+        run.close()
+        raise
     sinks = _Sinks(run.cfg, run)
     recovery = Recovery(cfg.trainer.max_restarts, run.resume_from)
     restore_signal = signals.install(cfg.trainer.save_on_signal)  # issue 18: trainer.save_on_signal

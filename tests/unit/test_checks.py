@@ -12,6 +12,8 @@ import pyarrow as pa
 import pytest
 
 from flowrl.checks import CHECKS, CheckFailed, Limits, StepChecks, StepData
+from flowrl.checks.runner import START_CHECKS
+from flowrl.checks.template import round_trip
 from flowrl.checks.tokens import RESPONSE_HASH, response_hashes, row_hashes, with_response_hash
 from flowrl.config import ConfigError, load_config
 from flowrl.config.checks import ChecksConfig
@@ -180,7 +182,7 @@ def test_off_checks_do_not_run_and_every_check_is_on_the_health_line():
     assert "checks/tokens" not in metrics and "checks/staleness" in metrics
     line = checks.health_line()
     assert line.startswith("health: ") and "tokens=off" in line and "logprob_agreement=n/a" in line
-    assert [p.split("=")[0] for p in line[len("health: "):].split()] == CHECKS.names()
+    assert [p.split("=")[0] for p in line[len("health: "):].split()] == ["chat_template", *CHECKS.names()]
 
 
 def test_a_rewind_forgets_the_streak():
@@ -193,7 +195,7 @@ def test_a_rewind_forgets_the_streak():
 
 
 def test_unknown_names_and_modes_are_refused():
-    with pytest.raises(ValueError, match="unknown check 'nope'; valid: finite, logprob_agreement"):
+    with pytest.raises(ValueError, match="unknown check 'nope'; valid: chat_template, finite, logprob_agreement"):
         StepChecks({"nope": "error"}, LIMITS)
     with pytest.raises(ValueError, match="trainer.checks.tokens='loud': not a mode; use one of off, warn, error"):
         StepChecks({"tokens": "loud"}, LIMITS)
@@ -202,11 +204,17 @@ def test_unknown_names_and_modes_are_refused():
 # ----------------------------------------------------------------- the config
 def test_the_config_names_every_check_with_its_registered_default():
     modes = ChecksConfig().modes()
-    assert sorted(modes) == CHECKS.names()
-    assert modes == {name: CHECKS.traits(name)["default"] for name in CHECKS.names()}
+    defaults = {**{name: CHECKS.traits(name)["default"] for name in CHECKS.names()}, **START_CHECKS}
+    assert modes == defaults
     cfg = load_config(None, ["trainer.checks.staleness=warn", "trainer.checks.reward_signal_steps=4"])
     checks = open_checks(cfg)
     assert checks.modes["staleness"] == "warn" and checks.limits.no_signal_steps == 4
+
+
+def test_a_bare_off_turns_a_check_off_and_on_is_refused():
+    assert load_config(None, ["trainer.checks.tokens=off"]).trainer.checks.tokens == "off"  # YAML: false
+    with pytest.raises(ConfigError, match="trainer.checks.tokens='on': is not a mode; fix: use warn"):
+        load_config(None, ["trainer.checks.tokens=on"])
 
 
 @pytest.mark.parametrize("item, key, text", [
@@ -229,3 +237,24 @@ def test_flowrl_train_prints_a_failed_check_as_one_error_line():
         raise RuntimeError("the graph failed") from failed
     except RuntimeError as exc:
         assert _named_error(exc) is failed
+
+
+# ----------------------------------------------------------------- the chat template's round trip (item 4)
+# Qwen's shape in the character tokenizer's alphabet: each turn ends with the EOS, then a newline
+QWEN_SHAPE = ("{%- for m in messages -%}{{- '<|' + m['role'] + '|>\\n' + m['content'] + '<eos>\\n' -}}{%- endfor -%}"
+              "{%- if add_generation_prompt -%}{{- '<|assistant|>\\n' -}}{%- endif -%}")
+
+
+def test_a_separator_the_turn_by_turn_tokens_lose_is_shown():
+    from flowrl.agents.loop import ChatCodec
+    from flowrl.tasks.agent_task import build_agent_tokenizer
+
+    tok = build_agent_tokenizer()  # the agent task's template: turns joined as the loop joins them
+    assert round_trip(tok, ChatCodec(tok).observation_ids).ok
+    tok.chat_template = QWEN_SHAPE  # the newline after each turn's <eos> is not in the tool's delta
+    v = round_trip(tok, ChatCodec(tok).observation_ids)
+    assert v.ok is False and "after 'ute it.<eos>'): the loop has '<'" in v.message and "the template '\\n'" in v.message
+    checks = StepChecks({"chat_template": "error"}, LIMITS)
+    with pytest.raises(CheckFailed, match="check chat_template failed at step 0: the agent loop's tokens differ"):
+        checks.record("chat_template", v)
+    assert "chat_template=FAIL" in checks.health_line()
