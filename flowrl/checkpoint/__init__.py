@@ -8,9 +8,10 @@ the saving mesh, ``rng`` for RNG states, ``hf_export`` for the transformers expo
 from flowrl.checkpoint.format import checkpoint_dir
 from flowrl.checkpoint.loading import (check_params, latest_checkpoint, load_full, load_meta, load_shard,
                                        prune_checkpoints)
-from flowrl.checkpoint.zarr_store import begin_checkpoint, finalize_checkpoint, save_checkpoint, write_shard
+from flowrl.checkpoint.zarr_store import (begin_checkpoint, declared_chunks, finalize_checkpoint, save_checkpoint,
+                                         write_chunks, write_shard)
 
 __all__ = [
-    "begin_checkpoint", "check_params", "checkpoint_dir", "finalize_checkpoint", "latest_checkpoint",
-    "load_full", "load_meta", "load_shard", "prune_checkpoints", "save_checkpoint", "write_shard",
+    "begin_checkpoint", "check_params", "checkpoint_dir", "declared_chunks", "finalize_checkpoint", "latest_checkpoint",
+    "load_full", "load_meta", "load_shard", "prune_checkpoints", "save_checkpoint", "write_chunks", "write_shard",
 ]

@@ -55,7 +55,8 @@ from flowrl.checkpoint.format import (FORMAT, FORMAT_VERSION, LATEST, META, OLD_
 if TYPE_CHECKING:
     from flowrl.parallel.shard_spec import RankShard, ShardSpec
 
-__all__ = ["begin_checkpoint", "finalize_checkpoint", "save_checkpoint", "write_shard"]
+__all__ = ["begin_checkpoint", "declared_chunks", "finalize_checkpoint", "save_checkpoint", "write_chunks",
+           "write_shard"]
 
 
 # -- saving -----------------------------------------------------------------------------------
@@ -193,6 +194,42 @@ def write_shard(tmp: str, spec: ShardSpec, rank: int | tuple[int, int] | RankSha
                              f"{sorted(pending['optim'])})")
         _write_locals(group, f"optim/{state}", spec, key, tensors, pending["optim"][state],
                       owners, f"optim[{state!r}]")
+
+
+def declared_chunks(tmp: str) -> dict[str, tuple[int, ...]]:
+    """The chunk shape of every parameter (and of its optimizer states) ``begin_checkpoint``
+    declared in ``tmp``: what writers of single chunks (``write_chunks``) align with."""
+    return {n: tuple(e["chunks"]) for n, e in _read_pending(tmp)["params"].items()}
+
+
+def write_chunks(tmp: str, writes: Any) -> None:
+    """Write whole chunks into the arrays of ``tmp``: ``writes`` yields ``(state, param, region,
+    array)``, ``state`` None for the parameter itself, ``region`` one ``(lo, hi)`` per dim. A region
+    must be a union of whole chunks (a partial chunk is a read-modify-write that races with the
+    chunk's other writers): ValueError otherwise. For writers that own chunks, not shards (megatron's
+    distributed optimizer: a dp rank's flat ranges)."""
+    import zarr
+
+    pending = _read_pending(tmp)
+    group = zarr.open_group(tmp, mode="r+")
+    arrays: dict[str, Any] = {}
+    for state, param, region, value in writes:
+        table = pending["params"] if state is None else pending["optim"].get(state)
+        if table is None or param not in table:
+            raise ValueError(f"write_chunks: {'params' if state is None else state}/{param} was not declared "
+                             "by begin_checkpoint; declare it there")
+        entry = table[param]
+        for (lo, hi), n, c in zip(region, entry["shape"], entry["chunks"]):
+            if lo % c or (hi % c and hi != n):
+                raise ValueError(f"write_chunks: region {region} of {param} is not whole chunks of "
+                                 f"{tuple(entry['chunks'])}; write whole chunks only")
+        a, logical = to_numpy(value)
+        if logical != entry["dtype"]:
+            raise ValueError(f"write_chunks: {param} is {logical}, the checkpoint declares {entry['dtype']}")
+        name = f"params/{param}" if state is None else f"optim/{state}/{param}"
+        if name not in arrays:
+            arrays[name] = _writable(group, name)
+        arrays[name][tuple(slice(lo, hi) for lo, hi in region)] = a
 
 
 def finalize_checkpoint(tmp: str, *, step: int, extra: Mapping[str, Any] | None = None,

@@ -107,19 +107,33 @@ def test_specs_are_typed_frozen_and_checked():
     assert either(["dp"]) == "dp" and either(["dp", "fsdp"]) == "dp or fsdp" and either(["a", "b", "c"]) == "a, b or c"
 
 
-def test_the_distributed_optimizer_checkpoint_rule_is_one_rule():
-    from flowrl.backends.preflight import check_checkpointable
+def test_a_checkpoint_blocker_is_one_rule():
+    """A plug-in train backend whose state cannot be checkpointed with one of its keys set
+    (``checkpoint_blockers``) is refused by one rule at load and at resume. No built-in backend has
+    one: megatron's distributed optimizer is saved (issue 37)."""
+    import dataclasses
 
-    overrides = ["actor.strategy=megatron", "actor.pipeline_model_parallel_size=2", "actor.data_parallel_size=1",
-                 "actor.use_distributed_optimizer=true"]
-    cfg = load_config(None, [*overrides, "trainer.save_freq=0"])
-    problem, fix = checkpoint_problem(TRAIN_BACKENDS.spec("megatron"), cfg.actor)
-    assert problem == ("with actor.use_distributed_optimizer=true: saving megatron's distributed optimizer "
-                       "(its dp-sharded optimizer buffers) is not built in flowrl")
-    with pytest.raises(ConfigError) as at_load:
-        load_config(None, [*overrides, "trainer.save_freq=5"])
-    with pytest.raises(ConfigError) as at_resume:
-        check_checkpointable(cfg, "trainer.resume_mode", "resume_path")
-    assert at_load.value.problem == at_resume.value.problem == problem
-    assert at_load.value.fix == at_resume.value.fix == fix
-    assert checkpoint_problem(TRAIN_BACKENDS.spec("fsdp"), cfg.actor) is None  # fsdp takes the key, no blocker
+    from flowrl.backends.preflight import check_checkpointable
+    from flowrl.catalog.backends import CheckpointBlocker
+
+    megatron = ["actor.strategy=megatron", "actor.pipeline_model_parallel_size=2", "actor.data_parallel_size=1",
+                "actor.use_distributed_optimizer=true"]
+    assert load_config(None, [*megatron, "trainer.save_freq=5"]).trainer.save_freq == 5
+    assert all(not TRAIN_BACKENDS.spec(n).checkpoint_blockers for n in TRAIN_BACKENDS.names())
+    blocked = dataclasses.replace(TRAIN_BACKENDS.spec("megatron"), name="blocked", checkpoint_blockers=(
+        CheckpointBlocker(key="use_distributed_optimizer", reason="its sharded state is not saved"),))
+    TRAIN_BACKENDS.add(blocked)
+    try:
+        overrides = ["actor.strategy=blocked", *megatron[1:]]
+        cfg = load_config(None, [*overrides, "trainer.save_freq=0"])
+        problem, fix = checkpoint_problem(blocked, cfg.actor)
+        assert problem == "with actor.use_distributed_optimizer=true: its sharded state is not saved"
+        with pytest.raises(ConfigError) as at_load:
+            load_config(None, [*overrides, "trainer.save_freq=5"])
+        with pytest.raises(ConfigError) as at_resume:
+            check_checkpointable(cfg, "trainer.resume_mode", "resume_path")
+        assert at_load.value.problem == at_resume.value.problem == problem
+        assert at_load.value.fix == at_resume.value.fix == fix
+        assert checkpoint_problem(TRAIN_BACKENDS.spec("fsdp"), cfg.actor) is None  # fsdp takes the key, no blocker
+    finally:
+        TRAIN_BACKENDS.unregister("blocked")

@@ -33,12 +33,11 @@ def test_bad_values(override, key):
     assert err.value.key == key and "fix:" in str(err.value)
 
 
-def test_megatron_distributed_optimizer_with_save_freq_is_refused():
+def test_megatron_distributed_optimizer_with_save_freq_is_accepted():
+    """Issue 37: its dp-sharded state is saved (tests/dist/test_megatron_checkpoint.py)."""
     pp2 = ["actor.strategy=megatron", "actor.pipeline_model_parallel_size=2"]
-    with pytest.raises(ConfigError, match="dp-sharded optimizer buffers") as err:
-        load_config(None, [*pp2, "actor.use_distributed_optimizer=true", "trainer.save_freq=5"])
-    assert err.value.key == "trainer.save_freq" and "use_distributed_optimizer=false" in err.value.fix
-    load_config(None, [*pp2, "actor.use_distributed_optimizer=true", "trainer.save_freq=0"])  # fine
+    cfg = load_config(None, [*pp2, "actor.use_distributed_optimizer=true", "trainer.save_freq=5"])
+    assert cfg.actor.use_distributed_optimizer and cfg.trainer.save_freq == 5
     load_config(None, [*pp2, "trainer.save_freq=5"])  # sharded megatron checkpoints
 
 

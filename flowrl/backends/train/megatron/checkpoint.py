@@ -13,8 +13,10 @@ Load (:func:`load_sharded`, every rank): the checkpoint may come from any layout
 overlapping its pieces of the target layout (``load_shard``) into its parameters and optimizer
 state. Bitwise: nothing is recomputed, only copied.
 
-Megatron's distributed optimizer keeps Adam's state in flat buffers sharded over data-parallel
-ranks; these functions refuse it (``ValueError``) rather than save a partial state.
+Megatron's distributed optimizer (``use_distributed_optimizer``) keeps the fp32 main parameters and
+Adam's state as flat ranges sharded over data-parallel ranks: then every dp rank writes the chunks
+of its ranges and reads its ranges back (``dist_optim``); the checkpoint is the same as without it,
+so either side of a save / load may use it or not, under any layout.
 """
 
 from __future__ import annotations
@@ -42,16 +44,9 @@ def engine_spec(engine: MegatronEngine) -> ShardSpec:
                       make_vocab_size_divisible_by=engine.make_vocab_size_divisible_by)
 
 
-def _check_optimizer(engine: MegatronEngine) -> list[Any]:
+def _plain_optimizers(engine: MegatronEngine) -> list[Any]:
     """The megatron optimizers wrapping torch AdamW (one per param-group config)."""
-    optimizers = list(getattr(engine.optimizer, "chained_optimizers", None) or [engine.optimizer])
-    for opt in optimizers:
-        if getattr(getattr(opt, "ddp_config", None), "use_distributed_optimizer", False) or \
-                type(opt).__name__ == "DistributedOptimizer":
-            raise ValueError("sharded checkpoints do not support megatron's distributed optimizer "
-                             "(Adam state in flat dp-sharded buffers); set "
-                             "actor.use_distributed_optimizer=false to save or resume")
-    return optimizers
+    return list(getattr(engine.optimizer, "chained_optimizers", None) or [engine.optimizer])
 
 
 def _local_params(engine: MegatronEngine) -> dict[str, torch.nn.Parameter]:
@@ -71,12 +66,54 @@ def _main(param: torch.Tensor) -> torch.Tensor:
 def _adam_states(engine: MegatronEngine) -> dict[int, dict]:
     """``id(main tensor) -> (torch optimizer, its state dict)`` for every optimized tensor."""
     table = {}
-    for opt in _check_optimizer(engine):
+    for opt in _plain_optimizers(engine):
         inner = opt.optimizer
         for group in inner.param_groups:
             for p in group["params"]:
                 table[id(p)] = (inner, p)
     return table
+
+
+def _plain_state(engine: MegatronEngine, params: dict[str, torch.nn.Parameter]):
+    """``(main tensors, AdamW state per name or None, optimizer step)`` without the distributed
+    optimizer."""
+    adam = _adam_states(engine)
+    mains = {n: _main(p) for n, p in params.items()}
+    states = {n: adam[id(m)][0].state.get(m) for n, m in mains.items() if id(m) in adam}
+    stepped = [s for s in states.values() if s]
+    if stepped and len(stepped) != len(mains):
+        missing = sorted(n for n in mains if not states.get(n))[:3]
+        raise RuntimeError(f"save_sharded: AdamW has no state for {missing}, but for other tensors; "
+                           "the optimizer state is inconsistent")
+    return mains, (states if stepped else None), (int(float(stepped[0]["step"])) if stepped else 0)
+
+
+def _begin_on_rank0(path: str | os.PathLike, spec: ShardSpec, *, states: tuple[str, ...]) -> str:
+    """Global rank 0 creates the arrays (fp32: the main copies under bf16); every rank gets the
+    temporary directory, or the error."""
+    from flowrl.checkpoint import begin_checkpoint
+
+    box: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            box[0] = begin_checkpoint(path, spec, dtype=torch.float32, optim_states=states)
+        except Exception as exc:  # noqa: BLE001 - reported to every rank, re-raised below
+            box[0] = exc
+    dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], Exception):
+        raise RuntimeError(f"save_sharded: rank 0 could not create the checkpoint: {box[0]}")
+    return box[0]
+
+
+def _agree(error: Exception | None) -> None:
+    """Every rank reports its error; all raise if any failed (nobody finalizes a partial save)."""
+    failed = [None] * dist.get_world_size()
+    dist.all_gather_object(failed, None if error is None else f"rank {dist.get_rank()}: {error}")
+    problems = [f for f in failed if f]
+    if problems:
+        if error is not None:
+            raise error
+        raise RuntimeError(f"save_sharded: other ranks failed: {'; '.join(problems)}")
 
 
 def save_sharded(engine: MegatronEngine, path: str | os.PathLike, *, step: int,
@@ -85,47 +122,29 @@ def save_sharded(engine: MegatronEngine, path: str | os.PathLike, *, step: int,
     ``{"path", "optim_step"}`` on global rank 0, None elsewhere."""
     from megatron.core import parallel_state as ps
 
-    from flowrl.checkpoint import begin_checkpoint, finalize_checkpoint, write_shard
+    from flowrl.backends.train.megatron.dist_optim import distributed_optimizers, optimizer_step, write_distributed
+    from flowrl.checkpoint import finalize_checkpoint, write_shard
 
     spec = engine_spec(engine)
     params = _local_params(engine)
-    adam = _adam_states(engine)
-    mains = {n: _main(p) for n, p in params.items()}
-    states = {n: adam[id(m)][0].state.get(m) for n, m in mains.items() if id(m) in adam}
-    stepped = [s for s in states.values() if s]
-    optim_step = int(float(stepped[0]["step"])) if stepped else 0
-    if stepped and len(stepped) != len(mains):
-        missing = sorted(n for n in mains if not states.get(n))[:3]
-        raise RuntimeError(f"save_sharded: AdamW has no state for {missing}, but for other tensors; "
-                           "the optimizer state is inconsistent")
-    # rank 0 decides (every rank has stepped the same number of times) and creates the arrays
-    box: list[Any] = [None]
-    if dist.get_rank() == 0:
-        dtype = next(iter(mains.values())).dtype  # fp32 (the main copies when bf16)
-        try:
-            box[0] = begin_checkpoint(path, spec, dtype=dtype, optim_states=OPTIM_STATES if stepped else ())
-        except Exception as exc:  # noqa: BLE001 - reported to every rank, re-raised below
-            box[0] = exc
-    dist.broadcast_object_list(box, src=0)
-    if isinstance(box[0], Exception):
-        raise RuntimeError(f"save_sharded: rank 0 could not create the checkpoint: {box[0]}")
-    tmp = box[0]
+    key = (ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank())
+    distributed = distributed_optimizers(engine.optimizer)
+    if distributed:
+        optim_step = optimizer_step(distributed, params)
+    else:
+        mains, states, optim_step = _plain_state(engine, params)
+    tmp = _begin_on_rank0(path, spec, states=OPTIM_STATES if optim_step else ())
     error: Exception | None = None
     try:
-        if ps.get_data_parallel_rank() == 0:  # dp replicas hold the same shard
-            key = (ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank())
+        if distributed:  # every dp rank writes the chunks of its ranges
+            write_distributed(tmp, spec, key, distributed, params, states=OPTIM_STATES if optim_step else ())
+        elif ps.get_data_parallel_rank() == 0:  # dp replicas hold the same shard
             optim = ({s: {n: states[n][s].detach() for n in mains} for s in OPTIM_STATES}
-                     if stepped else None)
-            write_shard(tmp, spec, key, {n: m.detach() for n, m in mains.items()}, optim=optim)
+                     if states else None)
+            write_shard(tmp, spec, key, {n: m.detach().float() for n, m in mains.items()}, optim=optim)
     except Exception as exc:  # noqa: BLE001 - every rank must reach the barrier
         error = exc
-    failed = [None] * dist.get_world_size()
-    dist.all_gather_object(failed, None if error is None else f"rank {dist.get_rank()}: {error}")
-    problems = [f for f in failed if f]
-    if problems:
-        if error is not None:
-            raise error
-        raise RuntimeError(f"save_sharded: other ranks failed: {'; '.join(problems)}")
+    _agree(error)
     if dist.get_rank() != 0:
         return None
     final = finalize_checkpoint(tmp, step=step, extra={**(extra or {}), "optim_step": optim_step})
@@ -138,27 +157,31 @@ def load_sharded(engine: MegatronEngine, path: str | os.PathLike) -> int:
     the checkpoint has them, AdamW's states; returns the optimizer step count restored."""
     from megatron.core import parallel_state as ps
 
+    from flowrl.backends.train.megatron.dist_optim import distributed_optimizers, load_distributed
     from flowrl.checkpoint import load_meta, load_shard
 
     meta = load_meta(path)
     spec = engine_spec(engine)
     key = (ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank())
     params = _local_params(engine)
-    adam = _adam_states(engine)
+    distributed = distributed_optimizers(engine.optimizer)
     values = load_shard(path, spec, key, as_torch=True)
     for name, param in params.items():
-        src = values[name]
-        main = _main(param)
-        main.copy_(src.to(main.dtype))
-        if main is not param:
-            param.copy_(src.to(param.dtype))
+        param.copy_(values[name].to(param.dtype))
+        main = None if distributed else _main(param)
+        if main is not None and main is not param:
+            main.copy_(values[name].to(main.dtype))
     optim_step = int(meta.get("extra", {}).get("optim_step", 0))
     saved = set(meta["optim"])
-    if not saved:
-        return 0
-    if not set(OPTIM_STATES) <= saved:
+    if saved and not set(OPTIM_STATES) <= saved:
         raise ValueError(f"{path}: optimizer states {sorted(saved)} are not AdamW's {list(OPTIM_STATES)}")
-    loaded = {s: load_shard(path, spec, key, state=s, as_torch=True) for s in OPTIM_STATES}
+    loaded = {s: load_shard(path, spec, key, state=s, as_torch=True) for s in OPTIM_STATES} if saved else None
+    if distributed:
+        load_distributed(distributed, params, values, loaded, optim_step=optim_step)
+        return optim_step if loaded else 0
+    if loaded is None:
+        return 0
+    adam = _adam_states(engine)
     for inner, _ in {id(v[0]): v for v in adam.values()}.values():
         inner.state.clear()
     for name, param in params.items():

@@ -1,6 +1,6 @@
 """The megatron backends' light functions, named by their specs in ``flowrl.catalog.backends``:
 engine keyword arguments from a group's config and the pre-flight checks (the distributed
-optimizer's checkpoint rule is data there: ``checkpoint_blockers``). No torch, no megatron
+optimizer is checkpointed like the plain one: ``dist_optim``). No torch, no megatron
 import: these run on the driver before any worker starts."""
 
 from __future__ import annotations
