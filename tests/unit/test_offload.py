@@ -276,3 +276,17 @@ def test_megatron_engine_kwargs_carry_verls_offload_switches():
     on = SimpleNamespace(param_offload=True, grad_offload=False, optimizer_offload=True)
     assert offload_kwargs(on) == {"offload": {"param_offload": True, "grad_offload": False, "optimizer_offload": True}}
     assert offload_kwargs(SimpleNamespace(param_offload=False, grad_offload=False, optimizer_offload=False)) == {}
+
+
+def test_an_export_outside_the_roles_phases_onloads_offloaded_parameters_for_itself():
+    """The hybrid role exports the trainer's weights by calling the engine directly: parameters
+    the role left on the host come to the device for the gather and go back after."""
+    module = _Module()
+    switch = OffloadSwitch(torch.device("cuda:0"), params=True, optimizer=True, modules=lambda: [module],
+                           get_optimizer=lambda: None)
+    with switch.loaded():  # resident already: nothing moves
+        pass
+    switch.offload()
+    with switch.loaded():
+        assert module.sent == ["cpu", "cuda:0"] and not switch.params_on_host
+    assert module.sent == ["cpu", "cuda:0", "cpu"] and switch.params_on_host

@@ -13,7 +13,8 @@ numbers are unchanged.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import contextlib
+from typing import Any, Iterable, Iterator
 
 import torch
 
@@ -73,6 +74,8 @@ class OffloadSwitch:
         self._modules, self._optimizer = modules, get_optimizer
         self.moves = 0
         self.last_bytes = 0
+        self.params_on_host = False
+        """Whether the parameters are on the host now (``params`` switched on, after :meth:`offload`)."""
 
     def _move(self, device: torch.device, *, params: bool, optimizer: bool) -> None:
         self.last_bytes = 0
@@ -91,7 +94,23 @@ class OffloadSwitch:
     def offload(self) -> None:
         """The configured state to the host (after a phase)."""
         self._move(self.target or self.device, params=self.params, optimizer=self.optimizer)
+        self.params_on_host = self.params
 
     def onload(self, *, optimizer: bool) -> None:
         """The parameters (and, with ``optimizer``, the optimizer state) back on the device."""
         self._move(self.device, params=self.params, optimizer=self.optimizer and optimizer)
+        self.params_on_host = False
+
+    @contextlib.contextmanager
+    def loaded(self) -> Iterator[None]:
+        """The parameters on the device for the block when they are on the host now (a caller that
+        reaches the engine outside its role's phases: the hybrid role's weight export), back to
+        the host after; nothing otherwise."""
+        if not self.params_on_host:
+            yield
+            return
+        self.onload(optimizer=False)
+        try:
+            yield
+        finally:
+            self.offload()

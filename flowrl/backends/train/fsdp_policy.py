@@ -244,12 +244,14 @@ class FSDPEngine(TorchDPEngine):
     # ----------------------------------------------------------------- weights
     def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The full HF-named state on rank 0 (LoRA adapters merged), None elsewhere; every rank must call it."""
-        state = self._plain({k: _full(v.detach()).cpu().clone() for k, v in self.model.state_dict().items()})
+        with self._offload.loaded():  # offloaded parameters gather on the device
+            state = self._plain({k: _full(v.detach()).cpu().clone() for k, v in self.model.state_dict().items()})
         return state if dist.get_rank() == 0 else None
 
     def reshard_source(self) -> dict[str, torch.Tensor]:
         """Every parameter gathered whole (``hf`` style; LoRA adapters merged): every rank calls it."""
-        return self._plain({n: _full(p.detach()).cpu() for n, p in self.model.named_parameters()})
+        with self._offload.loaded():  # offloaded parameters gather on the device
+            return self._plain({n: _full(p.detach()).cpu() for n, p in self.model.named_parameters()})
 
     def grad_state_dict(self) -> dict[str, torch.Tensor]:
         """The reduced gradients of the last step, gathered whole; every rank must call it."""
