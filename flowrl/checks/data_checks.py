@@ -9,7 +9,7 @@
   reward of the batch equal (all zero, or any constant), or every advantage exactly 0 (every
   group's rewards equal: group-relative estimators learn nothing).
 - ``reward_time``: the reward function took longer than the generation it scores
-  (``timing_s/reward`` > ``timing_s/gen``).
+  (``timing_s/reward`` > ``timing_s/gen``) three steps in a row.
 - ``logprob_agreement``: the rollout engine's log-probs of its own tokens against the
   trainer's (``rollout_logprobs`` vs ``old_logprobs``, where a step computes both): the mean
   per-token KL (k3, as ``rollout_corr/k3_kl``) over the response tokens above
@@ -123,18 +123,24 @@ def reward_signal(data: StepData, limits: Limits, memory: dict) -> Verdict:
         f"{limits.no_signal_steps})"))
 
 
+SLOW_REWARD_STEPS = 3
+"""``reward_time`` fails when scoring is slower than generation this many steps in a row (one slow
+step is a loaded machine's noise, not a slow reward function)."""
+
+
 @register_check("reward_time", default="warn")
 def reward_time(data: StepData, limits: Limits, memory: dict) -> Verdict:
     gen, reward = data.metrics.get(names.timing("gen")), data.metrics.get(names.timing("reward"))
     if gen is None or reward is None or gen <= 0:
         return skipped("no timing_s/gen and timing_s/reward in this step")
     ratio = reward / gen
-    if ratio <= 1.0:
-        return Verdict(True, ratio, f"reward {reward:.3f}s <= gen {gen:.3f}s")
+    streak = memory["streak"] = memory.get("streak", 0) + 1 if ratio > 1.0 else 0
+    if streak < SLOW_REWARD_STEPS:
+        return Verdict(True, ratio, f"reward {reward:.3f}s, gen {gen:.3f}s ({streak} slower step(s) in a row)")
     return Verdict(False, ratio, (
-        f"scoring took {reward:.3f}s, longer than the generation it scores ({gen:.3f}s, x{ratio:.1f}); likely "
-        "cause: a slow reward function (per-row model calls, a sandbox, a remote service): make it faster or "
-        "batch it, or serve it as a reward model (reward_model.enable)"))
+        f"scoring took {reward:.3f}s, longer than the generation it scores ({gen:.3f}s, x{ratio:.1f}), "
+        f"{streak} steps in a row; likely cause: a slow reward function (per-row model calls, a sandbox, a "
+        "remote service): make it faster or batch it, or serve it as a reward model (reward_model.enable)"))
 
 
 @register_check("logprob_agreement", default="warn")

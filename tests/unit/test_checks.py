@@ -112,8 +112,10 @@ def test_equal_rewards_within_every_group_are_no_signal_either():
 def test_a_reward_slower_than_generation_is_named_with_both_times():
     fast = run("reward_time", table(), metrics={"timing_s/gen": 2.0, "timing_s/reward": 0.5})
     assert fast.ok and fast.value == 0.25
-    slow = run("reward_time", table(), metrics={"timing_s/gen": 1.0, "timing_s/reward": 3.0})
-    assert slow.ok is False and "scoring took 3.000s, longer than the generation it scores (1.000s, x3.0)" in slow.message
+    memory: dict = {}
+    slow = [run("reward_time", table(), i, {"timing_s/gen": 1.0, "timing_s/reward": 3.0}, memory) for i in range(3)]
+    assert slow[1].ok and slow[2].ok is False  # one or two slow steps are a loaded machine's noise
+    assert "scoring took 3.000s, longer than the generation it scores (1.000s, x3.0), 3 steps in a row" in slow[2].message
     assert run("reward_time", table()).ok is None  # no timings: nothing to compare
 
 
@@ -163,14 +165,15 @@ def test_rollout_logprobs_far_from_the_trainers_raise_the_alarm():
 def test_error_mode_stops_after_the_step_warn_mode_logs_and_goes_on(caplog):
     checks = StepChecks({"finite": "error", "reward_time": "warn"}, LIMITS)
     slow = {"timing_s/gen": 1.0, "timing_s/reward": 2.0}
-    metrics = checks.observe(0, table(), slow)
+    checks.observe(0, table(), slow), checks.observe(1, table(), slow)
+    metrics = checks.observe(2, table(), slow)
     assert metrics["checks/finite"] == 0.0 and metrics["checks/reward_time"] == 1.0
     assert metrics["checks/reward_time_value"] == 2.0 and metrics["checks/time_s"] >= 0
-    assert "check reward_time at step 1: scoring took" in caplog.text
+    assert "check reward_time at step 3: scoring took" in caplog.text
     checks.enforce()  # a warning does not stop the run
     assert "reward_time=WARN" in checks.health_line() and "finite=ok" in checks.health_line()
-    checks.observe(1, table(scores=(0.0, float("inf"), 1.0, 0.0)), {})
-    with pytest.raises(CheckFailed, match=r"check finite failed at step 2: score has 0 NaN and 1 inf .*"
+    checks.observe(3, table(scores=(0.0, float("inf"), 1.0, 0.0)), {})
+    with pytest.raises(CheckFailed, match=r"check finite failed at step 4: score has 0 NaN and 1 inf .*"
                                           r"trainer.checks.finite=warn to log it and go on"):
         checks.enforce()
     assert "finite=FAIL" in checks.health_line()
