@@ -101,10 +101,11 @@ def test_layouts_that_differ_stage_only_what_each_rank_lacks_then_load_whole_ten
     assert metrics["perf/hybrid_load_s"] == 0.5 and metrics["perf/hybrid_wake_kv_cache_s"] == 0.125
 
 
-class JoinerEngine:
+class JoinerEngine(LoadingEngine):
     """A generation engine that can join the trainer's group: records its keyword arguments."""
 
     def __init__(self, model_dir, **kwargs) -> None:
+        super().__init__()
         self.kwargs = kwargs
 
     def generate(self, prompts, params, *, seed=0, micro_batch_size=256):
@@ -139,3 +140,38 @@ def test_every_tp_rank_builds_its_share_of_an_engine_in_the_trainers_group_and_s
     assert [r.engine.seed for r in hybrid] == [2 * 1009, 2 * 1009, 2 * 1009 + 2, 2 * 1009 + 2]
     with pytest.raises(ValueError, match="rollout.name=hf cannot run its engine in the trainer's processes"):
         RolloutRole(rank=0, world_size=1, model_dir="unused", backend="hf", sampling=SAMPLED, in_trainer_group=True)
+
+
+class FakePolicy:
+    """The hybrid role's actor part: a trainer holding its parameters whole."""
+
+    def __init__(self, *, rank, world_size, **kwargs) -> None:
+        self.engine = WholeTrainer()
+
+    def update(self) -> float:
+        return 1.0
+
+
+def test_the_hybrid_role_builds_the_engine_in_the_trainer_group_and_syncs_into_it(joiner):
+    import pyarrow as pa
+
+    from flowrl.roles.hybrid import HybridRole
+
+    parts = {"actor": (f"{__name__}:FakePolicy", {}),
+             "rollout": ("flowrl.roles.rollout:RolloutRole", {"model_dir": "unused", "backend": "joiner", "sampling": SAMPLED})}
+    role = HybridRole(rank=0, world_size=1, parts=parts)
+    assert not role.shared and role.rollout.inner.in_trainer_group
+    assert role.rollout.inner.engine.kwargs["external_launcher"]
+    role.rollout.generate(pa.table({"prompt_ids": [[5]], "group": [0]}), seed=1)
+    role.actor.update()
+    job = make_job(SHAPE, src=ParallelDims(dp=1, tp=1, pp=1), dst=ParallelDims(dp=1, tp=1, pp=1), src_style="hf",
+                   dst_style="vllm", make_vocab_size_divisible_by=4)
+    stats = role.reshard(job)
+    (state,) = role.rollout.inner.engine.loaded
+    assert state["weight"].data_ptr() == role.actor.inner.engine.module.weight.data_ptr()  # by reference
+    assert stats["bytes_received"] == 0 and stats["perf/hybrid_load_s"] == 0.5
+    # each phase's memory since the last sync, then forgotten until the next phases run
+    assert {k for k in stats if k.endswith("_peak_mem_bytes")} == {
+        f"perf/hybrid_{p}_peak_mem_bytes" for p in ("actor", "rollout", "sync")}
+    assert all(stats[f"perf/hybrid_{p}_peak_mem_bytes"] > 0 for p in ("actor", "rollout", "sync"))
+    assert role.memory.metrics() == {}

@@ -21,6 +21,7 @@ hand-over seconds (``perf/hybrid_*``: waking its weights, the load, waking its K
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -45,10 +46,9 @@ def trainer_hf_state(train_engine: Any) -> dict[str, torch.Tensor] | None:
     module = train_engine.generation_module()
     if module is None:
         return None
-    from torch.distributed.tensor import DTensor
-
     state = module.state_dict()
-    if any(isinstance(t, DTensor) for t in state.values()):
+    dtensor = sys.modules.get("torch.distributed.tensor")  # not imported: no DTensor can exist
+    if dtensor is not None and any(isinstance(t, dtensor.DTensor) for t in state.values()):
         return None  # FSDP's sharded parameters: gathered through the plan instead
     return {name: t.detach() for name, t in state.items()}
 
