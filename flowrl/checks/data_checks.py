@@ -12,8 +12,9 @@
   (``timing_s/reward`` > ``timing_s/gen``) three steps in a row.
 - ``logprob_agreement``: the rollout engine's log-probs of its own tokens against the
   trainer's (``rollout_logprobs`` vs ``old_logprobs``, where a step computes both): the mean
-  per-token KL (k3, as ``rollout_corr/k3_kl``) over the response tokens above
-  ``logprob_kl_max``.
+  per-token KL (k3, as ``rollout_corr/k3_kl``) over the response tokens of the rows generated
+  with the trainer's current weights (``weight_version`` equal to the step's index: an older
+  version's drift is real, the rollout correction's business) above ``logprob_kl_max``.
 """
 
 from __future__ import annotations
@@ -150,10 +151,13 @@ def logprob_agreement(data: StepData, limits: Limits, memory: dict) -> Verdict:
         return skipped("no trainer log-probs of the rollout's tokens in this step (old_logprobs)")
     rollout, _ = flat(table, "rollout_logprobs")
     old, _ = flat(table, "old_logprobs")
-    mask, _ = flat(table, "response_mask")
+    mask, offsets = flat(table, "response_mask")
     keep = mask.astype(bool)
+    if "weight_version" in table.column_names:  # rows generated with older weights drift for real: left out
+        same = table.column("weight_version").to_numpy() == data.index
+        keep &= np.repeat(same, np.diff(offsets))
     if not keep.any():
-        return skipped("no response tokens")
+        return skipped("no response tokens generated with the trainer's current weights")
     r = np.clip(old[keep].astype(np.float64) - rollout[keep], -20.0, 20.0)
     k3 = float(np.mean(np.expm1(r) - r))
     if k3 <= limits.logprob_kl_max:
@@ -163,5 +167,4 @@ def logprob_agreement(data: StepData, limits: Limits, memory: dict) -> Verdict:
         f"{k3:.3g} > {limits.logprob_kl_max:g} (largest |difference| {float(np.max(np.abs(r))):.3g}); likely "
         "causes: stale or partial weights in the engine (a weight sync that did not land, a LoRA adapter not "
         "applied), a dtype mismatch (a bf16 engine against an fp32 trainer), sampling settings the log-probs "
-        "ignore (temperature, top-k/top-p), or MoE routing; with trainer.staleness > 0 part of it is real "
-        "drift (raise trainer.checks.logprob_kl_max)"))
+        "ignore (temperature, top-k/top-p), or MoE routing"))

@@ -159,6 +159,14 @@ def test_rollout_logprobs_far_from_the_trainers_raise_the_alarm():
     assert bad.ok is False and bad.value == pytest.approx(math.exp(2) - 3, rel=1e-4)
     assert "mean per-token KL 4.39 > 0.1" in bad.message and "stale or partial weights" in bad.message
     assert run("logprob_agreement", table()).ok is None  # no old_logprobs this step
+    # generated ahead: only the rows of the trainer's current weights (version 5 at index 5) count
+    versions = pa.array([5, 4, 4, 4], pa.int64())
+    mixed = lists([[-3.0] * 3, [-1.01], [-1.01] * 2, [-1.01] * 4], ex.TOKEN_FLOATS)  # the far row: version 5
+    assert run("logprob_agreement", table(response_mask=mask, old_logprobs=old, rollout_logprobs=mixed,
+                                          weight_version=versions)).ok is False
+    stale_far = lists([[-1.01] * 3, [-3.0], [-3.0] * 2, [-3.0] * 4], ex.TOKEN_FLOATS)  # far rows: version 4
+    assert run("logprob_agreement", table(response_mask=mask, old_logprobs=old, rollout_logprobs=stale_far,
+                                          weight_version=versions)).ok
 
 
 # ----------------------------------------------------------------- the runner
