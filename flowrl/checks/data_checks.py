@@ -108,8 +108,8 @@ def _no_signal(table: object) -> str | None:
 @register_check("reward_signal", default="error")
 def reward_signal(data: StepData, limits: Limits, memory: dict) -> Verdict:
     table = data.table
-    if "score" not in table.column_names or not table.num_rows:
-        return skipped("no rewards in this step's table")
+    if not {"score", "token_rewards"} <= set(table.column_names) or not table.num_rows:
+        return skipped("no rewards in this step's table (a supervised family's batch)")
     why = _no_signal(table)
     streak = memory["streak"] = memory.get("streak", 0) + 1 if why else 0
     if why is None:

@@ -48,7 +48,7 @@ class StepChecks:
         out: dict[str, float] = {}
         self.failed = []
         for name, mode in self.modes.items():
-            if mode == "off":
+            if mode == "off" or table is None:  # None: a step without a table (nothing to check)
                 continue
             verdict = self.last[name] = CHECKS.get(name)(data, self.limits, self.memory[name])
             if verdict.ok is None:

@@ -37,6 +37,8 @@ def table(scores=(0.0, 1.0, 1.0, 0.0), responses=((5, 6, 7), (8,), (9, 10), (11,
                   "score": pa.array(scores, pa.float32())})
     with np.errstate(invalid="ignore"):  # an inf score: its group's advantages are NaN
         adv = [[float(scores[i] - means[i])] * len(r) for i, r in enumerate(responses)]
+    rewards = [[0.0] * (len(r) - 1) + [float(scores[i])] for i, r in enumerate(responses)]  # on the last token
+    t = t.append_column("token_rewards", lists(rewards, ex.TOKEN_FLOATS))
     t = t.append_column("advantages", lists(adv, ex.TOKEN_FLOATS))
     for name, column in extra.items():
         t = t.append_column(name, column)
@@ -83,6 +85,11 @@ def test_nan_advantages_fail_at_once_naming_the_column_and_row():
     assert v.ok is False and v.value == 2.0
     assert "advantages has 1 NaN and 1 inf values in 2 rows (first: row 1 (uid u1, group 0))" in v.message
     assert "likely cause" in v.message
+
+
+def test_a_supervised_batch_has_no_reward_signal_to_judge():
+    assert run("reward_signal", table().drop_columns(["token_rewards"])).ok is None
+    assert StepChecks({}, LIMITS).observe(0, None, {}).keys() == {"checks/time_s"}
 
 
 def test_a_nan_score_is_named_before_the_advantages():
