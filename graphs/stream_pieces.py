@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 
 from flowrl.actors.dispatch import Gather, Scatter
+from flowrl.checks.tokens import with_response_hash
 from flowrl.graphs import pieces
 from flowrl.graphs.base import BuildContext
 from flowrl.metrics import names
@@ -72,7 +73,7 @@ def _generate_piece(rollout: Any, prompts: pa.Table, *, seed: int, sampling: Any
                                    kwargs={"seed": seed, "sampling": sampling})
     version = pa.array([weight_version] * table.num_rows, pa.int64())
     table = table.append_column("weight_version", version).append_column("weight_version_max", version)
-    return NodeOut(table, {names.compute(what): compute_s})
+    return NodeOut(with_response_hash(table), {names.compute(what): compute_s})  # the tokens check's hash
 
 
 def _continue_piece(rollout: Any, table: pa.Table, *, seed: int, sampling: Any, eos_ids: list[int],
@@ -80,4 +81,4 @@ def _continue_piece(rollout: Any, table: pa.Table, *, seed: int, sampling: Any, 
     out, compute_s = rollout.run("continue_generation", table, scatter_mode=Scatter.SPLIT, gather_mode=Gather.CONCAT,
                                  kwargs={"seed": seed, "sampling": sampling, "eos_ids": eos_ids,
                                          "response_length": response_length, "weight_version": weight_version})
-    return NodeOut(out, {names.compute(what): compute_s})
+    return NodeOut(with_response_hash(out), {names.compute(what): compute_s})  # of the response so far
