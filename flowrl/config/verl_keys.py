@@ -66,9 +66,13 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k(f"{AR}.model.use_remove_padding", "noop", does="packed (padding-free) forward passes, a speed option",
        nearest="none needed: experience is stored ragged and each micro-batch is padded only to its "
                "longest row; the results are the same"),
+    # a verl YAML's default (true) is not adopted: verl's Megatron engine never reads this key (its
+    # recompute is override_transformer_config.recompute_*), and under FSDP it trades speed for memory,
+    # the results are the same; set on the command line it maps (Megatron refuses it by name)
     _k(f"{AR}.model.enable_gradient_checkpointing", "dyn", "model.enable_gradient_checkpointing",
        does="recomputes activations in the backward pass to save memory",
-       nearest="lower actor.ppo_micro_batch_size_per_gpu (less activation memory)", accept=_OFF),
+       nearest="lower actor.ppo_micro_batch_size_per_gpu (less activation memory)", accept=_OFF,
+       default=True, adopt=False),
     _k(f"{AR}.model.external_lib", "refuse", does="imports a module that registers a custom model",
        nearest="model.path of a transformers directory", accept=_OFF),
     _k(f"{AR}.model.trust_remote_code", "refuse", does="runs a model repository's own code",
