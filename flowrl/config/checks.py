@@ -38,6 +38,9 @@ class ChecksConfig:
     logprob_agreement: Mode = "warn"
     """The rollout's log-probs of its tokens agree with the trainer's (where the step computes
     ``old_logprobs``): mean per-token KL at most ``logprob_kl_max``."""
+    policy_moved: Mode = "warn"
+    """After updates the rollout's log-probs have left the reference model's about as far as the
+    trainer's have (``actor/kl_loss``): an engine still sampling the base model fails."""
     chat_template: Mode = "warn"
     """Multi-turn rollouts, at start: the agent loop's turn-by-turn tokens of a two-turn tool
     conversation equal the chat template's rendering of it, tokenized (the first differing token

@@ -276,3 +276,21 @@ def test_a_separator_the_turn_by_turn_tokens_lose_is_shown():
     with pytest.raises(CheckFailed, match="check chat_template failed at step 0: the agent loop's tokens differ"):
         checks.record("chat_template", v)
     assert "chat_template=FAIL" in checks.health_line()
+
+
+# ----------------------------------------------------------------- the policy really moved (item 2)
+def test_an_engine_that_ignores_the_updates_is_named():
+    n = [3, 1, 2, 4]
+    mask = lists([[1] * k for k in n], pa.list_(pa.int8()))
+    ref = lists([[-1.0] * k for k in n], ex.TOKEN_FLOATS)
+    moved = lists([[-1.2] * k for k in n], ex.TOKEN_FLOATS)  # r = 0.2: exp(0.2) - 1.2 = 0.0214 nats
+    trainer = {"actor/kl_loss": 0.02}
+    ok = run("policy_moved", table(response_mask=mask, ref_logprobs=ref, rollout_logprobs=moved), 3, trainer)
+    assert ok.ok and ok.value == pytest.approx((math.exp(0.2) - 1.2) / 0.02, rel=1e-4)
+    base = run("policy_moved", table(response_mask=mask, ref_logprobs=ref, rollout_logprobs=ref), 3, trainer)
+    assert base.ok is False and "after 3 updates the rollout engine still samples like the reference model" in base.message
+    assert "the weight sync does not reach the engine" in base.message
+    # nothing to judge: before any update, or a trainer that has not moved yet
+    assert run("policy_moved", table(response_mask=mask, ref_logprobs=ref, rollout_logprobs=ref), 0, trainer).ok is None
+    assert run("policy_moved", table(response_mask=mask, ref_logprobs=ref, rollout_logprobs=ref), 3,
+               {"actor/kl_loss": 1e-5}).ok is None
