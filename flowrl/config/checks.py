@@ -28,7 +28,8 @@ class ChecksConfig:
     """Some learning signal within ``reward_signal_steps`` steps: a run whose rewards are all
     equal (all 0, or constant), or whose advantages are all 0, that many steps in a row fails."""
     reward_signal_steps: int = 10
-    """``reward_signal``: consecutive steps without a learning signal that fail the check."""
+    """``reward_signal``: consecutive steps without a learning signal that fail the check
+    (counted by this process: a resume or a rebuild counts again from 0)."""
     reward_time: Mode = "warn"
     """The reward function takes no longer than the generation it scores (``timing_s/reward``
     <= ``timing_s/gen``)."""
