@@ -277,6 +277,9 @@ class _Part:
 # step, the second step's gradient norm, and the sum of the log-probs after it.
 BEFORE = {FP32: [-4.611410718215139, -4.2574017549815935, 6.222339153289795, -148.17580795288086],
           BF16: [-4.6113231056614925, -4.255842183765612, 6.15625, -148.1299090385437]}
+#: bf16 matmuls round differently on CPUs with AVX512-BF16 instructions (recorded with the same
+#: code on one: 2 bf16 ulps apart in the gradient norm); either CPU's numbers are the ones of before.
+BF16_ON_AVX512_BF16 = [-4.61139460613853, -4.256838434620907, 6.21875, -148.1231164932251]
 
 
 def _two_steps(model_dir, dtype: str) -> list[float]:
@@ -299,4 +302,6 @@ def _two_steps(model_dir, dtype: str) -> list[float]:
 @pytest.mark.parametrize("dtype", ["auto", FP32, BF16])
 def test_a_cpu_training_step_gives_the_numbers_of_before(tiny_model_dir, dtype):
     got = _two_steps(tiny_model_dir, dtype)
-    assert got == pytest.approx(BEFORE[resolve_dtype(dtype, "cpu")], rel=1e-6, abs=1e-6)
+    resolved = resolve_dtype(dtype, "cpu")
+    known = [BEFORE[resolved]] + ([BF16_ON_AVX512_BF16] if resolved == BF16 else [])
+    assert any(got == pytest.approx(before, rel=1e-6, abs=1e-6) for before in known), (got, known)
