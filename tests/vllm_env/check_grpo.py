@@ -1,10 +1,11 @@
 """GRPO through the CLI with ``rollout.name=vllm`` (CPU build) on the default addition task, in
 the hybrid placement (issue 29, the default for vLLM): each of the 2 rank processes holds its
-trainer and its own vLLM engine (external launcher, the engine's group made of the trainer's
-processes); after every update the reshard node loads the trainer's tensors into the engine by
-reference (``reshard/bytes`` 0, the engine sleeping in between and woken weights-then-KV-cache),
-the engine's log-probs equal the trainer's, and the reward rises. The colocated vLLM path (an
-engine of its own, adapters only) is ``check_lora_grpo.py``'s. Runs in the vLLM environment
+trainer (dp 2) and its half of one vLLM engine of tp 2 (external launcher: the engine's tp group
+is made of the trainer's processes, over gloo); after every update the reshard node loads the
+trainer's tensors into the engine by reference (``reshard/bytes`` 0; each rank's vLLM worker keeps
+its own tp slice; the engine sleeping in between and woken weights-then-KV-cache), the engine's
+log-probs equal the trainer's, and the reward rises. The colocated vLLM path (an engine of its
+own, adapters only) is ``check_lora_grpo.py``'s. Runs in the vLLM environment
 (``test_vllm_env.py``)."""
 
 import json
@@ -35,7 +36,9 @@ def run_dir(tmp_path_factory, task):
         sys.executable, "-m", "flowrl.cli", "train",
         f"model.path={task.model_dir}", f"data.train_files={task.train_path}", f"trainer.run_dir={out}",
         "rollout.name=vllm", "rollout.enforce_eager=true", "cluster.placement=hybrid",
-        "rollout.data_parallel_size=2", "actor.data_parallel_size=2", "actor.use_kl_loss=false",
+        # one vLLM engine of tp 2 over the two trainer processes (its tp group: theirs, over gloo)
+        "rollout.data_parallel_size=1", "rollout.tensor_model_parallel_size=2", "actor.data_parallel_size=2",
+        "actor.use_kl_loss=false",
         f"trainer.total_training_steps={STEPS}", "data.train_batch_size=32", "rollout.n=8",
         "actor.ppo_mini_batch_size=16",  # two optimizer steps per batch: the old-log-prob pass runs
         # the engine sleeps after each generation (on CPU vLLM pauses, frees nothing) and the

@@ -154,7 +154,10 @@ def _launcher_env(external_launcher: bool, on_cuda: bool) -> Iterator[None]:
     """What vLLM's external launcher reads from a torchrun-style environment while the engine
     starts: ``RANK`` (the caller's group's), ``LOCAL_RANK`` as the index of this rank's device in
     what the process sees (its placement shows it only its own GPUs: ``cuda:0``; on the CPU 0),
-    not the node's local rank; the environment is put back after."""
+    not the node's local rank; the environment is put back after. On the CPU build, its worker
+    replaces ``torch.set_num_threads`` by a no-op for the whole process: the trainer's is put back
+    (the rank sets its thread budget per phase), and stale shared-memory names are cleared first
+    (:func:`_clear_cpu_shm_names`)."""
     if not external_launcher:
         yield
         return
@@ -164,14 +167,32 @@ def _launcher_env(external_launcher: bool, on_cuda: bool) -> Iterator[None]:
     saved = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK")}
     os.environ["RANK"] = str(dist.get_rank())
     os.environ["LOCAL_RANK"] = str(torch.cuda.current_device() if on_cuda else 0)
+    set_num_threads = torch.set_num_threads
+    if not on_cuda:
+        _clear_cpu_shm_names()
+        dist.barrier()  # no rank creates its segments before every rank has cleared the old names
     try:
         yield
     finally:
+        torch.set_num_threads = set_num_threads
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _clear_cpu_shm_names() -> None:
+    """The CPU build's tp/pp communicators, under this launcher, name their shared memory
+    ``/dev/shm/-tp:<i>-[<ranks>]-cpushm_<rank>`` (its ``VLLM_DIST_IDENT`` comes from ``env://``,
+    the same for every run): a killed run leaves them behind and the next run's creation fails
+    (``create shm in SHMManager failed. errno: 17``). Unlinking a name leaves a live run's
+    mappings intact."""
+    import glob
+
+    for path in glob.glob("/dev/shm/-tp:*-cpushm*") + glob.glob("/dev/shm/-pp:*-cpushm*"):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def _cpu_environment(tensor_parallel_size: int) -> None:
@@ -462,3 +483,5 @@ class VLLMGenerator:
         if llm is not None:  # stops the engine core (and its processes, if any)
             llm.llm_engine.engine_core.shutdown()
             del llm
+        if self.external_launcher and not self.on_cuda:
+            _clear_cpu_shm_names()  # its tp communicator's, gone with it
