@@ -172,9 +172,9 @@ class TrainBackendSpec(BackendSpec):
     token_stats: frozenset[str] = frozenset({"entropy", "uniform_nll"})
     """The per-token statistics of the logits its ``train_step`` can give a loss (``token_stat``):
     ``entropy``, ``uniform_nll`` (``logsumexp(z) - mean_v z``, SFT's label smoothing)."""
-    token_stats: frozenset[str] = frozenset({"entropy", "uniform_nll"})
-    """The per-token statistics of the logits its ``train_step`` can give a loss (``token_stat``):
-    ``entropy``, ``uniform_nll`` (``logsumexp(z) - mean_v z``, SFT's label smoothing)."""
+    fully_sharded: bool = False
+    """Shards parameters, gradients and optimizer state over its dp ranks (FSDP): the memory
+    model's ``layout_cost.Setup.fully_sharded`` (``flowrl.parallel.rank_memory``)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -297,13 +297,12 @@ TRAIN_BACKENDS.add(TrainBackendSpec(
     checkpoint=CheckpointKind.SHARDED, shard_style=ShardStyle.MEGATRON, token_budget=False, shared_prompts=False,
     shares_process=False, engine_kwargs=f"{_MEGATRON}:train_engine_kwargs", preflight=f"{_MEGATRON}:check_train_layouts",
     token_stats=frozenset({"entropy"}),  # uniform_nll over a vocab-parallel head: not written
-    token_stats=frozenset({"entropy"}),  # uniform_nll over a vocab-parallel head: not written
     # no checkpoint_blockers: the distributed optimizer's dp-sharded state is saved (megatron/dist_optim.py)
 ))
 TRAIN_BACKENDS.add(TrainBackendSpec(
     # FSDP shards the optimizer state over dp ranks anyway: use_distributed_optimizer is accepted (no effect)
     name="fsdp", engine="flowrl.backends.train.fsdp_policy:FSDPEngine", config_keys=frozenset({_DISTRIBUTED_OPTIMIZER}),
-    checkpoint=CheckpointKind.SHARDED, shard_style=ShardStyle.HF, axes_in_preflight=True,
+    checkpoint=CheckpointKind.SHARDED, shard_style=ShardStyle.HF, axes_in_preflight=True, fully_sharded=True,
     engine_kwargs=f"{_FSDP}:engine_kwargs", preflight=f"{_FSDP}:check_fsdp", model_kwargs=f"{_FSDP}:model_kwargs",
     lora=_LORA,
 ))

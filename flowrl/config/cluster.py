@@ -132,6 +132,10 @@ class ClusterConfig:
     before any worker starts when that is below what loading the model needs: 2 x its safetensors
     bytes + 1 GiB), ``0`` (none) or ``default``: ``auto`` on a machine with GPUs, ``4GiB``
     without (``flowrl.cluster.host_memory``). SLURM jobs split ``cluster.slurm.memory`` instead."""
+    gpu_memory_gb: float = 0.0
+    """Memory of one GPU (GB), for the pre-flight check that each trainer rank fits it
+    (``flowrl.parallel.rank_memory``, ``flowrl parallel-plan``'s memory model); 0: asked of
+    ``nvidia-smi`` on a local cluster, unchecked on SLURM and address clusters (set it there)."""
     timeout_s: float = 600.0
     """Timeout of every wait on a worker group call or graph result."""
     low_latency: bool = True
@@ -152,6 +156,8 @@ class ClusterConfig:
         check(self.startup_timeout_s > 0, "startup_timeout_s", self.startup_timeout_s, "must be > 0", "use e.g. 180")
         check(self.host != "", "host", self.host, "must not be empty", "use 127.0.0.1")
         check_memory_limit(self.memory_limit)
+        check(isinstance(self.gpu_memory_gb, (int, float)) and self.gpu_memory_gb >= 0, "gpu_memory_gb",
+              self.gpu_memory_gb, "must be a number of GB >= 0", "use e.g. 80, or 0 (asked of nvidia-smi)")
         check_cluster(self)
         for i, pool in enumerate(self.pools):
             check(pool.gpus_per_job is None or self.kind == "slurm", f"pools[{i}].gpus_per_job", pool.gpus_per_job,

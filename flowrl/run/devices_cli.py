@@ -3,7 +3,9 @@ device plan as a table (group, rank, node, GPUs, local rank, backend, dtype), wi
 without starting anything. The inventory: ``--gpus-per-node``/``--nodes`` when given; else the SLURM
 jobs of ``cluster.slurm`` (``cluster.kind=slurm``); else what this machine shows (``FLOWRL_DEVICES``
 overrides: ``flowrl.cluster.inventory``). The groups are those ``flowrl train`` starts: with the hybrid
-placement, the one fused ``actor_rollout_ref`` group."""
+placement, the one fused ``actor_rollout_ref`` group. With ``model.path`` and a known GPU memory
+(``cluster.gpu_memory_gb``, or ``nvidia-smi``), the actor rank's memory estimate follows, and a
+layout that cannot fit is refused as ``flowrl train`` refuses it (``flowrl.run.memory_check``)."""
 
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from flowrl.config.devices import check_slurm_jobs, device_plan
     from flowrl.config.loader import load_config
     from flowrl.parallel.device_plan import DevicePlanError
+    from flowrl.run.memory_check import check_trainer_memory
 
     path = args.items[0] if args.items and "=" not in args.items[0] else None
     cfg = load_config(path, args.items[1:] if path else args.items)
@@ -55,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--{exc.key.replace('_', '-')}", exc.value, exc.problem, exc.fix) from None
     plan = device_plan(cfg, inventory)
     check_slurm_jobs(cfg, plan)  # the SLURM jobs must hold the plan's nodes, as flowrl train checks
+    memory = check_trainer_memory(cfg, plan)  # each trainer rank fits its GPU, as flowrl train checks
     print(format_plan(plan))
+    if memory is not None:
+        print(f"actor rank memory: about {memory.describe()} of {memory.limit_gb:.1f} GB usable per GPU")
     sys.stdout.flush()
     return 0

@@ -50,10 +50,14 @@ def started_specs(cfg: RunConfig, specs: list[GroupSpec]) -> tuple[list[GroupSpe
 def plan_devices_for(cfg: RunConfig, specs: list[GroupSpec]) -> Any:
     """The pre-flight: the device plan of the groups the run will start (``flowrl.run.placement``),
     before any worker starts. Raises ``ConfigError`` naming the key and the fix when the inventory
-    cannot hold them (more NCCL ranks than GPUs, a replica that does not fit a node)."""
+    cannot hold them (more NCCL ranks than GPUs, a replica that does not fit a node), or when a
+    trainer rank cannot fit its GPU's memory (``flowrl.run.memory_check``)."""
+    from flowrl.run.memory_check import check_trainer_memory
     from flowrl.run.placement import plan_for_specs
 
-    return plan_for_specs(cfg, started_specs(cfg, specs)[0])
+    plan = plan_for_specs(cfg, started_specs(cfg, specs)[0])
+    check_trainer_memory(cfg, plan)
+    return plan
 
 
 def _cluster(cfg: RunConfig) -> Any:

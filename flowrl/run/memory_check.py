@@ -1,0 +1,120 @@
+"""Pre-flight: each trainer rank's GPU memory against its GPU, before any worker starts.
+
+On a device plan with GPUs, the actor's layout as the config names it (:func:`trainer_layout`)
+goes through ``flowrl parallel-plan``'s memory model (``flowrl.parallel.rank_memory``); a layout
+that cannot fit is a :class:`~flowrl.config.ConfigError` naming what was computed and the keys
+that lower it. On the CPU (no GPU in the plan) nothing is checked. The GPU's memory:
+``cluster.gpu_memory_gb``, else ``nvidia-smi``'s on a local cluster, else unknown (no check).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any, Callable
+
+from flowrl.config import ConfigError
+from flowrl.parallel.mesh import ParallelDims
+from flowrl.parallel.rank_memory import Capabilities, TrainerLayout, TrainerMemory, estimate, memory_problem
+
+__all__ = ["check_trainer_memory", "gpu_memory_gb", "trainer_capabilities", "trainer_layout"]
+
+NVIDIA_SMI_TIMEOUT_S = 20.0
+_QUERY = ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
+
+
+def _run(cmd: list[str]) -> str:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=True).stdout
+
+
+def gpu_memory_gb(cfg: Any, runner: Callable[[list[str]], str] | None = None) -> float:
+    """One GPU's memory in GB: ``cluster.gpu_memory_gb`` when set; on a local cluster the smallest
+    ``memory.total`` (MiB) ``nvidia-smi`` lists; else 0 (unknown)."""
+    if cfg.cluster.gpu_memory_gb > 0:
+        return float(cfg.cluster.gpu_memory_gb)
+    if cfg.cluster.kind != "local":
+        return 0.0
+    try:
+        out = (runner or _run)(_QUERY)
+    except (OSError, subprocess.SubprocessError):
+        return 0.0
+    sizes = [float(line) for line in out.split() if line.replace(".", "", 1).isdigit()]
+    return min(sizes) * 2**20 / 1e9 if sizes else 0.0
+
+
+def _trainer_group(plan: Any) -> str | None:
+    from flowrl.config.pools import HYBRID_GROUP
+
+    names = {r.group for r in plan.ranks}
+    return "actor" if "actor" in names else HYBRID_GROUP if HYBRID_GROUP in names else None
+
+
+def _reference_shares(cfg: Any, plan: Any, group: str) -> bool:
+    """A reference rank sits on a GPU of the trainer's (the hybrid group holds one in each rank)."""
+    if "ref" not in cfg.worker_group_sizes:
+        return False
+    mine = {(r.node, g) for r in plan.group(group) for g in r.gpus}
+    return group != "actor" or any((r.node, g) in mine for r in plan.group("ref") for g in r.gpus)
+
+
+def trainer_layout(cfg: Any, plan: Any) -> TrainerLayout | None:
+    """What the memory model reads of the actor's config on ``plan`` (None: no trainer on a GPU)."""
+    from flowrl.catalog.backends import TRAIN_BACKENDS
+    from flowrl.config.batching_auto import resolved_section
+
+    group = _trainer_group(plan)
+    if group is None or not any(r.gpus for r in plan.group(group)):
+        return None
+    a = resolved_section(cfg, "actor")
+    spec = TRAIN_BACKENDS.spec(a.strategy)
+    seq_len = cfg.data.max_prompt_length + cfg.rollout.response_length
+    if a.use_dynamic_bsz:
+        micro, key = max(1, a.ppo_max_token_len_per_gpu // seq_len), "ppo_max_token_len_per_gpu"
+    else:
+        micro, key = a.ppo_micro_batch_size_per_gpu, "ppo_micro_batch_size_per_gpu"
+    fsdp = getattr(a, "fsdp_config", None)
+    return TrainerLayout(
+        section="actor", dims=ParallelDims(dp=a.data_parallel_size, tp=a.tensor_model_parallel_size,
+                                           pp=a.pipeline_model_parallel_size),
+        seq_len=seq_len, micro_batch_size=micro, micro_batch_key=key, micro_batch_value=getattr(a, key),
+        global_batch_tokens=a.ppo_mini_batch_size * cfg.rollout.n * seq_len, dtype=plan.group(group)[0].dtype,
+        fully_sharded=spec.fully_sharded, distributed_optimizer=spec.owns("use_distributed_optimizer")
+        and a.use_distributed_optimizer and not spec.fully_sharded,
+        state_on_host=spec.fully_sharded and bool(fsdp and fsdp.offload_policy),
+        reference=_reference_shares(cfg, plan, group) and not cfg.model.lora_rank,
+        recompute=bool(cfg.model.enable_gradient_checkpointing and spec.model_kwargs), lora_rank=cfg.model.lora_rank,
+    )
+
+
+def trainer_capabilities(cfg: Any) -> Capabilities:
+    """What the actor's backend spec can change (``flowrl.parallel.rank_memory.memory_fixes``)."""
+    from flowrl.catalog.backends import TRAIN_BACKENDS, ParallelAxis
+
+    spec = TRAIN_BACKENDS.spec(cfg.actor.strategy)
+    sharded = TRAIN_BACKENDS.names_where(lambda s: s.fully_sharded)
+    return Capabilities(tensor_parallel=spec.supports(ParallelAxis.TP),
+                        distributed_optimizer=spec.owns("use_distributed_optimizer"),
+                        checkpointing=spec.model_kwargs is not None,
+                        sharded_strategy=sharded[0] if sharded and not spec.fully_sharded else None)
+
+
+def check_trainer_memory(cfg: Any, plan: Any, *, memory_gb: float | None = None,
+                         runner: Callable[[list[str]], str] | None = None) -> TrainerMemory | None:
+    """The actor rank's estimate on ``plan`` (None: CPU, or the GPU's memory unknown); raises
+    ConfigError when it cannot fit one GPU of ``memory_gb`` (default :func:`gpu_memory_gb`)."""
+    from flowrl.parallel.model_spec import ModelSpec
+
+    if not plan.inventory.has_gpus or not cfg.model.path:
+        return None
+    layout = trainer_layout(cfg, plan)
+    memory_gb = gpu_memory_gb(cfg, runner) if memory_gb is None else memory_gb
+    if layout is None or memory_gb <= 0:
+        return None
+    try:
+        spec = ModelSpec.from_hf_config(cfg.model.path)
+    except (ValueError, OSError):
+        return None  # not a decoder config this model reads: the backends' own checks speak for it
+    problem = memory_problem(spec, layout, memory_gb, trainer_capabilities(cfg))
+    if problem is not None:
+        raise ConfigError(f"{layout.section}.{layout.micro_batch_key}", layout.micro_batch_value, problem,
+                          "change one of the keys above (flowrl devices shows the estimate)")
+    return estimate(spec, layout, memory_gb)

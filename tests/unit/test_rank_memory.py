@@ -1,0 +1,116 @@
+"""Pre-flight's GPU memory check (issue 28 item 4): each trainer rank's estimate from
+``flowrl parallel-plan``'s memory model (``layout_cost.train_memory``) on a mocked GPU inventory;
+refused with what was computed and the keys that lower it; nothing checked on the CPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flowrl.config import ConfigError
+from flowrl.config.devices import device_plan
+from flowrl.config.loader import load_config
+from flowrl.parallel.device_plan import Inventory
+from flowrl.parallel.layout_cost import GB, RESERVED_GB
+from flowrl.parallel.model_spec import ModelSpec
+from flowrl.parallel.rank_memory import Capabilities, TrainerLayout, estimate
+from flowrl.parallel.mesh import ParallelDims
+from flowrl.run.memory_check import check_trainer_memory, gpu_memory_gb, trainer_layout
+
+# Qwen2-7B's shape: 28 layers, hidden 3584, 28 heads (4 kv heads), ffn 18944, vocab 152064, untied.
+QWEN2_7B = {"model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
+            "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064, "hidden_act": "silu",
+            "tie_word_embeddings": False}
+SHORT = ["data.max_prompt_length=512", "rollout.response_length=512", "actor.ppo_micro_batch_size_per_gpu=1",
+         "actor.use_dynamic_bsz=false", "actor.log_prob_use_dynamic_bsz=false"]
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN2_7B))
+    return str(tmp_path)
+
+
+def _cfg(model_dir: str, *keys: str):
+    return load_config(None, [f"model.path={model_dir}", "data.train_files=x.parquet", "cluster.placement=colocated",
+                              "actor.data_parallel_size=2", "rollout.data_parallel_size=2", "ref.data_parallel_size=2",
+                              *SHORT, *keys])
+
+
+def _plan(cfg, gpus: int = 2):
+    return device_plan(cfg, Inventory(nodes=1, gpus_per_node=gpus))
+
+
+def test_fsdp_7b_on_two_80gb_gpus_is_refused_with_the_keys_and_offload_policy_makes_it_fit(model_dir):
+    cfg = _cfg(model_dir, "actor.strategy=fsdp")
+    with pytest.raises(ConfigError) as err:
+        check_trainer_memory(cfg, _plan(cfg), memory_gb=80)
+    msg = str(err.value)
+    # 7.6e9 params over dp 2: weights 2 B + grads 4 B + Adam 12 B + the colocated reference's 2 B
+    # = 20 B/param / 2 = 76 GB before activations and the 3 GB reserve: above 0.9 * 80 = 72.
+    assert err.value.key == "actor.ppo_micro_batch_size_per_gpu"
+    assert "flowrl parallel-plan's memory model" in msg and "holds 72.0" in msg
+    assert "actor.fsdp_config.offload_policy=true" in msg and "(fits)" in msg
+    assert "model.enable_gradient_checkpointing=true" in msg
+    fitted = _cfg(model_dir, "actor.strategy=fsdp", "actor.fsdp_config.offload_policy=true")
+    est = check_trainer_memory(fitted, _plan(fitted), memory_gb=80)
+    assert est is not None and est.fits and est.parts_gb["optimizer"] == 0.0
+
+
+def test_the_estimate_is_train_memory_of_the_configured_layout(model_dir):
+    cfg = _cfg(model_dir, "actor.strategy=fsdp")
+    layout = trainer_layout(cfg, _plan(cfg))
+    assert layout.dims == ParallelDims(dp=2, tp=1, pp=1) and layout.seq_len == 1024 and layout.micro_batch_size == 1
+    assert layout.fully_sharded and layout.reference and layout.dtype == "bfloat16"
+    spec = ModelSpec.from_hf_config(QWEN2_7B)
+    est = estimate(spec, layout, 80)
+    p = spec.num_params  # vocab 152064 is a multiple of 128: no padding
+    block = spec.params_per_layer
+    assert est.parts_gb["weights"] == pytest.approx((p * 2 / 2 + block * 2) / GB, rel=1e-3)
+    assert est.parts_gb["optimizer"] == pytest.approx(p * 12 / 2 / GB, rel=1e-3)
+    assert est.total_gb == pytest.approx(sum(est.parts_gb.values()) + RESERVED_GB)
+
+
+def test_more_gpus_fit_and_the_cpu_is_not_checked(model_dir):
+    cfg = _cfg(model_dir, "actor.strategy=fsdp", "actor.data_parallel_size=8", "rollout.data_parallel_size=8",
+               "ref.data_parallel_size=8")
+    est = check_trainer_memory(cfg, _plan(cfg, 8), memory_gb=80)
+    assert est.fits and est.total_gb < 30  # 20 B/param / 8 = 19 GB + activations + reserve
+    small = _cfg(model_dir, "actor.strategy=fsdp")
+    assert check_trainer_memory(small, _plan(small, 0), memory_gb=80) is None  # CPU plan: unchanged
+    assert check_trainer_memory(small, _plan(small), memory_gb=0) is None  # GPU memory unknown
+
+
+def test_megatron_names_tensor_parallel_and_the_distributed_optimizer(model_dir):
+    cfg = _cfg(model_dir, "actor.strategy=megatron", "actor.use_kl_loss=false")
+    with pytest.raises(ConfigError) as err:
+        check_trainer_memory(cfg, _plan(cfg), memory_gb=80)
+    msg = str(err.value)
+    assert "actor.tensor_model_parallel_size=2 (x2 GPUs)" in msg and "actor.use_distributed_optimizer=true" in msg
+    assert "offload_policy" not in msg  # not a megatron key
+
+
+def test_dynamic_batch_size_counts_the_token_budget(model_dir):
+    cfg = _cfg(model_dir, "actor.strategy=fsdp", "actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=4096")
+    layout = trainer_layout(cfg, _plan(cfg))
+    assert (layout.micro_batch_size, layout.micro_batch_key, layout.micro_batch_value) == (4, "ppo_max_token_len_per_gpu", 4096)
+
+
+def test_dp_strategy_is_pointed_at_the_sharded_strategy():
+    spec = ModelSpec.from_hf_config(QWEN2_7B)
+    layout = TrainerLayout(dims=ParallelDims(dp=2, tp=1, pp=1), seq_len=1024, micro_batch_size=1,
+                           micro_batch_key="ppo_micro_batch_size_per_gpu", global_batch_tokens=2**20, dtype="bfloat16")
+    from flowrl.parallel.rank_memory import memory_problem
+
+    msg = memory_problem(spec, layout, 80, Capabilities(sharded_strategy="fsdp"))
+    assert "actor.strategy=fsdp -> " in msg and msg.endswith("GPUs with more memory")
+
+
+def test_gpu_memory_from_the_config_or_nvidia_smi(model_dir):
+    cfg = _cfg(model_dir)
+    assert gpu_memory_gb(cfg, runner=lambda cmd: "81559\n81559\n") == pytest.approx(81559 * 2**20 / 1e9)
+    assert gpu_memory_gb(cfg, runner=lambda cmd: (_ for _ in ()).throw(OSError("no nvidia-smi"))) == 0.0
+    assert gpu_memory_gb(_cfg(model_dir, "cluster.gpu_memory_gb=40")) == 40.0
+    with pytest.raises(ConfigError, match="gpu_memory_gb"):
+        _cfg(model_dir, "cluster.gpu_memory_gb=-1")
