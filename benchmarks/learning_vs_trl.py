@@ -113,18 +113,21 @@ def prepare(workdir: Path, *, warmup_target: float | None = 0.4, seed: int = 0, 
         key["max_warmup_steps"] = max_warmup_steps
     if record_path.exists() and (record := json.loads(record_path.read_text()))["key"] == key:
         return record
-    from flowrl.tasks.arithmetic import make_addition_rows, split_pairs
+    from flowrl.tasks.arithmetic import make_addition_rows, make_sft_rows, split_pairs, write_rows
     from flowrl.models.char_tokenizer import build_char_tokenizer
     from flowrl.models.tiny import build_tiny_model, count_parameters
-    from flowrl.models.warmup import WarmupConfig, warm_up
+    from flowrl.tasks.warmup import WarmupConfig, evaluate_accuracy, sft_warm_up
 
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(tokenizer, **model_kwargs, seed=seed)
-    rows = make_addition_rows(len(split_pairs("train")), seed, "train")
+    model.save_pretrained(workdir / "init_model")
+    num_pairs = len(split_pairs("train"))
+    demos = write_rows(workdir / "sft.parquet", make_sft_rows(num_pairs, seed, "train"))
     config = WarmupConfig(target_greedy_accuracy=warmup_target, max_steps=max_warmup_steps)
-    result = warm_up(model, tokenizer, rows, config, seed=seed)
+    probe_rows = make_addition_rows(config.num_probe_rows, seed, "train")
     model_dir = workdir / "model"
-    model.save_pretrained(model_dir)
+    result = sft_warm_up(workdir / "init_model", str(demos), config, seed=seed, out_dir=model_dir,
+                         probe=lambda m: evaluate_accuracy(m, tokenizer, probe_rows, num_samples=1, temperature=0.0))
     tokenizer.save_pretrained(model_dir)
     start = evaluate_policy(str(model_dir), str(model_dir), heldout_rows())
     record = {"key": key, "model_dir": str(model_dir), "num_parameters": count_parameters(model),
@@ -165,7 +168,7 @@ def evaluate_policy(model_dir: str, start_dir: str, rows: Sequence[dict], *, num
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from flowrl.models.warmup import evaluate_accuracy, prompt_texts, torch_threads
+    from flowrl.tasks.warmup import evaluate_accuracy, prompt_texts, torch_threads
 
     tokenizer = AutoTokenizer.from_pretrained(start_dir)  # the shared tokenizer (flowrl's save_hf writes weights only)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 from flowrl.tasks.files import TASK_FILE, read_record, write_parquet
 
 DATA_SOURCE = "flowrl/agent_calculator"
-TASK_VERSION = 1
+TASK_VERSION = 2  # 2: the warm-up is an sft run
 RESPONSE_LENGTH = 96
 # The character tokenizer's template with an assistant and a tool role: a tool answer renders as
 # "\n=<answer>\n" after the model's turn (so the loop's observation tokens are exactly those).
@@ -105,18 +105,19 @@ def demonstration(tokenizer: Any, row: dict) -> tuple[list[int], list[int]]:
     return ids, labels
 
 
-def _encode(tokenizer: Any, rows: Sequence[dict]) -> tuple[Any, Any, Any]:
-    import torch
+def _demonstrations(tokenizer: Any, rows: Sequence[dict]) -> Any:
+    """The demonstrations as SFT rows: the prompt, then the rest with the loss on the model's
+    own turns (the tool's answer untrained)."""
+    from flowrl.tasks.warmup import token_rows
 
-    pairs = [demonstration(tokenizer, r) for r in rows]
-    length = max(len(i) for i, _ in pairs)
-    ids_BT = torch.full((len(rows), length), tokenizer.pad_token_id, dtype=torch.long)
-    mask_BT = torch.zeros((len(rows), length), dtype=torch.long)
-    labels_BT = torch.full((len(rows), length), -100, dtype=torch.long)
-    for b, (ids, labels) in enumerate(pairs):
-        ids_BT[b, : len(ids)], mask_BT[b, : len(ids)] = torch.tensor(ids), 1
-        labels_BT[b, : len(ids)] = torch.tensor(labels)
-    return ids_BT, mask_BT, labels_BT
+    prompts, responses, masks = [], [], []
+    for row in rows:
+        ids, labels = demonstration(tokenizer, row)
+        start = next(i for i, label in enumerate(labels) if label != -100)
+        prompts.append(ids[:start])
+        responses.append(ids[start:])
+        masks.append([int(label != -100) for label in labels[start:]])
+    return token_rows(prompts, responses, masks)
 
 
 def model_generate_fn(model: Any, tokenizer: Any, *, temperature: float) -> Any:
@@ -164,30 +165,17 @@ def agent_accuracy(model: Any, tokenizer: Any, rows: Sequence[dict], *, temperat
     return sum(scores) / len(scores)
 
 
-def warm_up_agent(model: Any, tokenizer: Any, rows: Sequence[dict], config: Any, *, seed: int,
+def warm_up_agent(model_dir: Path, out_dir: Path, tokenizer: Any, rows: Sequence[dict], config: Any, *, seed: int,
                   target_sampled_accuracy: float, num_probe_rows: int = 64) -> tuple[int, float]:
-    """Supervised steps on demonstrations (warm-up pieces of :mod:`flowrl.models.warmup`) until
+    """The ``sft`` warm-up (:func:`flowrl.tasks.warmup.sft_warm_up`) on demonstrations until
     sampled agent-loop accuracy on the first rows reaches the target; ``(steps, that accuracy)``."""
-    import torch
+    from flowrl.tasks.warmup import sft_warm_up
 
-    from flowrl.models.warmup import _optimizer, _train_step, torch_threads
-
-    ids_BT, mask_BT, labels_BT = _encode(tokenizer, rows)
-    optimizer, scheduler = _optimizer(model, config)
-    generator = torch.Generator().manual_seed(seed)
-    accuracy, step = 0.0, 0
-    with torch_threads(config.num_threads):
-        for step in range(1, config.max_steps + 1):
-            model.train()
-            index_B = torch.randint(0, len(rows), (config.batch_size,), generator=generator)
-            _train_step(model, optimizer, scheduler, ids_BT[index_B], mask_BT[index_B], labels_BT[index_B], config)
-            if step % config.check_every == 0:
-                model.eval()
-                accuracy = agent_accuracy(model, tokenizer, rows[:num_probe_rows], temperature=1.0, seed=seed)
-                if accuracy >= target_sampled_accuracy:
-                    break
-    model.eval()
-    return step, accuracy
+    result = sft_warm_up(model_dir, "", config, seed=seed, out_dir=out_dir, dataset=_demonstrations(tokenizer, rows),
+                         target=target_sampled_accuracy,
+                         probe=lambda model: agent_accuracy(model, tokenizer, rows[:num_probe_rows], temperature=1.0,
+                                                            seed=seed))
+    return result.num_steps, result.probe_accuracy or 0.0
 
 
 def _task_key(**settings: Any) -> dict:
@@ -207,7 +195,9 @@ def prepare_agent_task(root: str | os.PathLike, *, seed: int = 0, num_train: int
                        target_sampled_accuracy: float = 0.2, warmup: Any = None, force: bool = False) -> AgentTask:
     """Build (or reuse) the calculator task under ``root`` (see the module docstring)."""
     from flowrl.models.tiny import build_tiny_model, tiny_preset
-    from flowrl.models.warmup import WarmupConfig, torch_threads
+    from transformers import AutoModelForCausalLM
+
+    from flowrl.tasks.warmup import WarmupConfig, torch_threads
 
     root = Path(root)
     warmup = warmup or WarmupConfig(max_steps=3000, batch_size=64, lr=3e-3, label_smoothing=0.0,
@@ -225,15 +215,16 @@ def prepare_agent_task(root: str | os.PathLike, *, seed: int = 0, num_train: int
         tokenizer = build_agent_tokenizer()
         # llama, not qwen2: AutoTokenizer would load the character tokenizer of a qwen2 directory
         # as Qwen2Tokenizer, whose byte-level pre-tokenizer drops the newlines of tool answers.
-        model = build_tiny_model(tokenizer, **{**tiny_preset("default"), "arch": "llama"},
-                                 max_position_embeddings=128, seed=seed)
+        build_tiny_model(tokenizer, **{**tiny_preset("default"), "arch": "llama"}, max_position_embeddings=128,
+                         seed=seed).save_pretrained(tmp / "init_model")
         start = time.perf_counter()
-        steps, sampled = warm_up_agent(model, tokenizer, train, warmup, seed=seed,
+        steps, sampled = warm_up_agent(tmp / "init_model", tmp / "model", tokenizer, train, warmup, seed=seed,
                                        target_sampled_accuracy=target_sampled_accuracy)
+        shutil.rmtree(tmp / "init_model")
+        tokenizer.save_pretrained(tmp / "model")
+        model = AutoModelForCausalLM.from_pretrained(tmp / "model").eval()
         with torch_threads(warmup.num_threads):
             greedy = agent_accuracy(model, tokenizer, train[:128], temperature=0.0)
-        model.save_pretrained(tmp / "model")
-        tokenizer.save_pretrained(tmp / "model")
         record = {"key": key, "initial_sampled_accuracy": sampled, "initial_greedy_accuracy": greedy,
                   "warmup_steps": steps, "warmup_seconds": round(time.perf_counter() - start, 1)}
         (tmp / TASK_FILE).write_text(json.dumps(record, indent=2) + "\n")

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 from flowrl.tasks.files import TASK_FILE, read_record, write_parquet
 
 DATA_SOURCE = "flowrl/code_linear"
-TASK_VERSION = 1
+TASK_VERSION = 2  # 2: the warm-up is an sft run
 RESPONSE_LENGTH = 32
 TEST_POINTS = (0, 1, 2, 5, -3)
 SLOPES, INTERCEPTS = range(1, 10), range(-9, 10)
@@ -87,34 +87,26 @@ def text_accuracy(model: Any, tokenizer: Any, rows: Sequence[dict], *, temperatu
     return sum(t.strip() == r["extra_info"]["solution"] for t, r in zip(texts, rows)) / len(rows)
 
 
-def _supervised_rows(rows: Sequence[dict]) -> list[dict]:
-    """Rows whose ground truth is the taught solution (what ``encode_supervised`` trains on)."""
-    return [{**r, "reward_model": {"ground_truth": r["extra_info"]["solution"]}} for r in rows]
+def _demonstrations(tokenizer: Any, rows: Sequence[dict]) -> Any:
+    """Each row's raw prompt, then its taught solution and EOS as the trained response."""
+    from flowrl.tasks.warmup import token_rows
+
+    enc = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    prompts = [enc(r["prompt"][0]["content"]) for r in rows]
+    answers = [enc(r["extra_info"]["solution"]) + [tokenizer.eos_token_id] for r in rows]
+    return token_rows(prompts, answers, [[1] * len(a) for a in answers])
 
 
-def warm_up_code(model: Any, tokenizer: Any, rows: Sequence[dict], config: Any, *, seed: int,
+def warm_up_code(model_dir: Path, out_dir: Path, tokenizer: Any, rows: Sequence[dict], config: Any, *, seed: int,
                  target_greedy_accuracy: float, num_probe_rows: int = 128) -> tuple[int, float]:
-    """Supervised steps until greedy text accuracy on the first rows reaches the target."""
-    import torch
+    """The ``sft`` warm-up (:func:`flowrl.tasks.warmup.sft_warm_up`) until greedy text accuracy on
+    the first rows reaches the target; ``(steps, that accuracy)``."""
+    from flowrl.tasks.warmup import sft_warm_up
 
-    from flowrl.models.warmup import _optimizer, _train_step, encode_supervised, torch_threads
-
-    ids_BT, mask_BT, labels_BT = encode_supervised(tokenizer, _supervised_rows(rows))
-    optimizer, scheduler = _optimizer(model, config)
-    generator = torch.Generator().manual_seed(seed)
-    accuracy, step = 0.0, 0
-    with torch_threads(config.num_threads):
-        for step in range(1, config.max_steps + 1):
-            model.train()
-            index_B = torch.randint(0, len(rows), (config.batch_size,), generator=generator)
-            _train_step(model, optimizer, scheduler, ids_BT[index_B], mask_BT[index_B], labels_BT[index_B], config)
-            if step % config.check_every == 0:
-                model.eval()
-                accuracy = text_accuracy(model, tokenizer, rows[:num_probe_rows], temperature=0.0)
-                if accuracy >= target_greedy_accuracy:
-                    break
-    model.eval()
-    return step, accuracy
+    result = sft_warm_up(model_dir, "", config, seed=seed, out_dir=out_dir, dataset=_demonstrations(tokenizer, rows),
+                         target=target_greedy_accuracy,
+                         probe=lambda model: text_accuracy(model, tokenizer, rows[:num_probe_rows], temperature=0.0))
+    return result.num_steps, result.probe_accuracy or 0.0
 
 
 def _load(root: Path, key: dict) -> CodeTask | None:
@@ -129,7 +121,9 @@ def _load(root: Path, key: dict) -> CodeTask | None:
 def _build(tmp: Path, *, seed: int, num_train: int, num_test: int, target: float, warmup: Any, key: dict) -> None:
     from flowrl.models.char_tokenizer import build_char_tokenizer
     from flowrl.models.tiny import build_tiny_model, tiny_preset
-    from flowrl.models.warmup import torch_threads
+    from transformers import AutoModelForCausalLM
+
+    from flowrl.tasks.warmup import torch_threads
 
     train, test = make_rows(num_train, seed, "train"), make_rows(num_test, seed, "test")
     write_parquet(tmp, train, "train.parquet")
@@ -137,14 +131,16 @@ def _build(tmp: Path, *, seed: int, num_train: int, num_test: int, target: float
     tokenizer = build_char_tokenizer()
     # llama, not qwen2: AutoTokenizer would load a qwen2 directory's tokenizer as Qwen2Tokenizer,
     # whose byte-level pre-tokenizer changes the spaces of the answers (as in the agent task).
-    model = build_tiny_model(tokenizer, **{**tiny_preset("default"), "arch": "llama"}, max_position_embeddings=64,
-                             seed=seed)
+    build_tiny_model(tokenizer, **{**tiny_preset("default"), "arch": "llama"}, max_position_embeddings=64,
+                     seed=seed).save_pretrained(tmp / "init_model")
     start = time.perf_counter()
-    steps, greedy = warm_up_code(model, tokenizer, train, warmup, seed=seed, target_greedy_accuracy=target)
+    steps, greedy = warm_up_code(tmp / "init_model", tmp / "model", tokenizer, train, warmup, seed=seed,
+                                 target_greedy_accuracy=target)
+    shutil.rmtree(tmp / "init_model")
+    tokenizer.save_pretrained(tmp / "model")
+    model = AutoModelForCausalLM.from_pretrained(tmp / "model").eval()
     with torch_threads(warmup.num_threads):
         sampled = text_accuracy(model, tokenizer, train[:256], temperature=1.0, seed=seed)
-    model.save_pretrained(tmp / "model")
-    tokenizer.save_pretrained(tmp / "model")
     record = {"key": key, "initial_greedy_accuracy": greedy, "initial_sampled_accuracy": sampled,
               "warmup_steps": steps, "warmup_seconds": round(time.perf_counter() - start, 1)}
     (tmp / TASK_FILE).write_text(json.dumps(record, indent=2) + "\n")
@@ -153,7 +149,7 @@ def _build(tmp: Path, *, seed: int, num_train: int, num_test: int, target: float
 def prepare_code_task(root: str | os.PathLike, *, seed: int = 0, num_train: int = 2048, num_test: int = 128,
                       target_greedy_accuracy: float = 0.6, warmup: Any = None, force: bool = False) -> CodeTask:
     """Build (or reuse) the code task under ``root`` (see the module docstring)."""
-    from flowrl.models.warmup import WarmupConfig
+    from flowrl.tasks.warmup import WarmupConfig
 
     root = Path(root)
     warmup = warmup or WarmupConfig(max_steps=2000, batch_size=64, lr=3e-3, label_smoothing=0.1, check_every=25,

@@ -15,7 +15,7 @@ from flowrl.agents.jail import jail_problem
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(jail_problem() is not None, reason=f"no jail here: {jail_problem()}")
 def test_two_steps_of_the_code_task_score_in_the_jail(tmp_path):
-    from flowrl.models.warmup import WarmupConfig
+    from flowrl.tasks.warmup import WarmupConfig
     from flowrl.tasks.code_task import prepare_code_task
 
     warmup = WarmupConfig(max_steps=4, batch_size=8, check_every=10, target_greedy_accuracy=None)  # a smoke test

@@ -35,7 +35,7 @@ def test_score_is_the_last_line():
 def test_a_short_build_round_trips(tmp_path):
     from transformers import AutoTokenizer
 
-    from flowrl.models.warmup import WarmupConfig
+    from flowrl.tasks.warmup import WarmupConfig
 
     warmup = WarmupConfig(max_steps=4, batch_size=8, check_every=2, target_greedy_accuracy=None)
     task = prepare_agent_task(tmp_path / "task", num_train=64, num_test=8, warmup=warmup)

@@ -21,12 +21,12 @@ FLOORS = [
     (1, ["flowrl.algos", "flowrl.parallel", "flowrl.rewards", "flowrl.data", "flowrl.models", "flowrl.agents",
          "flowrl.checks"]),
     (2, ["flowrl.config"]),
-    (3, ["flowrl.checkpoint", "flowrl.metrics", "flowrl.comm", "flowrl.cluster", "flowrl.tasks"]),
+    (3, ["flowrl.checkpoint", "flowrl.metrics", "flowrl.comm", "flowrl.cluster"]),
     (4, ["flowrl.actors"]),
     (5, ["flowrl.backends"]),
     (6, ["flowrl.roles"]),
     (7, ["flowrl.nodes"]),
-    (8, ["flowrl.graphs"]),
+    (8, ["flowrl.graphs", "flowrl.tasks"]),  # the tasks warm their models up with the sft family
     (9, ["flowrl.run"]),
     (10, ["flowrl.cli"]),
 ]

@@ -5,10 +5,10 @@ import json
 import pytest
 
 from flowrl.tasks.default_task import prepare_default_task
-from flowrl.models import warmup as warmup_module
+from flowrl.tasks import warmup as warmup_module
 from flowrl.models.char_tokenizer import build_char_tokenizer
 from flowrl.models.tiny import TINY_PRESETS, build_tiny_model, count_parameters, tiny_preset
-from flowrl.models.warmup import WarmupConfig
+from flowrl.tasks.warmup import WarmupConfig
 
 # A few steps on small batches: exercises every stage in well under a second.
 FAST = dict(
@@ -80,7 +80,7 @@ def test_prepare_is_cached(tmp_path, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("a cached task was rebuilt")
 
-    monkeypatch.setattr(warmup_module, "warm_up", no_training)
+    monkeypatch.setattr(warmup_module, "sft_warm_up", no_training)
     again = prepare_default_task(tmp_path / "task", **FAST)
     assert again == task
     assert (task.root / "task.json").stat().st_mtime_ns == marker
@@ -96,7 +96,7 @@ def test_crash_leaves_no_partial_directory(tmp_path, monkeypatch):
     def crash(*args, **kwargs):
         raise RuntimeError("killed mid warm-up")
 
-    monkeypatch.setattr(warmup_module, "warm_up", crash)
+    monkeypatch.setattr(warmup_module, "sft_warm_up", crash)
     with pytest.raises(RuntimeError, match="killed"):
         prepare_default_task(tmp_path / "fresh", **FAST)
     with pytest.raises(RuntimeError, match="killed"):

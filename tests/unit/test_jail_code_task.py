@@ -40,7 +40,7 @@ def test_the_taught_solution_passes_and_a_wrong_slope_earns_the_intercept_only(m
 def test_a_short_build_round_trips(tmp_path):
     from transformers import AutoTokenizer
 
-    from flowrl.models.warmup import WarmupConfig
+    from flowrl.tasks.warmup import WarmupConfig
 
     warmup = WarmupConfig(max_steps=4, batch_size=8, check_every=10, target_greedy_accuracy=None)  # no probe
     task = prepare_code_task(tmp_path / "task", num_train=64, num_test=8, warmup=warmup)
