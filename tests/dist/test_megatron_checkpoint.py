@@ -2,8 +2,8 @@
 
 A GRPO step at TP2 x PP2 saves a checkpoint (each of the 4 ranks writes its own chunks; the
 tied-free tiny Llama has GQA, so q/k/v come from the fused, group-interleaved ``linear_qkv``).
-The checkpoint is then resumed at megatron TP1 x DP4, at megatron TP4 (more tp ranks than KV
-heads) and by the ``dp`` strategy; each run saves right away, and its parameters and AdamW states
+The checkpoint is then resumed at megatron TP1 x DP4 (also with the distributed optimizer), at
+megatron TP4 (more tp ranks than KV heads) and by the ``dp`` strategy; each run saves right away, and its parameters and AdamW states
 must equal the original checkpoint's bitwise (fp32).
 """
 
@@ -33,6 +33,9 @@ TARGETS = {
     "megatron-tp1-dp4": ("actor.strategy=megatron", "actor.data_parallel_size=4"),
     "megatron-tp4": ("actor.strategy=megatron", "actor.tensor_model_parallel_size=4"),
     "dp": ("actor.strategy=dp", "actor.data_parallel_size=1"),
+    # megatron's distributed optimizer over 4 dp ranks: each reads its flat ranges, then writes the
+    # chunks of its ranges (those a dp cut splits exchanged) through the trainer's save
+    "megatron-dp4-distopt": ("actor.strategy=megatron", "actor.data_parallel_size=4", "actor.use_distributed_optimizer=true"),
 }
 
 
@@ -80,7 +83,7 @@ def test_tp2_pp2_checkpoint_loads_bitwise_under_another_layout(tmp_path, tiny_mo
 def test_distributed_optimizer_checkpoint_resumes_under_any_layout(tmp_path):
     """Saved at tp1 dp2 with megatron's distributed optimizer (each dp rank writes the chunks of
     its flat ranges; a parameter split between the two ranks is exchanged), resumed at tp1 dp2
-    with and without it, at tp2 and at pp2 (dp1): the next step's loss and parameters equal the
+    with and without it, at tp2 with it and at pp2 without it (dp1): the next step's loss and parameters equal the
     uninterrupted run's (bitwise at the saving layout; to float32 rounding where tp/pp or the
     plain optimizer's all-reduce change the summation order), and a save right after loading
     equals the original checkpoint bitwise."""

@@ -22,7 +22,6 @@ SOURCE = {"tp": 1, "pp": 1, "dp": 2, "use_distributed_optimizer": True}
 TARGETS = {
     "tp1-dp2-distopt": SOURCE,
     "tp2-dp1-distopt": {"tp": 2, "pp": 1, "dp": 1, "use_distributed_optimizer": True},
-    "tp2-dp1": {"tp": 2, "pp": 1, "dp": 1},
     "pp2-dp1": {"tp": 1, "pp": 2, "dp": 1},
     "tp1-dp2": {"tp": 1, "pp": 1, "dp": 2},
 }

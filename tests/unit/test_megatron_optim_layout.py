@@ -86,3 +86,34 @@ def test_box_count_by_hand():
     assert box_elements(flat[3:20], 3, box).tolist() == [7.0, 8.0, 12.0, 13.0]
     with pytest.raises(AssertionError):  # the ranges must cover the box
         assign_writers([box], {"l": [(0, 8), (9, 20)]})
+
+
+def test_boxes_written_as_whole_chunks_make_a_complete_checkpoint(tmp_path):
+    """In one process, what the dp ranks of every shard write (each box once, from the shares)
+    finalizes into a checkpoint equal to the full tensors; a partial chunk is refused."""
+    from flowrl.checkpoint import begin_checkpoint, declared_chunks, finalize_checkpoint, load_full, write_chunks
+
+    g = torch.Generator().manual_seed(7)
+    spec = shard_spec(MODEL, ParallelDims(dp=1, tp=2, pp=2), make_vocab_size_divisible_by=8)
+    full = {n: torch.randn(s, generator=g) for n, s in spec.params.items()}
+    tmp = begin_checkpoint(tmp_path / "step_1", spec, optim_states=("exp_avg",))
+    chunks = declared_chunks(tmp)
+    owners = chunk_owners(spec, chunks)
+    name = "model.layers.0.mlp.down_proj.weight"
+    with pytest.raises(ValueError, match="not whole chunks"):
+        write_chunks(tmp, [(None, name, ((0, 1), (0, chunks[name][1])), torch.zeros(1, chunks[name][1]))])
+    with pytest.raises(ValueError, match="was not declared"):
+        write_chunks(tmp, [("exp_avg_sq", name, ((0, 1), (0, 1)), torch.zeros(1, 1))])
+    for key in spec.shards:
+        local = shard_arrays(spec, full, key)
+        ranges = {n: _deal(t.numel(), 3, g) for n, t in local.items()}
+        boxes = owned_boxes(spec, key, chunks, owners)
+        writes = []
+        for box in boxes:
+            flat = local[box.local].reshape(-1)
+            region = torch.cat([box_elements(flat[s:e], s, box) for s, e in ranges[box.local]]).view(box.shape)
+            writes += [(None, box.param, box.region, region), ("exp_avg", box.param, box.region, 2 * region)]
+        write_chunks(tmp, writes)
+    path = finalize_checkpoint(tmp, step=1)
+    params, exp_avg = load_full(path, as_torch=True), load_full(path, state="exp_avg", as_torch=True)
+    assert all(torch.equal(params[n], full[n]) and torch.equal(exp_avg[n], 2 * full[n]) for n in full)
