@@ -294,3 +294,14 @@ def test_an_engine_that_ignores_the_updates_is_named():
     assert run("policy_moved", table(response_mask=mask, ref_logprobs=ref, rollout_logprobs=ref), 0, trainer).ok is None
     assert run("policy_moved", table(response_mask=mask, ref_logprobs=ref, rollout_logprobs=ref), 3,
                {"actor/kl_loss": 1e-5}).ok is None
+
+
+def test_a_template_that_refuses_a_tool_message_is_not_judged():
+    from flowrl.agents.loop import ChatCodec
+    from flowrl.tasks.agent_task import build_agent_tokenizer
+
+    tok = build_agent_tokenizer()
+    tok.chat_template = ("{%- for m in messages -%}{%- if m['role'] == 'tool' -%}{{ raise_exception('no tools') }}"
+                         "{%- endif -%}{{ m['content'] }}{%- endfor -%}")
+    v = round_trip(tok, ChatCodec(tok).observation_ids)
+    assert v.ok is None and "does not render this conversation" in v.message
