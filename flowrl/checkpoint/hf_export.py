@@ -2,7 +2,9 @@
 
 The model is built (on the meta device, no initialisation) from the ``config.json`` in
 ``config_dir``, filled with the checkpoint's full parameters and written with ``save_pretrained``
-(safetensors); tokenizer files and ``generation_config.json`` are copied from ``config_dir``.
+(safetensors); tokenizer files and ``generation_config.json`` are copied from ``config_dir``. A
+reward model's checkpoint (the ``rm`` family's, with a ``score`` head) is written as a one-label
+sequence-classification model.
 
 A LoRA checkpoint (``model.lora_rank`` > 0: the adapters only, their settings in
 ``extra.lora``) needs ``lora="merge"`` (``flowrl export-hf --merge-lora``: the base model of
@@ -20,6 +22,10 @@ import shutil
 from flowrl.checkpoint.loading import check_params, load_full, load_meta
 
 __all__ = ["TOKENIZER_FILES", "export_hf"]
+
+REWARD_HEAD = "score.weight"
+"""A reward model's checkpoint (``algorithm.family=rm``) holds this head: it is exported as
+``AutoModelForSequenceClassification`` with one label, a ``reward_model.model_path``."""
 
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -54,8 +60,14 @@ def export_hf(path: str | os.PathLike, out_dir: str | os.PathLike,
                              "model, adapters merged into the base) or --adapter-only (peft's adapter directory)")
         return _export_lora(path, out_dir, config_dir, saved_lora, merge=lora == "merge")
     config = AutoConfig.from_pretrained(config_dir)
+    model_cls = AutoModelForCausalLM
+    if REWARD_HEAD in load_meta(path)["params"]:  # the rm family's: a one-output classification head
+        from transformers import AutoModelForSequenceClassification
+
+        model_cls, config.num_labels = AutoModelForSequenceClassification, 1
+        config.pad_token_id = 0 if config.pad_token_id is None else config.pad_token_id
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = model_cls.from_config(config)
     shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
     if getattr(config, "tie_word_embeddings", False):
         shapes.pop("lm_head.weight", None)

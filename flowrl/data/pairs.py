@@ -66,3 +66,31 @@ class PairDataset(TokenRows):
             raise ValueError(f"no usable preference pairs in {', '.join(files)} ({len(rejected)} rejected"
                              + (f"; first: {rejected[0].file} row {rejected[0].row}: {rejected[0].reason})" if rejected else ")"))
         super().__init__(token_table(prompts, responses, masks), rejected)
+
+
+def pairs_from_samples(prompts: Sequence[Any], answers: Sequence[Sequence[str]], scores: Sequence[Sequence[float]],
+                       *, max_pairs_per_prompt: int = 1) -> list[dict]:
+    """Preference pairs from a model's own samples: for each prompt, its best-scored answer (the
+    first in sample order) as ``chosen`` against each distinct answer scored below it, worst
+    first (ties in sample order), up to ``max_pairs_per_prompt`` pairs. A prompt whose answers all
+    score the same (all right, or all wrong) gives none. ``answers[i]`` and ``scores[i]`` are
+    prompt ``i``'s samples and their rewards."""
+    if not len(prompts) == len(answers) == len(scores):
+        raise ValueError(f"{len(prompts)} prompts, {len(answers)} answer lists and {len(scores)} score lists: "
+                         "give one answer list and one score list per prompt")
+    if max_pairs_per_prompt < 1:
+        raise ValueError(f"max_pairs_per_prompt={max_pairs_per_prompt} must be at least 1")
+    out = []
+    for prompt, texts, values in zip(prompts, answers, scores):
+        if len(texts) != len(values):
+            raise ValueError(f"{len(texts)} answers but {len(values)} scores for prompt {prompt!r}")
+        if not texts:
+            continue
+        best = max(range(len(values)), key=lambda k: (values[k], -k))
+        worse = sorted((k for k in range(len(values)) if values[k] < values[best]), key=lambda k: (values[k], k))
+        seen: set[str] = set()
+        for k in worse:
+            if texts[k] not in seen and len(seen) < max_pairs_per_prompt:
+                seen.add(texts[k])
+                out.append({"prompt": prompt, CHOSEN_KEY: texts[best], REJECTED_KEY: texts[k]})
+    return out

@@ -16,15 +16,9 @@ from flowrl.config import ConfigError
 from flowrl.parallel.mesh import ParallelDims
 from flowrl.parallel.rank_memory import Capabilities, TrainerLayout, TrainerMemory, estimate, memory_problem
 
-__all__ = ["check_trainer_memory", "gpu_memory_gb", "offloaded_bytes", "trainer_capabilities", "trainer_layout"]
+__all__ = ["check_trainer_memory", "gpu_memory_gb", "trainer_capabilities", "trainer_layout"]
 
 NVIDIA_SMI_TIMEOUT_S = 20.0
-FSDP_PARAM_HOST_BYTES = 8
-"""Host bytes per parameter (of a rank's 1/dp shard) with FSDP's ``param_offload``: the fp32
-sharded parameter and its fp32 gradient (``Module.to`` moves ``.grad`` too;
-``flowrl.backends.train.fsdp_offload.move_modules``)."""
-FSDP_OPTIMIZER_HOST_BYTES = 8
-"""With ``optimizer_offload``: AdamW's two fp32 moments (``exp_avg``, ``exp_avg_sq``)."""
 _QUERY = ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
 
 
@@ -124,30 +118,3 @@ def check_trainer_memory(cfg: Any, plan: Any, *, memory_gb: float | None = None,
         raise ConfigError(f"{layout.section}.{layout.micro_batch_key}", layout.micro_batch_value, problem,
                           "change one of the keys above (flowrl devices shows the estimate)")
     return estimate(spec, layout, memory_gb)
-
-
-def offloaded_bytes(cfg: Any, num_params: int | None = None) -> int:
-    """Host bytes one actor rank keeps after loading when its engine offloads (what
-    ``cluster.memory_limit=auto`` adds to the load, ``flowrl.cluster.host_memory``): on a fully
-    sharded backend, ``num_params / dp`` x (:data:`FSDP_PARAM_HOST_BYTES` with
-    ``fsdp_config.param_offload`` + :data:`FSDP_OPTIMIZER_HOST_BYTES` with ``optimizer_offload``;
-    both with ``offload_policy``). ``num_params``: default from ``model.path``'s config.json (0
-    when it cannot be read, or nothing offloads)."""
-    from flowrl.catalog.backends import TRAIN_BACKENDS
-
-    a = cfg.actor
-    if not TRAIN_BACKENDS.spec(a.strategy).fully_sharded:
-        return 0
-    f = a.fsdp_config
-    per_param = (FSDP_PARAM_HOST_BYTES * (f.param_offload or f.offload_policy)
-                 + FSDP_OPTIMIZER_HOST_BYTES * (f.optimizer_offload or f.offload_policy))
-    if not per_param:
-        return 0
-    if num_params is None:
-        from flowrl.parallel.model_spec import ModelSpec
-
-        try:
-            num_params = ModelSpec.from_hf_config(cfg.model.path).num_params if cfg.model.path else 0
-        except (ValueError, OSError):
-            num_params = 0
-    return per_param * num_params // a.data_parallel_size

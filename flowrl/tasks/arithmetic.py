@@ -127,3 +127,33 @@ def write_rows(path: str | os.PathLike, rows: list[dict]) -> Path:
     pq.write_table(pa.Table.from_pylist(rows), tmp_path)
     os.replace(tmp_path, path)
     return path
+
+
+def make_model_pair_rows(model_dir: str | os.PathLike, num: int, seed: int, split: str, *, num_samples: int = 8,
+                         temperature: float = 1.0, max_pairs_per_prompt: int = 4) -> list[dict]:
+    """Preference pairs from a model's own answers (TRL's format): ``num_samples`` answers
+    sampled at ``temperature`` to each of ``num`` prompts of ``split``, scored by exact match;
+    a prompt with both a right and a wrong (non-empty) answer gives pairs, the right one chosen
+    against up to ``max_pairs_per_prompt`` distinct wrong ones
+    (:func:`flowrl.data.pairs.pairs_from_samples`): near misses as well as garbage, so that a
+    reward model trained on them must tell a right sum from a wrong one. Only the prompts the
+    model sometimes gets right and sometimes wrong give pairs."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from flowrl.data.pairs import pairs_from_samples
+    from flowrl.rewards import resolve_reward_fn
+    from flowrl.tasks.warmup import sample_answers, torch_threads
+
+    rows = make_addition_rows(num, seed, split)
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
+    with torch_threads(1):
+        answers = sample_answers(model, tokenizer, rows, num_samples=num_samples, temperature=temperature, seed=seed)
+    answers = [[a.strip() for a in row_answers if a.strip()] for row_answers in answers]
+    score = resolve_reward_fn("auto")
+    scores = [[_value(score(r["data_source"], a, r["reward_model"]["ground_truth"])) for a in row_answers]
+              for r, row_answers in zip(rows, answers)]
+    return pairs_from_samples([r["prompt"] for r in rows], answers, scores, max_pairs_per_prompt=max_pairs_per_prompt)
+
+
+def _value(result: float | dict) -> float:
+    return result["score"] if isinstance(result, dict) else float(result)
