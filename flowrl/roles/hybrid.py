@@ -201,7 +201,8 @@ class HybridRole:
             from flowrl.backends.reshard.engine_load import load_into_engine
 
             rollout = self.rollout.inner
-            with self.memory.phase("sync"):
+            # the trainer's offloaded state (fsdp_config / megatron param_offload) on its device for the load
+            with self.memory.phase("sync"), self.actor.inner.residency.resident():
                 stats = load_into_engine(job, rank=self.rank, world_size=self.world_size, train_engine=self.actor.inner.engine,
                                          engine=rollout.engine, dtype=torch_dtype(rollout.dtype),
                                          device=rollout.device)
@@ -213,13 +214,14 @@ class HybridRole:
                     "process": self.rank, "seconds": time.perf_counter() - start}
         from flowrl.backends.reshard import run_rank
 
-        return run_rank(
-            job,
-            src_rank=placement.src.index(self.rank) if self.rank in placement.src else None,
-            dst_rank=placement.dst.index(self.rank) if self.rank in placement.dst else None,
-            src=self.actor.inner.engine.reshard_source(),
-            dst=self.rollout.inner.engine.reshard_target(),
-        )
+        with self.actor.inner.residency.resident():  # the source's shards on the device for the send
+            return run_rank(
+                job,
+                src_rank=placement.src.index(self.rank) if self.rank in placement.src else None,
+                dst_rank=placement.dst.index(self.rank) if self.rank in placement.dst else None,
+                src=self.actor.inner.engine.reshard_source(),
+                dst=self.rollout.inner.engine.reshard_target(),
+            )
 
     def reshard_done(self) -> None:
         """The rollout side's turn of a hybrid weight sync: :meth:`reshard` (on the actor's

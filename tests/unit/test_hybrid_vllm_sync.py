@@ -146,7 +146,10 @@ class FakePolicy:
     """The hybrid role's actor part: a trainer holding its parameters whole."""
 
     def __init__(self, *, rank, world_size, **kwargs) -> None:
+        from flowrl.roles.memory import Residency
+
         self.engine = WholeTrainer()
+        self.residency = Residency(self.engine)  # an engine that does not offload: never called
 
     def update(self) -> float:
         return 1.0
