@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from flowrl.checkpoint import latest_checkpoint, load_meta
 from flowrl.config.verl_script import expand
 from flowrl_testing.verl import tiny_overrides, write_gsm8k_style
 
@@ -78,13 +79,19 @@ def _megatron_overrides(model_dir: Path, gsm8k, run_dir: Path, *, gpus: int) -> 
 def test_a_catalogue_megatron_grpo_script_trains_at_tp2_pp2(tmp_path, tiny_model_dir, gsm8k):
     run_dir = tmp_path / "run"
     # the script's own tp 2 x pp 2 on 4 'GPUs' (dp 1); its KL loss against a reference is dropped (a
-    # second 4-rank megatron group): the shrink CI time asks for
-    overrides = [*_megatron_overrides(tiny_model_dir, gsm8k, run_dir, gpus=4), "actor_rollout_ref.actor.use_kl_loss=False"]
+    # second 4-rank megatron group): the shrink CI time asks for; a checkpoint after step 2 (verl's
+    # default distributed optimizer, saved since issue 37)
+    overrides = [*_megatron_overrides(tiny_model_dir, gsm8k, run_dir, gpus=4), "actor_rollout_ref.actor.use_kl_loss=False",
+                 "trainer.save_freq=2"]
     argv, rows = _train(tmp_path, MEGATRON_GRPO, overrides, run_dir)
     assert "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2" in argv
     config = (run_dir / "config.yaml").read_text()
-    assert "strategy: megatron" in config
+    assert "strategy: megatron" in config and "use_distributed_optimizer: true" in config
     assert "tensor_model_parallel_size: 2" in config and "pipeline_model_parallel_size: 2" in config
+    meta = load_meta(latest_checkpoint(run_dir / "checkpoints"))
+    assert meta["step"] == 2 and meta["layout"]["tp"] == meta["layout"]["pp"] == 2
+    # two mini-batches (8 prompts x 2 samples, ppo_mini_batch_size 4) per step: 4 optimizer steps
+    assert sorted(meta["optim"]) == ["exp_avg", "exp_avg_sq"] and meta["extra"]["optim_step"] == 4
 
 
 def test_a_catalogue_megatron_ppo_script_with_a_critic_trains_two_steps(tmp_path, tiny_model_dir, gsm8k):
