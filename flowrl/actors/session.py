@@ -83,6 +83,7 @@ class Session:
         log_dir: str | None = None,
         scratch_dir: str | None = None,
         model_path: str = "",
+        host_state_bytes: int = 0,
     ) -> "Session":
         """Start (or connect to) a cluster with ``num_workers`` worker processes for groups plus
         one controller worker that runs the graph's node tasks: nodes mostly wait on actors, and
@@ -94,8 +95,8 @@ class Session:
         picks LocalCluster, SLURM jobs or an existing scheduler (see ``flowrl.cluster``). With
         ``group_sizes`` ({group name: world size}) the workers come in the config's resource
         pools and :meth:`create_groups` places each group on its pool's workers. ``model_path``:
-        the checkpoint the ranks load, which ``cluster.memory_limit`` must hold
-        (``flowrl.cluster.host_memory``: refused before any worker starts when it cannot)."""
+        the checkpoint the ranks load, which with ``host_state_bytes`` (offloaded state a worker keeps)
+        ``cluster.memory_limit`` must hold (``flowrl.cluster.host_memory``: refused before any start)."""
         from flowrl.cluster import resolve_pools, start_cluster
         from flowrl.cluster.pools import pool_of
         from flowrl.config import ClusterConfig
@@ -111,7 +112,7 @@ class Session:
         pools = resolve_pools(cluster, group_sizes or {"workers": num_workers})
         in_driver = cluster.controller == "driver"
         handle = start_cluster(cluster, pools, log_dir=log_dir, scratch_dir=scratch_dir, controller=not in_driver,
-                               model_path=model_path)
+                               model_path=model_path, host_state_bytes=host_state_bytes)
         session = cls(handle.client, handle if handle.kind != "address" else None,
                       timeout_s=cluster.timeout_s, startup_timeout_s=cluster.startup_timeout_s)
         session.handle = handle

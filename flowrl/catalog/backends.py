@@ -293,7 +293,7 @@ TRAIN_BACKENDS.add(TrainBackendSpec(
 ))
 TRAIN_BACKENDS.add(TrainBackendSpec(
     name="megatron", engine="flowrl.backends.train.megatron.policy:MegatronTrainEngine",
-    parallel_axes=frozenset({_DP, _TP, _PP, _VPP}), config_keys=frozenset({_DISTRIBUTED_OPTIMIZER}),
+    parallel_axes=frozenset({_DP, _TP, _PP, _VPP}), config_keys=frozenset({_DISTRIBUTED_OPTIMIZER, "megatron"}),
     checkpoint=CheckpointKind.SHARDED, shard_style=ShardStyle.MEGATRON, token_budget=False, shared_prompts=False,
     shares_process=False, engine_kwargs=f"{_MEGATRON}:train_engine_kwargs", preflight=f"{_MEGATRON}:check_train_layouts",
     token_stats=frozenset({"entropy"}),  # uniform_nll over a vocab-parallel head: not written

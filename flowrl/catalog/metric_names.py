@@ -28,6 +28,8 @@ ROLLOUT_MAX_MEMORY_ALLOCATED_GB = "perf/rollout_max_memory_allocated_gb"
 # optimizer_offload): seconds since the previous update's report, this rank (0 on the CPU: nothing moves)
 ACTOR_OFFLOAD_S = "perf/actor_offload_s"
 ACTOR_ONLOAD_S = "perf/actor_onload_s"
+CRITIC_OFFLOAD_S = "perf/critic_offload_s"  # the same for critic.fsdp_config.param_offload / optimizer_offload
+CRITIC_ONLOAD_S = "perf/critic_onload_s"
 CRITIC_TRAIN_TOKENS_PER_S = "perf/critic_train_tokens_per_s"
 CRITIC_TRAIN_PADDING_RATIO = "perf/critic_train_padding_ratio"
 TRAIN_SLOTS = "train_slots"  # an update stat: model positions computed, summed over ranks

@@ -153,11 +153,12 @@ def resolve_memory_limit(value: str, *, workers: int, has_gpus: bool, host_bytes
 
 
 def local_memory_limit(value: str, *, workers: int, model_path: str = "", environ: Mapping[str, str] | None = None,
-                       runner: Any = None, host_bytes: int | None = None) -> str | int:
+                       runner: Any = None, host_bytes: int | None = None, extra_bytes: int = 0) -> str | int:
     """:func:`resolve_memory_limit` for a LocalCluster of ``workers`` processes on this machine:
     its memory (Dask's reading, which honours cgroup limits), its GPUs as the device plan sees
     them (``FLOWRL_DEVICES``, ``CUDA_VISIBLE_DEVICES``, ``nvidia-smi -L``; asked only for
-    ``default``) and the checkpoint under ``model_path``."""
+    ``default``) and the checkpoint under ``model_path``, plus ``extra_bytes`` of state a worker
+    keeps on the host after loading (``flowrl.run.memory_check.offloaded_bytes``)."""
     text = str(value).strip().lower()
     if text not in (DEFAULT, "auto") and not model_path:
         return value  # a written limit, nothing to check it against
@@ -171,4 +172,4 @@ def local_memory_limit(value: str, *, workers: int, model_path: str = "", enviro
 
         host_bytes = MEMORY_LIMIT
     return resolve_memory_limit(value, workers=workers, has_gpus=has_gpus, host_bytes=host_bytes,
-                                ckpt_bytes=checkpoint_bytes(model_path))
+                                ckpt_bytes=checkpoint_bytes(model_path), extra_bytes=extra_bytes)

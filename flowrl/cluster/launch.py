@@ -160,13 +160,15 @@ class ClusterHandle:
 
 # --------------------------------------------------------------------------- starting
 def start_cluster(cfg: Any, pools: list[Pool], *, log_dir: str | Path | None = None, controller: bool = True,
-                  scratch_dir: str | Path | None = None, model_path: str | Path = "") -> ClusterHandle:
+                  scratch_dir: str | Path | None = None, model_path: str | Path = "",
+                  host_state_bytes: int = 0) -> ClusterHandle:
     """Start (or connect to) the cluster ``cfg`` (a ClusterConfig) describes with the workers
     of ``pools`` plus a controller worker; wait for them; return the handle (closed on failure).
     ``scratch_dir``: the workers' Dask scratch space (``local_directory``; a run passes a
     directory of its run directory), else Dask's default in the system temp dir. ``model_path``:
     the model the ranks load, whose checkpoint size ``cluster.memory_limit`` must allow
-    (``flowrl.cluster.host_memory``; refused here, before any worker starts, when it cannot)."""
+    (``flowrl.cluster.host_memory``; refused here, before any worker starts, when it cannot), with
+    ``host_state_bytes`` of offloaded state a worker keeps on the host on top."""
     import dask
 
     # Dask's nanny sets MALLOC_TRIM_THRESHOLD_=65536 in new workers, which pins glibc's mmap
@@ -181,7 +183,8 @@ def start_cluster(cfg: Any, pools: list[Pool], *, log_dir: str | Path | None = N
     if cfg.kind == "local":
         from flowrl.cluster.host_memory import local_memory_limit
 
-        memory_limit = local_memory_limit(cfg.memory_limit, workers=total, model_path=str(model_path or ""))
+        memory_limit = local_memory_limit(cfg.memory_limit, workers=total, model_path=str(model_path or ""),
+                                          extra_bytes=host_state_bytes)
     if cfg.kind != "address":
         private.prepare()  # TMPDIR, the fork server's socket, the rendezvous stores: 0700, before any worker
     if cfg.kind == "address":

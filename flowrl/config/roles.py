@@ -16,6 +16,7 @@ from flowrl.catalog.backends import (GEN_BACKENDS, TRAIN_BACKENDS, VALUE_BACKEND
                                      either)
 from flowrl.config.errors import check, check_one_of, check_positive
 from flowrl.config.fsdp import FSDPConfig
+from flowrl.config.megatron import MEGATRON_SECTION, MegatronConfig, check_megatron_owner
 from flowrl.config.multi_turn import MultiTurnConfig
 from flowrl.config.sections import OptimConfig
 
@@ -88,6 +89,8 @@ def check_reference_budget(ref, actor) -> None:
     check(ref.use_prefix_grouper is not True or spec.shared_prompts, "ref.use_prefix_grouper", True,
           f"the reference runs on actor.strategy={strategy}, which has no shared-prompt layout",
           f"set ref.use_prefix_grouper=auto or false, or actor.strategy={_with(TRAIN_BACKENDS, 'shared_prompts')}")
+    check_megatron_owner("ref", ref.megatron, spec, strategy,
+                         either(TRAIN_BACKENDS.names_where(lambda s: s.owns(MEGATRON_SECTION))), key_prefix="ref.")
 
 
 @dataclass(kw_only=True)
@@ -274,6 +277,8 @@ class ActorConfig(ParallelFields):
     """Shard optimizer states over data-parallel ranks (megatron strategy)."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """How ``strategy=fsdp`` shards the policy (verl's ``fsdp_config``)."""
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    """``strategy=megatron``'s offload switches (verl's ``actor.megatron.*_offload``)."""
     ulysses_sequence_parallel_size: int = 1
     """verl's Ulysses sequence parallelism: not built in flowrl (must be 1)."""
 
@@ -317,6 +322,8 @@ class ActorConfig(ParallelFields):
         check(not self.use_distributed_optimizer or spec.owns("use_distributed_optimizer"), "use_distributed_optimizer",
               True, f"is not an actor.strategy={self.strategy} option", f"set actor.strategy={owners} or "
               "use_distributed_optimizer=false")
+        check_megatron_owner("actor", self.megatron, spec, self.strategy,
+                             either(TRAIN_BACKENDS.names_where(lambda s: s.owns(MEGATRON_SECTION))))
         if not spec.axes_in_preflight:
             tp_or_pp = TRAIN_BACKENDS.names_where(lambda s: s.supports(ParallelAxis.TP))
             check(
@@ -347,6 +354,8 @@ class ReferenceConfig(ParallelFields):
     ``actor.strategy``: dp or fsdp only)."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """How the reference shards under ``actor.strategy=fsdp`` (verl's ``fsdp_config``)."""
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    """Its offload switches under ``actor.strategy=megatron`` (verl's ``ref.megatron.param_offload``)."""
 
     def __post_init__(self) -> None:
         self._check_mesh()

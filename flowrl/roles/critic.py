@@ -23,6 +23,7 @@ from flowrl.parallel.dtypes import resolve_dtype
 from flowrl.registry import import_string
 from flowrl.roles import checkpoints
 from flowrl.roles.epochs import run_epochs
+from flowrl.roles.memory import Residency
 
 
 class CriticRole:
@@ -50,13 +51,18 @@ class CriticRole:
             model_dir, dtype=resolve_dtype(dtype, device), device=device, seed=seed, **AdamWSettings.from_config(o).engine_kwargs(), **engine_kwargs,
         )
         self.rate = ScheduledRate(o, total_steps)  # critic.optim.lr_scheduler_type, once per RL step
+        # critic.fsdp_config.param_offload / optimizer_offload: the value model's state on the device
+        # only in this role's phases, as the policy's (nothing moves on the CPU)
+        self.residency = Residency(self.engine, names=(names.CRITIC_OFFLOAD_S, names.CRITIC_ONLOAD_S))
+        self.residency.release()
 
     # ----------------------------------------------------------------- nodes
     def compute_values(self, table: pa.Table, column: str = "values") -> pa.Table:
         """A one-column table: the value of every response token of ``table``."""
         budget = self.cfg.forward_max_token_len_per_gpu if self.cfg.use_dynamic_bsz else 0
         batch = PackedBatch.from_table(table).with_token_budget(budget).with_shared_prompts(self.cfg.use_prefix_grouper)
-        values_T = self.engine.forward_values(batch, micro_batch_size=self.cfg.forward_micro_batch_size_per_gpu)
+        with self.residency.resident():
+            values_T = self.engine.forward_values(batch, micro_batch_size=self.cfg.forward_micro_batch_size_per_gpu)
         return pa.table({column: experience.list_column(values_T, batch.response_cu_B1, experience.TOKEN_FLOATS)})
 
     def update(self, table: pa.Table, mini_batch_rows: int) -> dict[str, float]:
@@ -65,7 +71,10 @@ class CriticRole:
         the ``values`` the advantages were computed with."""
         batch = PackedBatch.from_table(table, ("values", "returns", "response_mask"))
         self.rate.before_update(self.engine.optimizer)
-        return run_epochs(batch, epochs=self.cfg.ppo_epochs, mini_batch_rows=mini_batch_rows, step=self._step, prefix=names.CRITIC)
+        with self.residency.resident(optimizer=True):
+            stats = run_epochs(batch, epochs=self.cfg.ppo_epochs, mini_batch_rows=mini_batch_rows, step=self._step,
+                               prefix=names.CRITIC)
+        return {**stats, **self.residency.take_metrics()}
 
     def _step(self, mini: PackedBatch) -> dict[str, float]:
         cfg = self.cfg
@@ -88,12 +97,14 @@ class CriticRole:
         (``extra`` plus ``optim_step`` in its meta); ``{"path", "optim_step"}`` on rank 0, None
         elsewhere. Backends without a checkpoint kind (megatron) raise NotImplementedError
         (refused in pre-flight)."""
-        return checkpoints.save(self.engine, self.checkpoint_kind, path, rank=self.rank, step=step, extra=extra)
+        with self.residency.resident(optimizer=True):
+            return checkpoints.save(self.engine, self.checkpoint_kind, path, rank=self.rank, step=step, extra=extra)
 
     def load_checkpoint(self, path: str) -> int:
         """Every rank: restore checkpoint ``path``; the optimizer step."""
         self.rate.resume(path)
-        return checkpoints.load(self.engine, self.checkpoint_kind, path)
+        with self.residency.resident(optimizer=True):
+            return checkpoints.load(self.engine, self.checkpoint_kind, path)
 
     def close(self) -> None:
         self.engine.close()

@@ -8,6 +8,7 @@ from flowrl.catalog.backends import TRAIN_BACKENDS
 from flowrl.data import experience
 from flowrl.data.packed import PackedBatch
 from flowrl.parallel.dtypes import resolve_dtype
+from flowrl.roles.memory import Residency
 
 
 class ReferenceRole:
@@ -34,11 +35,17 @@ class ReferenceRole:
         self.temperature = temperature
         self.max_token_len = max_token_len  # > 0: micro-batches by tokens, packed (log_prob_use_dynamic_bsz)
         self.prefix_grouper = prefix_grouper  # each group's prompt once (ref.use_prefix_grouper)
+        # ref.megatron.param_offload: the weights on the device only for its forward (an fsdp
+        # reference's param_offload is FSDP2's CPUOffloadPolicy instead: its engine moves nothing here)
+        self.residency = Residency(self.engine)
+        self.residency.release()
 
     def compute_logprobs(self, table: pa.Table, column: str = "ref_logprobs") -> pa.Table:
         """A one-column table: ``column`` for each row of ``table``."""
         batch = PackedBatch.from_table(table).with_token_budget(self.max_token_len).with_shared_prompts(self.prefix_grouper)
-        logp_T, _ = self.engine.forward_logprobs(batch, micro_batch_size=self.micro_batch_size, temperature=self.temperature)
+        with self.residency.resident():
+            logp_T, _ = self.engine.forward_logprobs(batch, micro_batch_size=self.micro_batch_size,
+                                                     temperature=self.temperature)
         array = experience.list_column(logp_T, batch.response_cu_B1, experience.TOKEN_FLOATS)
         return pa.table({column: array})
 

@@ -16,9 +16,15 @@ from flowrl.config import ConfigError
 from flowrl.parallel.mesh import ParallelDims
 from flowrl.parallel.rank_memory import Capabilities, TrainerLayout, TrainerMemory, estimate, memory_problem
 
-__all__ = ["check_trainer_memory", "gpu_memory_gb", "trainer_capabilities", "trainer_layout"]
+__all__ = ["check_trainer_memory", "gpu_memory_gb", "host_bytes_per_param", "offloaded_bytes", "trainer_capabilities", "trainer_layout"]
 
 NVIDIA_SMI_TIMEOUT_S = 20.0
+FSDP_PARAM_HOST_BYTES = 8
+"""Host bytes per parameter (of a rank's 1/dp shard) with FSDP's ``param_offload``: the fp32
+sharded parameter and its fp32 gradient (``Module.to`` moves ``.grad`` too;
+``flowrl.backends.train.fsdp_offload.move_modules``)."""
+FSDP_OPTIMIZER_HOST_BYTES = 8
+"""With ``optimizer_offload``: AdamW's two fp32 moments (``exp_avg``, ``exp_avg_sq``)."""
 _QUERY = ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
 
 
@@ -118,3 +124,46 @@ def check_trainer_memory(cfg: Any, plan: Any, *, memory_gb: float | None = None,
         raise ConfigError(f"{layout.section}.{layout.micro_batch_key}", layout.micro_batch_value, problem,
                           "change one of the keys above (flowrl devices shows the estimate)")
     return estimate(spec, layout, memory_gb)
+
+
+def offloaded_bytes(cfg: Any, num_params: int | None = None) -> int:
+    """Host bytes one actor rank keeps after loading when its engine offloads (what
+    ``cluster.memory_limit=auto`` adds to the load, ``flowrl.cluster.host_memory``): its share of
+    ``num_params`` (default: from ``model.path``'s config.json; 0 when it cannot be read) times
+    :func:`host_bytes_per_param`."""
+    per_param = host_bytes_per_param(cfg)
+    if not per_param:
+        return 0
+    if num_params is None:
+        from flowrl.parallel.model_spec import ModelSpec
+
+        try:
+            num_params = ModelSpec.from_hf_config(cfg.model.path).num_params if cfg.model.path else 0
+        except (ValueError, OSError):
+            num_params = 0
+    return int(per_param * num_params)
+
+
+def host_bytes_per_param(cfg: Any) -> float:
+    """Offloaded host bytes of one actor rank per parameter of the model. A fully sharded backend
+    (FSDP, its 1/dp shard): :data:`FSDP_PARAM_HOST_BYTES` with ``fsdp_config.param_offload`` +
+    :data:`FSDP_OPTIMIZER_HOST_BYTES` with ``optimizer_offload`` (both with ``offload_policy``). A
+    backend owning the ``megatron`` section (its 1/(tp x pp) shard): the parameter buffer with
+    ``megatron.param_offload`` (2 bytes in bf16, 4 in fp32; gradients are dropped, not kept) + with
+    ``optimizer_offload`` the fp32 main parameters and Adam's two moments (12 bytes; 8 in fp32,
+    where the main parameters are the buffer), over dp too with the distributed optimizer."""
+    from flowrl.catalog.backends import TRAIN_BACKENDS
+    from flowrl.config.megatron import MEGATRON_SECTION
+
+    a = cfg.actor
+    spec = TRAIN_BACKENDS.spec(a.strategy)
+    if spec.fully_sharded:
+        f = a.fsdp_config
+        return (FSDP_PARAM_HOST_BYTES * (f.param_offload or f.offload_policy)
+                + FSDP_OPTIMIZER_HOST_BYTES * (f.optimizer_offload or f.offload_policy)) / a.data_parallel_size
+    if not spec.owns(MEGATRON_SECTION):
+        return 0.0
+    m, fp32 = a.megatron, cfg.model.dtype == "float32"
+    optimizer = (8 if fp32 else 12) / (a.data_parallel_size if a.use_distributed_optimizer else 1)
+    shard = a.tensor_model_parallel_size * a.pipeline_model_parallel_size
+    return ((4 if fp32 else 2) * m.param_offload + optimizer * m.optimizer_offload) / shard

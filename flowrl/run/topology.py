@@ -78,6 +78,7 @@ def start_groups(cfg: RunConfig, specs: list[GroupSpec], run_dir: Path, *,
     Every group is placed by the device plan (``plan``: the driver's pre-flight one, else made
     here, before the cluster starts): on GPU each rank gets its GPUs and the group NCCL for CUDA
     tensors; on CPU the specs start unchanged (``flowrl.run.placement``)."""
+    from flowrl.run.memory_check import offloaded_bytes
     from flowrl.run.placement import place_specs, plan_for_specs
 
     cluster = _cluster(cfg)
@@ -85,7 +86,8 @@ def start_groups(cfg: RunConfig, specs: list[GroupSpec], run_dir: Path, *,
     specs = place_specs(specs, plan if plan is not None else plan_for_specs(cfg, specs))
     session = Session.start(sum(s.mesh.world_size for s in specs), cluster=cluster,
                             group_sizes={s.name: s.mesh.world_size for s in specs}, log_dir=str(run_dir / "slurm"),
-                            scratch_dir=str(run_dir / "dask-scratch"), model_path=str(cfg.model.path or ""))
+                            scratch_dir=str(run_dir / "dask-scratch"), model_path=str(cfg.model.path or ""),
+                            host_state_bytes=offloaded_bytes(cfg))
     try:
         write_run_info(run_dir, session)
         groups = session.create_groups(specs)

@@ -9,8 +9,9 @@ import torch
 
 from flowrl.backends.interfaces import OffloadsState
 from flowrl.backends.train.dp_policy import TorchDPEngine
+from flowrl.backends.train.dp_value import TorchDPValueEngine
 from flowrl.backends.train.fsdp_offload import OffloadSwitch, move_optimizer_state, offload_target
-from flowrl.catalog.backends import TRAIN_BACKENDS
+from flowrl.catalog.backends import TRAIN_BACKENDS, VALUE_BACKENDS
 from flowrl.config import ActorConfig, OptimConfig
 from flowrl.data import experience as ex
 from flowrl.metrics import names
@@ -130,6 +131,49 @@ def test_policy_role_onloads_before_each_phase_and_offloads_after(tiny_model_dir
     assert calls == ["offload", "onload", "forward", "offload", "onload+optim", "train_step", "offload",
                      "onload", "offload"]
     assert metrics[names.ACTOR_OFFLOAD_S] >= 0 and metrics[names.ACTOR_ONLOAD_S] >= 0
+
+
+class _RecordingValue(TorchDPValueEngine):
+    """The dp value engine with the offload calls recorded (the critic's fsdp engine has the switch)."""
+
+    offloads = True
+    calls: list = []
+
+    def offload_state(self):
+        self.calls.append("offload")
+
+    def onload_state(self, *, optimizer=False):
+        self.calls.append("onload+optim" if optimizer else "onload")
+
+    def forward_values(self, *args, **kwargs):
+        self.calls.append("forward")
+        return super().forward_values(*args, **kwargs)
+
+    def train_step_values(self, *args, **kwargs):
+        self.calls.append("train_step")
+        return super().train_step_values(*args, **kwargs)
+
+
+def test_critic_role_onloads_before_each_phase_and_offloads_after(tiny_model_dir, monkeypatch, tmp_path):
+    from flowrl.config import CriticConfig
+    from flowrl.roles import critic
+
+    dp = VALUE_BACKENDS.spec("dp")
+    monkeypatch.setattr(critic, "VALUE_BACKENDS", type("Specs", (), {"spec": staticmethod(lambda name: type(
+        "Spec", (), {"checkpoint": dp.checkpoint, "engine_kwargs": None, "engine_class": staticmethod(
+            lambda: _RecordingValue)})())}))
+    _RecordingValue.calls = calls = []
+    cfg = CriticConfig(data_parallel_size=1, optim=OptimConfig(lr=1e-3))
+    role = critic.CriticRole(rank=0, world_size=1, model_dir=str(tiny_model_dir), critic=cfg, response_length=2)
+    assert calls == ["offload"]  # built, then off the device until its first phase
+    values = role.compute_values(_table()).column("values")
+    table = _table().append_column("values", values).append_column("returns", values)
+    metrics = role.update(table, mini_batch_rows=2)
+    role.save_checkpoint(str(tmp_path / "ckpt"), step=1, extra={})
+    assert calls == ["offload", "onload", "forward", "offload", "onload+optim", "train_step", "offload",
+                     "onload+optim", "offload"]
+    assert metrics[names.CRITIC_OFFLOAD_S] >= 0 and metrics[names.CRITIC_ONLOAD_S] >= 0
+    assert names.ACTOR_OFFLOAD_S not in metrics
 
 
 # ----------------------------------------------------------------------------- where state goes
@@ -290,3 +334,35 @@ def test_an_export_outside_the_roles_phases_onloads_offloaded_parameters_for_its
     with switch.loaded():
         assert module.sent == ["cpu", "cuda:0"] and not switch.params_on_host
     assert module.sent == ["cpu", "cuda:0", "cpu"] and switch.params_on_host
+
+
+def test_megatron_offload_switches_are_config_fields_of_the_actor_and_the_reference():
+    from flowrl.backends.train.megatron.options import train_engine_kwargs
+    from flowrl.config import ConfigError
+    from flowrl.config.loader import load_config
+    from flowrl.config.verl import translate_item
+
+    cfg = load_config(None, ["actor.strategy=megatron", "cluster.placement=colocated", "actor.megatron.param_offload=true",
+                             "actor.megatron.optimizer_offload=true", "ref.megatron.param_offload=true"])
+    assert train_engine_kwargs(cfg.actor)["offload"] == {"param_offload": True, "grad_offload": False,
+                                                         "optimizer_offload": True}
+    assert train_engine_kwargs(cfg.ref)["offload"] == {"param_offload": True, "grad_offload": False,
+                                                       "optimizer_offload": False}
+    # under a strategy whose spec does not own the section: refused, naming the key and the owner
+    for key in ("actor.megatron.grad_offload", "ref.megatron.param_offload"):
+        with pytest.raises(ConfigError, match=rf"{key}=True: is not an actor.strategy=fsdp option.*actor.strategy=megatron"):
+            load_config(None, ["actor.strategy=fsdp", f"{key}=true"])
+    assert load_config(None, ["actor.megatron.param_offload=false"]).actor.megatron.param_offload is False
+    # verl's keys map onto them
+    assert translate_item("actor_rollout_ref.actor.megatron.grad_offload", True)[0] == "actor.megatron.grad_offload"
+    assert translate_item("actor_rollout_ref.ref.megatron.param_offload", True)[0] == "ref.megatron.param_offload"
+
+
+def test_reference_role_onloads_for_its_forward_only(tiny_model_dir, monkeypatch):
+    from flowrl.roles import reference
+
+    monkeypatch.setattr(reference, "TRAIN_BACKENDS", _Specs())
+    _RecordingDP.calls = calls = []
+    role = reference.ReferenceRole(rank=0, world_size=1, model_dir=str(tiny_model_dir))
+    role.compute_logprobs(_table())
+    assert calls == ["offload", "onload", "forward", "offload"]  # a frozen engine: never its optimizer

@@ -114,3 +114,33 @@ def test_gpu_memory_from_the_config_or_nvidia_smi(model_dir):
     assert gpu_memory_gb(_cfg(model_dir, "cluster.gpu_memory_gb=40")) == 40.0
     with pytest.raises(ConfigError, match="gpu_memory_gb"):
         _cfg(model_dir, "cluster.gpu_memory_gb=-1")
+
+
+def test_offloaded_state_counts_in_the_host_memory_limit(model_dir):
+    from flowrl.cluster.host_memory import RUNTIME_BYTES, load_bytes
+    from flowrl.run.memory_check import offloaded_bytes
+
+    p = ModelSpec.from_hf_config(QWEN2_7B).num_params  # 7,615,487,488 (Qwen2-7B without its 0.13M q/k/v biases)
+    assert offloaded_bytes(_cfg(model_dir, "actor.strategy=fsdp")) == 0  # nothing offloads
+    # fp32 shard + its fp32 gradient: 8 B/param over dp 2; AdamW's two fp32 moments: 8 more
+    assert offloaded_bytes(_cfg(model_dir, "actor.strategy=fsdp", "actor.fsdp_config.param_offload=true")) == 8 * p // 2
+    both = _cfg(model_dir, "actor.strategy=fsdp", "actor.fsdp_config.param_offload=true",
+                "actor.fsdp_config.optimizer_offload=true")
+    assert offloaded_bytes(both) == 16 * p // 2 == 60_923_899_904
+    policy = _cfg(model_dir, "actor.strategy=fsdp", "actor.fsdp_config.offload_policy=true")
+    assert offloaded_bytes(policy) == offloaded_bytes(both)
+    assert offloaded_bytes(_cfg(model_dir, "actor.strategy=dp")) == 0  # no sharded engine, no switch
+    # megatron tp 2, bf16: the parameter buffer (2 B) and the fp32 main copy + Adam's moments (12 B)
+    mega = _cfg(model_dir, "actor.strategy=megatron", "actor.tensor_model_parallel_size=2", "actor.use_kl_loss=false",
+                "actor.megatron.param_offload=true", "actor.megatron.optimizer_offload=true")
+    assert offloaded_bytes(mega) == (2 + 12) * p // 2
+    dist = _cfg(model_dir, "actor.strategy=megatron", "actor.use_distributed_optimizer=true", "actor.use_kl_loss=false",
+                "actor.megatron.optimizer_offload=true", "actor.megatron.grad_offload=true")  # gradients: dropped
+    assert offloaded_bytes(dist) == 12 * p // 2  # dp 2 shards the optimizer
+    assert load_bytes(0, extra_bytes=offloaded_bytes(both)) == RUNTIME_BYTES + 60_923_899_904
+    from flowrl.cluster.host_memory import local_memory_limit
+
+    # 2 workers on a 64 GiB node: 28.8 GiB each holds the runtime, not 56.7 GiB of offloaded state
+    assert local_memory_limit("auto", workers=2, model_path="", host_bytes=64 << 30) == int((64 << 30) * 0.9) // 2
+    with pytest.raises(ConfigError, match="offloaded state"):
+        local_memory_limit("auto", workers=2, model_path="", host_bytes=64 << 30, extra_bytes=offloaded_bytes(both))

@@ -182,5 +182,8 @@ def test_megatron_sizes_map_to_flowrls_megatron_settings():
     assert classify("critic.megatron.tensor_model_parallel_size")[2] == "critic.tensor_model_parallel_size"
     assert classify("actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size")[2] == (
         "actor.virtual_pipeline_model_parallel_size")
-    assert classify("actor_rollout_ref.actor.megatron.param_offload")[0] == "refused by name"
+    for role in ("actor", "ref"):  # megatron's offload switches are flowrl's (issue 28); the critic's refused
+        for switch in ("param_offload", "grad_offload", "optimizer_offload"):
+            assert classify(f"actor_rollout_ref.{role}.megatron.{switch}")[2] == f"{role}.megatron.{switch}"
+    assert classify("critic.megatron.param_offload")[0] == "refused by name"
     assert classify("actor_rollout_ref.model.use_shm")[0] == "accepted, no effect"
