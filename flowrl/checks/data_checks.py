@@ -136,9 +136,11 @@ def reward_time(data: StepData, limits: Limits, memory: dict) -> Verdict:
         return skipped("no timing_s/gen and timing_s/reward in this step")
     ratio = reward / gen
     streak = memory["streak"] = memory.get("streak", 0) + 1 if ratio > 1.0 else 0
+    # no number logged: the ratio of two wall times would differ between a run and its resume (the times
+    # themselves are timing_s/gen and timing_s/reward)
     if streak < SLOW_REWARD_STEPS:
-        return Verdict(True, ratio, f"reward {reward:.3f}s, gen {gen:.3f}s ({streak} slower step(s) in a row)")
-    return Verdict(False, ratio, (
+        return Verdict(True, float("nan"), f"reward {reward:.3f}s, gen {gen:.3f}s ({streak} slower step(s) in a row)")
+    return Verdict(False, float("nan"), (
         f"scoring took {reward:.3f}s, longer than the generation it scores ({gen:.3f}s, x{ratio:.1f}), "
         f"{streak} steps in a row; likely cause: a slow reward function (per-row model calls, a sandbox, a "
         "remote service): make it faster or batch it, or serve it as a reward model (reward_model.enable)"))

@@ -118,7 +118,7 @@ def test_equal_rewards_within_every_group_are_no_signal_either():
 
 def test_a_reward_slower_than_generation_is_named_with_both_times():
     fast = run("reward_time", table(), metrics={"timing_s/gen": 2.0, "timing_s/reward": 0.5})
-    assert fast.ok and fast.value == 0.25
+    assert fast.ok and math.isnan(fast.value)  # times are timing_s/*: no run-dependent number under checks/
     memory: dict = {}
     slow = [run("reward_time", table(), i, {"timing_s/gen": 1.0, "timing_s/reward": 3.0}, memory) for i in range(3)]
     assert slow[1].ok and slow[2].ok is False  # one or two slow steps are a loaded machine's noise
@@ -183,7 +183,7 @@ def test_error_mode_stops_after_the_step_warn_mode_logs_and_goes_on(caplog):
     checks.observe(0, table(), slow), checks.observe(1, table(), slow)
     metrics = checks.observe(2, table(), slow)
     assert metrics["checks/finite"] == 0.0 and metrics["checks/reward_time"] == 1.0
-    assert metrics["checks/reward_time_value"] == 2.0 and metrics["checks/time_s"] >= 0
+    assert "checks/reward_time_value" not in metrics and metrics["checks/time_s"] >= 0
     assert "check reward_time at step 3: scoring took" in caplog.text
     checks.enforce()  # a warning does not stop the run
     assert "reward_time=WARN" in checks.health_line() and "finite=ok" in checks.health_line()
