@@ -144,3 +144,16 @@ def test_offloaded_state_counts_in_the_host_memory_limit(model_dir):
     assert local_memory_limit("auto", workers=2, model_path="", host_bytes=64 << 30) == int((64 << 30) * 0.9) // 2
     with pytest.raises(ConfigError, match="offloaded state"):
         local_memory_limit("auto", workers=2, model_path="", host_bytes=64 << 30, extra_bytes=offloaded_bytes(both))
+
+
+def test_flowrl_trains_pre_flight_refuses_before_any_worker(model_dir, monkeypatch):
+    """The driver's pre-flight (topology.plan_devices_for) runs the check on the plan it makes."""
+    from flowrl.graphs.family import resolve_family
+    from flowrl.run.topology import plan_devices_for
+
+    monkeypatch.setenv("FLOWRL_DEVICES", "2")  # two GPUs, as the driver would see them
+    cfg = _cfg(model_dir, "actor.strategy=fsdp", "cluster.gpu_memory_gb=80")
+    with pytest.raises(ConfigError, match="offload_policy=true -> 17.5 GB"):
+        plan_devices_for(cfg, resolve_family(cfg)(cfg).group_specs())
+    fitted = _cfg(model_dir, "actor.strategy=fsdp", "cluster.gpu_memory_gb=80", "actor.fsdp_config.offload_policy=true")
+    assert plan_devices_for(fitted, resolve_family(fitted)(fitted).group_specs()).inventory.has_gpus
