@@ -7,7 +7,8 @@ the weights, gradients and optimizer state as ``train_memory`` counts them for t
 sharding (``TrainBackendSpec.fully_sharded``: every state over dp, one block gathered; else
 megatron's layout: weights and gradients over tp x pp, the optimizer over dp too with
 ``use_distributed_optimizer``), the colocated reference's weights when a reference rank shares
-the GPU, the activations of one micro-batch (``ppo_micro_batch_size_per_gpu`` sequences of
+the GPU (unless ``ref.fsdp_config.param_offload`` / ``ref.megatron.param_offload`` keeps them on
+the host outside its forward), the activations of one micro-batch (``ppo_micro_batch_size_per_gpu`` sequences of
 ``data.max_prompt_length + rollout.response_length`` tokens, or ``ppo_max_token_len_per_gpu``
 tokens with ``use_dynamic_bsz``; every layer's input only with
 ``model.enable_gradient_checkpointing``), the logits and ``RESERVED_GB``. FSDP2's
@@ -63,7 +64,7 @@ class TrainerLayout:
     state_on_host: bool = False
     """FSDP2's CPUOffloadPolicy (``fsdp_config.offload_policy``)."""
     reference: bool = False
-    """A reference rank shares this rank's GPU."""
+    """A reference rank shares this rank's GPU and keeps its weights there (not offloaded)."""
     recompute: bool = False
     lora_rank: int = 0
 
@@ -116,6 +117,8 @@ class Capabilities:
     distributed_optimizer: bool = False
     checkpointing: bool = False
     sharded_strategy: str | None = None
+    reference_offload: str | None = None
+    """The key that keeps a reference's weights on the host outside its forward (None: none)."""
 
 
 def memory_fixes(spec: ModelSpec, layout: TrainerLayout, gpu_memory_gb: float, can: Capabilities) -> list[str]:
@@ -129,6 +132,8 @@ def memory_fixes(spec: ModelSpec, layout: TrainerLayout, gpu_memory_gb: float, c
         candidates.append(("model.enable_gradient_checkpointing=true", lambda x: dataclasses.replace(x, recompute=True)))
     if layout.fully_sharded and not layout.state_on_host:
         candidates.append((f"{s}.fsdp_config.offload_policy=true", lambda x: dataclasses.replace(x, state_on_host=True)))
+    if layout.reference and can.reference_offload:
+        candidates.append((f"{can.reference_offload}=true", lambda x: dataclasses.replace(x, reference=False)))
     if can.distributed_optimizer and not (layout.fully_sharded or layout.distributed_optimizer) and layout.dims.dp > 1:
         candidates.append((f"{s}.use_distributed_optimizer=true",
                            lambda x: dataclasses.replace(x, distributed_optimizer=True)))

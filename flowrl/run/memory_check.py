@@ -54,12 +54,34 @@ def _trainer_group(plan: Any) -> str | None:
     return "actor" if "actor" in names else HYBRID_GROUP if HYBRID_GROUP in names else None
 
 
+def _reference_offload(cfg: Any) -> str | None:
+    """The key that keeps the reference's weights off the GPU outside its forward on
+    ``actor.strategy``: ``fsdp_config.param_offload`` (FSDP2's CPUOffloadPolicy for a frozen
+    engine) on a fully sharded backend, ``megatron.param_offload`` on one owning that section."""
+    from flowrl.catalog.backends import TRAIN_BACKENDS
+    from flowrl.config.megatron import MEGATRON_SECTION
+
+    spec = TRAIN_BACKENDS.spec(cfg.actor.strategy)
+    if spec.fully_sharded:
+        return "ref.fsdp_config.param_offload"
+    return "ref.megatron.param_offload" if spec.owns(MEGATRON_SECTION) else None
+
+
 def _reference_shares(cfg: Any, plan: Any, group: str) -> bool:
-    """A reference rank sits on a GPU of the trainer's (the hybrid group holds one in each rank)."""
-    if "ref" not in cfg.worker_group_sizes:
+    """A reference rank sits on a GPU of the trainer's (the hybrid group holds one in each rank)
+    and keeps its weights there."""
+    key = _reference_offload(cfg)
+    if "ref" not in cfg.worker_group_sizes or (key and _value(cfg, key)):
         return False
     mine = {(r.node, g) for r in plan.group(group) for g in r.gpus}
     return group != "actor" or any((r.node, g) in mine for r in plan.group("ref") for g in r.gpus)
+
+
+def _value(cfg: Any, key: str) -> Any:
+    value = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
 
 
 def trainer_layout(cfg: Any, plan: Any) -> TrainerLayout | None:
@@ -100,7 +122,8 @@ def trainer_capabilities(cfg: Any) -> Capabilities:
     return Capabilities(tensor_parallel=spec.supports(ParallelAxis.TP),
                         distributed_optimizer=spec.owns("use_distributed_optimizer"),
                         checkpointing=spec.model_kwargs is not None,
-                        sharded_strategy=sharded[0] if sharded and not spec.fully_sharded else None)
+                        sharded_strategy=sharded[0] if sharded and not spec.fully_sharded else None,
+                        reference_offload=_reference_offload(cfg))
 
 
 def check_trainer_memory(cfg: Any, plan: Any, *, memory_gb: float | None = None,

@@ -53,6 +53,9 @@ def test_fsdp_7b_on_two_80gb_gpus_is_refused_with_the_keys_and_offload_policy_ma
     assert "flowrl parallel-plan's memory model" in msg and "holds 72.0" in msg
     assert "actor.fsdp_config.offload_policy=true" in msg and "(fits)" in msg
     assert "model.enable_gradient_checkpointing=true" in msg
+    assert "ref.fsdp_config.param_offload=true -> 78.4 GB" in msg  # the reference's 7.6 GB off the GPU
+    off = _cfg(model_dir, "actor.strategy=fsdp", "ref.fsdp_config.param_offload=true")
+    assert not trainer_layout(off, _plan(off)).reference
     fitted = _cfg(model_dir, "actor.strategy=fsdp", "actor.fsdp_config.offload_policy=true")
     est = check_trainer_memory(fitted, _plan(fitted), memory_gb=80)
     assert est is not None and est.fits and est.parts_gb["optimizer"] == 0.0
