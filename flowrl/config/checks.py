@@ -24,9 +24,11 @@ class ChecksConfig:
     ``trainer.staleness`` (in stream mode also what ``trainer.max_queue_size`` allows)."""
     finite: Mode = "error"
     """No NaN/inf in the rewards (``score``, ``token_rewards``), ``advantages``, ``returns``, ``values``."""
-    reward_signal: Mode = "error"
+    reward_signal: Mode = "warn"
     """Some learning signal within ``reward_signal_steps`` steps: a run whose rewards are all
-    equal (all 0, or constant), or whose advantages are all 0, that many steps in a row fails."""
+    equal (all 0, or constant), or whose advantages are all 0, that many steps in a row fails.
+    ``warn`` by default: a hard task often scores 0 for its first steps and then learns (set
+    ``error`` to stop such a run)."""
     reward_signal_steps: int = 10
     """``reward_signal``: consecutive steps without a learning signal that fail the check
     (counted by this process: a resume or a rebuild counts again from 0)."""

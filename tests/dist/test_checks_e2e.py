@@ -26,7 +26,7 @@ def test_a_constant_reward_stops_the_run_naming_the_check(tmp_path, tiny_model_d
         f"model.path={tiny_model_dir}", f"data.train_files={addition_data[0]}", f"trainer.run_dir={run_dir}",
         "data.train_batch_size=4", "rollout.n=2", "actor.ppo_mini_batch_size=4", "trainer.progress=false",
         "trainer.total_training_steps=2", "trainer.save_freq=2", f"algorithm.reward_fn={CONSTANT}:compute_score",
-        "trainer.checks.reward_signal_steps=2"])
+        "trainer.checks.reward_signal=error", "trainer.checks.reward_signal_steps=2"])
     with pytest.raises(CheckFailed, match=r"check reward_signal failed at step 2: no learning signal: every reward "
                                           r"is 0 for 2 steps in a row \(step 1\.\.2\)"):
         train(cfg)
