@@ -105,7 +105,7 @@ def _no_signal(table: object) -> str | None:
     return None
 
 
-@register_check("reward_signal", default="error")
+@register_check("reward_signal", default="warn")
 def reward_signal(data: StepData, limits: Limits, memory: dict) -> Verdict:
     table = data.table
     if not {"score", "token_rewards"} <= set(table.column_names) or not table.num_rows:
