@@ -175,12 +175,14 @@ def load_sharded(engine: MegatronEngine, path: str | os.PathLike) -> int:
     saved = set(meta["optim"])
     if saved and not set(OPTIM_STATES) <= saved:
         raise ValueError(f"{path}: optimizer states {sorted(saved)} are not AdamW's {list(OPTIM_STATES)}")
-    loaded = {s: load_shard(path, spec, key, state=s, as_torch=True) for s in OPTIM_STATES} if saved else None
     if distributed:
-        load_distributed(distributed, params, values, loaded, optim_step=optim_step)
-        return optim_step if loaded else 0
-    if loaded is None:
+        load_distributed(distributed, params, values,
+                         (lambda s: load_shard(path, spec, key, state=s, as_torch=True)) if saved else None,
+                         states=OPTIM_STATES, optim_step=optim_step)
+        return optim_step if saved else 0
+    if not saved:
         return 0
+    loaded = {s: load_shard(path, spec, key, state=s, as_torch=True) for s in OPTIM_STATES}
     adam = _adam_states(engine)
     for inner, _ in {id(v[0]): v for v in adam.values()}.values():
         inner.state.clear()

@@ -12,7 +12,7 @@ fp32 main copy and AdamW's ``exp_avg`` / ``exp_avg_sq`` of one flat range of it 
   the checkpoint is the same as a save without the distributed optimizer.
 - load (:func:`load_distributed`): the model parameters are restored whole on every dp rank (as
   without it); each rank then copies its ranges of the main parameters and states out of its
-  local tensors (``load_shard``: only the chunks of its tp/pp pieces).
+  local tensors (``load_shard``: only the chunks of its tp/pp pieces; one state at a time).
 
 Every wait has a timeout (``EXCHANGE_TIMEOUT``).
 """
@@ -20,7 +20,7 @@ Every wait has a timeout (``EXCHANGE_TIMEOUT``).
 from __future__ import annotations
 
 import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -148,10 +148,13 @@ def write_distributed(tmp: str, spec: ShardSpec, key: tuple[int, int], optimizer
 
 @torch.no_grad()
 def load_distributed(optimizers: list[Any], params: dict[str, torch.Tensor], values: dict[str, torch.Tensor],
-                     states: dict[str, dict[str, torch.Tensor]] | None, *, optim_step: int) -> None:
+                     load_state: Callable[[str], dict[str, torch.Tensor]] | None, *, states: tuple[str, ...],
+                     optim_step: int) -> None:
     """Every rank, after the model parameters are restored from ``values`` (this rank's local
-    tensors of the checkpoint): set its ranges of the main parameters and, given ``states``
-    (state -> local tensors), of AdamW's states; without them AdamW starts afresh."""
+    tensors of the checkpoint): set its ranges of the main parameters and, given ``load_state``
+    (state -> this rank's local tensors of it, read one state at a time: host memory for one), of
+    AdamW's ``states``; without it AdamW starts afresh."""
+    owned = []
     for opt in optimizers:
         opt.optimizer.state.clear()
     for name, param in params.items():
@@ -161,13 +164,15 @@ def load_distributed(optimizers: list[Any], params: dict[str, torch.Tensor], val
         r = opt._get_model_param_range_map(param)["param"]
         group_index, group_order = opt.model_param_group_index_map[param]
         main = opt.optimizer.param_groups[group_index]["params"][group_order]
-
-        def piece(local: torch.Tensor) -> torch.Tensor:
-            return local.reshape(-1)[r.start:r.end].to(device=main.device, dtype=main.dtype)
-
-        main.copy_(piece(values[name]))  # a view of the parameter when it is fp32
-        if states is not None:
-            opt.optimizer.state[main] = {
-                "step": torch.tensor(float(optim_step), dtype=torch.float32),
-                **{s: piece(local[name]).clone() for s, local in states.items()},
-            }
+        owned.append((name, opt, main, r.start, r.end))
+        main.copy_(values[name].reshape(-1)[r.start:r.end].to(device=main.device, dtype=main.dtype))  # a view when fp32
+    if load_state is None:
+        return
+    for name, opt, main, *_ in owned:
+        opt.optimizer.state[main] = {"step": torch.tensor(float(optim_step), dtype=torch.float32)}
+    for state in states:
+        local = load_state(state)
+        for name, opt, main, start, end in owned:
+            opt.optimizer.state[main][state] = local[name].reshape(-1)[start:end].to(
+                device=main.device, dtype=main.dtype).clone()
+        del local
