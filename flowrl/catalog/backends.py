@@ -199,6 +199,8 @@ class ValueBackendSpec(BackendSpec):
     """Has the shared-prompt layout (``critic.use_prefix_grouper``)."""
     engine_kwargs: str | None = None
     """Import string of ``fn(critic_cfg) -> dict``; None: none."""
+    fully_sharded: bool = False
+    """Shards the value model's state over its dp ranks (FSDP), as ``TrainBackendSpec.fully_sharded``."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -318,6 +320,7 @@ VALUE_BACKENDS.add(ValueBackendSpec(
 ))
 VALUE_BACKENDS.add(ValueBackendSpec(
     name="fsdp", engine="flowrl.backends.train.fsdp_value:FSDPValueEngine", checkpoint=CheckpointKind.SHARDED,
+    fully_sharded=True,
     engine_kwargs=f"{_FSDP}:engine_kwargs", preflight=f"{_FSDP}:check_fsdp_critic",
 ))
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from flowrl.parallel.layout_cost import (
+    _LOGIT_BYTES,
     GB,
     GPU_TFLOPS,
     INTERCONNECTS,
@@ -34,7 +35,7 @@ from flowrl.parallel.layout_cost import (
     lora_params_per_layer,
     train_memory,
 )
-from flowrl.parallel.mesh import ParallelDims, balanced_stages
+from flowrl.parallel.mesh import ParallelDims, balanced_stages, padded_vocab_size
 from flowrl.parallel.model_spec import ModelSpec, format_count
 
 __all__ = ["Capabilities", "TrainerLayout", "TrainerMemory", "estimate", "memory_fixes", "memory_problem"]
@@ -67,6 +68,8 @@ class TrainerLayout:
     """A reference rank shares this rank's GPU and keeps its weights there (not offloaded)."""
     recompute: bool = False
     lora_rank: int = 0
+    value_head: bool = False
+    """A value model (the critic): a one-output head instead of the vocabulary's, no logits."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,8 @@ class TrainerMemory:
 def estimate(spec: ModelSpec, layout: TrainerLayout, gpu_memory_gb: float) -> TrainerMemory:
     """The GB one rank of ``layout`` needs for ``spec`` on a GPU of ``gpu_memory_gb``."""
     d = layout.dims
+    if layout.value_head:  # no output layer over the vocabulary (counted once, as a tied model's)
+        spec = dataclasses.replace(spec, tie_word_embeddings=True)
     stages = tuple(balanced_stages(spec.num_layers, d.pp))
     weight_bytes = _WEIGHT_BYTES[layout.dtype]
     setup = Setup(
@@ -99,6 +104,8 @@ def estimate(spec: ModelSpec, layout: TrainerLayout, gpu_memory_gb: float) -> Tr
         generate_batch_size=1, gpu_tflops=GPU_TFLOPS, fully_sharded=layout.fully_sharded, lora_rank=layout.lora_rank,
     )
     parts = list(train_memory(setup, d, stages, max(stages) if layout.recompute else 0)[:-1])
+    if layout.value_head:  # train_memory's logits of the last stage: a value per token instead
+        parts[4] -= _LOGIT_BYTES * layout.seq_len * layout.micro_batch_size * padded_vocab_size(spec.vocab_size, d.tp) / d.tp
     if layout.fully_sharded and layout.state_on_host:  # only the gathered block on the GPU
         block = spec.params_per_layer
         block_grads = lora_params_per_layer(spec, layout.lora_rank) if layout.lora_rank else block

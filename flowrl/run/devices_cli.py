@@ -4,7 +4,7 @@ without starting anything. The inventory: ``--gpus-per-node``/``--nodes`` when g
 jobs of ``cluster.slurm`` (``cluster.kind=slurm``); else what this machine shows (``FLOWRL_DEVICES``
 overrides: ``flowrl.cluster.inventory``). The groups are those ``flowrl train`` starts: with the hybrid
 placement, the one fused ``actor_rollout_ref`` group. With ``model.path`` and a known GPU memory
-(``cluster.gpu_memory_gb``, or ``nvidia-smi``), the actor rank's memory estimate follows, and a
+(``cluster.gpu_memory_gb``, or ``nvidia-smi``), the actor's and the critic's rank memory estimates follow, and a
 layout that cannot fit is refused as ``flowrl train`` refuses it (``flowrl.run.memory_check``)."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     check_slurm_jobs(cfg, plan)  # the SLURM jobs must hold the plan's nodes, as flowrl train checks
     memory = check_trainer_memory(cfg, plan)  # each trainer rank fits its GPU, as flowrl train checks
     print(format_plan(plan))
-    if memory is not None:
-        print(f"actor rank memory: about {memory.describe()} of {memory.limit_gb:.1f} GB usable per GPU")
+    for section, est in memory.items():
+        print(f"{section} rank memory: about {est.describe()} of {est.limit_gb:.1f} GB usable per GPU")
     sys.stdout.flush()
     return 0

@@ -16,7 +16,7 @@ from flowrl.config import ConfigError
 from flowrl.parallel.mesh import ParallelDims
 from flowrl.parallel.rank_memory import Capabilities, TrainerLayout, TrainerMemory, estimate, memory_problem
 
-__all__ = ["check_trainer_memory", "gpu_memory_gb", "host_bytes_per_param", "offloaded_bytes", "trainer_capabilities", "trainer_layout"]
+__all__ = ["check_trainer_memory", "critic_layout", "gpu_memory_gb", "host_bytes_per_param", "offloaded_bytes", "trainer_capabilities", "trainer_layout"]
 
 NVIDIA_SMI_TIMEOUT_S = 20.0
 FSDP_PARAM_HOST_BYTES = 8
@@ -126,27 +126,67 @@ def trainer_capabilities(cfg: Any) -> Capabilities:
                         reference_offload=_reference_offload(cfg))
 
 
-def check_trainer_memory(cfg: Any, plan: Any, *, memory_gb: float | None = None,
-                         runner: Callable[[list[str]], str] | None = None) -> TrainerMemory | None:
-    """The actor rank's estimate on ``plan`` (None: CPU, or the GPU's memory unknown); raises
-    ConfigError when it cannot fit one GPU of ``memory_gb`` (default :func:`gpu_memory_gb`)."""
+def critic_layout(cfg: Any, plan: Any) -> tuple[TrainerLayout, Capabilities] | None:
+    """The critic's layout and what its value backend can change (None: no critic on a GPU). Its
+    model is the policy's shape with a one-output head (``value_head``); no reference, no
+    gradient checkpointing (``model.*`` is the policy's)."""
+    from flowrl.catalog.backends import VALUE_BACKENDS, ParallelAxis
+    from flowrl.config.batching_auto import resolved_section
+
+    if "critic" not in cfg.worker_group_sizes or not any(r.gpus for r in plan.group("critic")):
+        return None
+    c = resolved_section(cfg, "critic")
+    spec = VALUE_BACKENDS.spec(c.strategy)
+    seq_len = cfg.data.max_prompt_length + cfg.rollout.response_length
+    key = "ppo_max_token_len_per_gpu" if c.use_dynamic_bsz else "ppo_micro_batch_size_per_gpu"
+    micro = max(1, c.ppo_max_token_len_per_gpu // seq_len) if c.use_dynamic_bsz else c.ppo_micro_batch_size_per_gpu
+    layout = TrainerLayout(
+        section="critic", dims=ParallelDims(dp=c.data_parallel_size, tp=c.tensor_model_parallel_size,
+                                            pp=c.pipeline_model_parallel_size),
+        seq_len=seq_len, micro_batch_size=micro, micro_batch_key=key, micro_batch_value=getattr(c, key),
+        global_batch_tokens=c.ppo_mini_batch_size * cfg.rollout.n * seq_len, dtype=plan.group("critic")[0].dtype,
+        fully_sharded=spec.fully_sharded, state_on_host=spec.fully_sharded and c.fsdp_config.offload_policy,
+        value_head=True)
+    sharded = VALUE_BACKENDS.names_where(lambda s: s.fully_sharded)
+    return layout, Capabilities(tensor_parallel=spec.supports(ParallelAxis.TP),
+                                sharded_strategy=sharded[0] if sharded and not spec.fully_sharded else None)
+
+
+def _model_spec(path: str) -> Any:
     from flowrl.parallel.model_spec import ModelSpec
 
-    if not plan.inventory.has_gpus or not cfg.model.path:
-        return None
-    layout = trainer_layout(cfg, plan)
-    memory_gb = gpu_memory_gb(cfg, runner) if memory_gb is None else memory_gb
-    if layout is None or memory_gb <= 0:
-        return None
     try:
-        spec = ModelSpec.from_hf_config(cfg.model.path)
+        return ModelSpec.from_hf_config(path)
     except (ValueError, OSError):
         return None  # not a decoder config this model reads: the backends' own checks speak for it
-    problem = memory_problem(spec, layout, memory_gb, trainer_capabilities(cfg))
-    if problem is not None:
-        raise ConfigError(f"{layout.section}.{layout.micro_batch_key}", layout.micro_batch_value, problem,
-                          "change one of the keys above (flowrl devices shows the estimate)")
-    return estimate(spec, layout, memory_gb)
+
+
+def check_trainer_memory(cfg: Any, plan: Any, *, memory_gb: float | None = None,
+                         runner: Callable[[list[str]], str] | None = None) -> dict[str, TrainerMemory]:
+    """The estimate of an actor rank and a critic rank on ``plan``, by section (empty: the CPU,
+    or the GPU's memory unknown); raises ConfigError when one cannot fit a GPU of ``memory_gb``
+    (default :func:`gpu_memory_gb`), the actor's checked first."""
+    if not plan.inventory.has_gpus or not cfg.model.path:
+        return {}
+    memory_gb = gpu_memory_gb(cfg, runner) if memory_gb is None else memory_gb
+    if memory_gb <= 0:
+        return {}
+    actor = trainer_layout(cfg, plan)
+    checks = [(actor, trainer_capabilities(cfg), cfg.model.path)] if actor is not None else []
+    critic = critic_layout(cfg, plan)
+    if critic is not None:
+        checks.append((*critic, cfg.critic.model_path or cfg.model.path))
+    out = {}
+    for layout, can, path in checks:
+        spec = _model_spec(path)
+        if spec is None:
+            continue
+        problem = memory_problem(spec, layout, memory_gb, can)
+        if problem is not None:
+            raise ConfigError(f"{layout.section}.{layout.micro_batch_key}", layout.micro_batch_value, problem,
+                              "change one of the keys above (flowrl devices shows the estimate)")
+        out[layout.section] = estimate(spec, layout, memory_gb)
+    return out
 
 
 def offloaded_bytes(cfg: Any, num_params: int | None = None) -> int:

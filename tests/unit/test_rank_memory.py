@@ -4,6 +4,7 @@ refused with what was computed and the keys that lower it; nothing checked on th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -16,7 +17,7 @@ from flowrl.parallel.layout_cost import GB, RESERVED_GB
 from flowrl.parallel.model_spec import ModelSpec
 from flowrl.parallel.rank_memory import Capabilities, TrainerLayout, estimate
 from flowrl.parallel.mesh import ParallelDims
-from flowrl.run.memory_check import check_trainer_memory, gpu_memory_gb, trainer_layout
+from flowrl.run.memory_check import check_trainer_memory, critic_layout, gpu_memory_gb, trainer_layout
 
 # Qwen2-7B's shape: 28 layers, hidden 3584, 28 heads (4 kv heads), ffn 18944, vocab 152064, untied.
 QWEN2_7B = {"model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
@@ -57,8 +58,8 @@ def test_fsdp_7b_on_two_80gb_gpus_is_refused_with_the_keys_and_offload_policy_ma
     off = _cfg(model_dir, "actor.strategy=fsdp", "ref.fsdp_config.param_offload=true")
     assert not trainer_layout(off, _plan(off)).reference
     fitted = _cfg(model_dir, "actor.strategy=fsdp", "actor.fsdp_config.offload_policy=true")
-    est = check_trainer_memory(fitted, _plan(fitted), memory_gb=80)
-    assert est is not None and est.fits and est.parts_gb["optimizer"] == 0.0
+    est = check_trainer_memory(fitted, _plan(fitted), memory_gb=80)["actor"]
+    assert est.fits and est.parts_gb["optimizer"] == 0.0
 
 
 def test_the_estimate_is_train_memory_of_the_configured_layout(model_dir):
@@ -78,11 +79,11 @@ def test_the_estimate_is_train_memory_of_the_configured_layout(model_dir):
 def test_more_gpus_fit_and_the_cpu_is_not_checked(model_dir):
     cfg = _cfg(model_dir, "actor.strategy=fsdp", "actor.data_parallel_size=8", "rollout.data_parallel_size=8",
                "ref.data_parallel_size=8")
-    est = check_trainer_memory(cfg, _plan(cfg, 8), memory_gb=80)
+    est = check_trainer_memory(cfg, _plan(cfg, 8), memory_gb=80)["actor"]
     assert est.fits and est.total_gb < 30  # 20 B/param / 8 = 19 GB + activations + reserve
     small = _cfg(model_dir, "actor.strategy=fsdp")
-    assert check_trainer_memory(small, _plan(small, 0), memory_gb=80) is None  # CPU plan: unchanged
-    assert check_trainer_memory(small, _plan(small), memory_gb=0) is None  # GPU memory unknown
+    assert check_trainer_memory(small, _plan(small, 0), memory_gb=80) == {}  # CPU plan: unchanged
+    assert check_trainer_memory(small, _plan(small), memory_gb=0) == {}  # GPU memory unknown
 
 
 def test_megatron_names_tensor_parallel_and_the_distributed_optimizer(model_dir):
@@ -160,3 +161,22 @@ def test_flowrl_trains_pre_flight_refuses_before_any_worker(model_dir, monkeypat
         plan_devices_for(cfg, resolve_family(cfg)(cfg).group_specs())
     fitted = _cfg(model_dir, "actor.strategy=fsdp", "cluster.gpu_memory_gb=80", "actor.fsdp_config.offload_policy=true")
     assert plan_devices_for(fitted, resolve_family(fitted)(fitted).group_specs()).inventory.has_gpus
+
+
+def test_the_critic_rank_is_checked_with_a_value_head(model_dir):
+    keys = ("algorithm.adv_estimator=gae", "critic.data_parallel_size=2", "critic.strategy=fsdp", "actor.strategy=fsdp",
+            "actor.fsdp_config.offload_policy=true", "critic.ppo_micro_batch_size_per_gpu=1",
+            "critic.use_dynamic_bsz=false")
+    cfg = _cfg(model_dir, *keys)
+    with pytest.raises(ConfigError) as err:  # the actor fits (offload_policy); the critic's full state does not
+        check_trainer_memory(cfg, _plan(cfg), memory_gb=80)
+    assert err.value.key == "critic.ppo_micro_batch_size_per_gpu"
+    assert "each critic rank" in str(err.value) and "critic.fsdp_config.offload_policy=true" in str(err.value)
+    fitted = _cfg(model_dir, *keys, "critic.fsdp_config.offload_policy=true")
+    out = check_trainer_memory(fitted, _plan(fitted), memory_gb=80)
+    spec = ModelSpec.from_hf_config(QWEN2_7B)
+    layout = critic_layout(fitted, _plan(fitted))[0]
+    policy = estimate(spec, dataclasses.replace(layout, value_head=False), 80)
+    # no vocabulary head: 6 B x 1024 tokens x 152064 logits (0.93 GB) less, and no output layer's block
+    assert out["critic"].parts_gb["activations"] == pytest.approx(policy.parts_gb["activations"] - 6 * 1024 * 152064 / GB)
+    assert set(out) == {"actor", "critic"} and out["critic"].parts_gb["reference"] == 0
