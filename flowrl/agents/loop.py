@@ -73,6 +73,9 @@ class Trajectory:
         self.spans.append([start, len(self.response), kind])
 
 
+_BASE_TURN = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
+
+
 class ChatCodec:
     """Text <-> tokens for the loop: decodes a turn for the parser, renders tool observations
     through the chat template's tool role (what the template adds after an assistant turn for
@@ -88,22 +91,38 @@ class ChatCodec:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
+    def _rendered_turn(self) -> str:
+        return self.tokenizer.apply_chat_template(_BASE_TURN, tokenize=False)
+
     def _template_delta(self, texts: list[str]) -> str | None:
-        base = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
+        base = _BASE_TURN
         try:
-            before = self.tokenizer.apply_chat_template(base, tokenize=False)
+            before = self._rendered_turn()
             after = self.tokenizer.apply_chat_template(
                 base + [{"role": "tool", "content": t} for t in texts], tokenize=False, add_generation_prompt=True)
         except Exception:
             return None
         if not after.startswith(before) or not all(t in after[len(before):] for t in texts):
             return None
-        return after[len(before):]
+        return self._after_turn_end(before) + after[len(before):]
 
-    def observation_ids(self, texts: list[str]) -> list[int]:
+    def _after_turn_end(self, rendered: str) -> str:
+        """What the template writes after an assistant turn's end token (Qwen: the newline after
+        ``<|im_end|>``): the model stops at the token, so the observation carries the rest, or the
+        trained sequence would lack it while the served one (the template's) has it (verl #6501)."""
+        ends = [t for t in self.tokenizer.convert_ids_to_tokens(sorted(self.eos_ids)) if t and t in rendered]
+        if not ends:
+            return ""
+        return rendered[max(rendered.rindex(t) + len(t) for t in ends):]
+
+    def observation_ids(self, texts: list[str], *, after_end: bool = True) -> list[int]:
+        """The tokens of tool observations ``texts`` after a model turn; ``after_end``: that turn
+        ended with an end token (the template's text after that token comes first)."""
         delta = self._template_delta(texts)
         if delta is None:
             delta = "".join(f"\n<tool_response>\n{t}\n</tool_response>\n" for t in texts)
+        elif not after_end:
+            delta = delta[len(self._after_turn_end(self._rendered_turn())):]
         return self.tokenizer.encode(delta, add_special_tokens=False)
 
 
@@ -173,7 +192,8 @@ def run_agent_loop(prompts: list[list[int]], *, generate: GenerateFn, codec: Cha
             if ended is not None and ended(trajs[i]):
                 trajs[i].finish_reason = "stop"
                 continue
-            ids = codec.observation_ids([t[: settings.max_observation_chars] for t in texts])
+            ids = codec.observation_ids([t[: settings.max_observation_chars] for t in texts],
+                                        after_end=bool(trajs[i].response) and trajs[i].response[-1] in codec.eos_ids)
             if len(trajs[i].response) + len(ids) >= settings.response_length:
                 trajs[i].finish_reason = "length"  # no room left for the model to answer
                 continue

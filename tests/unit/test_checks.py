@@ -269,8 +269,10 @@ def test_a_separator_the_turn_by_turn_tokens_lose_is_shown():
 
     tok = build_agent_tokenizer()  # the agent task's template: turns joined as the loop joins them
     assert round_trip(tok, ChatCodec(tok).observation_ids).ok
-    tok.chat_template = QWEN_SHAPE  # the newline after each turn's <eos> is not in the tool's delta
-    v = round_trip(tok, ChatCodec(tok).observation_ids)
+    tok.chat_template = QWEN_SHAPE  # the newline after each turn's <eos>: the loop's observation carries it
+    assert round_trip(tok, ChatCodec(tok).observation_ids).ok
+    # the fault: a loop whose observations lose it (the tool's delta alone, as the loop had it before)
+    v = round_trip(tok, lambda texts: ChatCodec(tok).observation_ids(texts, after_end=False))
     assert v.ok is False and "after 'ute it.<eos>'): the loop has '<'" in v.message and "the template '\\n'" in v.message
     checks = StepChecks({"chat_template": "error"}, LIMITS)
     with pytest.raises(CheckFailed, match="check chat_template failed at step 0: the agent loop's tokens differ"):
