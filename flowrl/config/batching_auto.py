@@ -13,7 +13,7 @@ for forward passes; the critic's one ``use_dynamic_bsz`` covers both), their bud
    ``ref.log_prob_use_dynamic_bsz`` and ``critic.use_dynamic_bsz`` follow
    ``actor.use_dynamic_bsz``, and the log-prob budgets follow ``actor.ppo_max_token_len_per_gpu``
    (the critic's forward budget its update budget): an ``auto`` (or 0) whose verl source is
-   explicit follows it. ``ref.``/``critic.use_prefix_grouper`` follow an explicit
+   explicit follows it, where its own backend has the capability. ``ref.``/``critic.use_prefix_grouper`` follow an explicit
    ``actor.use_prefix_grouper`` likewise (verl has the actor's key only).
 3. **The cost estimate**, where the role's backend has the capability (its spec's
    ``token_budget`` / ``shared_prompts``; megatron has neither, so ``auto`` is off there):
@@ -84,13 +84,14 @@ class Resolved:
 
 
 def _switch(value: Any, source: Any, capable: bool, win: bool, why_win: str) -> tuple[bool, str]:
-    """(on, why) for one switch: explicit, else following an explicit ``source``, else the estimate."""
+    """(on, why) for one switch: explicit; else off without the capability; else following an
+    explicit ``source``; else the estimate."""
     if value != AUTO:
         return bool(value), "set"
-    if source is not None and source != AUTO:
-        return bool(source), "auto: follows the actor's explicit value (verl's interpolation)"
     if not capable:
         return False, "auto: the backend lacks it"
+    if source is not None and source != AUTO:
+        return bool(source), "auto: follows the actor's explicit value (verl's interpolation)"
     return win, why_win
 
 

@@ -65,6 +65,8 @@ def test_a_backend_without_the_capability_resolves_auto_off_and_refuses_explicit
     got = resolve_batching(cfg)
     assert not any(v for r in got.values() for k, v in r.values.items() if "max_token_len" not in k)
     assert got["ref"].reasons["use_prefix_grouper"] == "auto: the backend lacks it"
+    mixed = resolve_batching(load_config(None, ["actor.use_dynamic_bsz=true", "critic.strategy=megatron"]))["critic"]
+    assert mixed.values["use_dynamic_bsz"] is False  # follows the actor only where its own backend has it
     with pytest.raises(ConfigError) as err:
         load_config(None, ["actor.strategy=megatron", "actor.use_prefix_grouper=true"])
     assert err.value.key.endswith("use_prefix_grouper") and "auto or false" in err.value.fix
