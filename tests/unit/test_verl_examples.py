@@ -55,7 +55,8 @@ def write_user_configs(directory: Path) -> None:
 
 def classify(args: list[str]) -> tuple[str, list[str]]:
     """``(class, error lines)`` of ``flowrl config --from-verl ARGS``: accepted, named (refused
-    naming what flowrl lacks), unknown, value (a value refused) or hydra (a Hydra flag refused)."""
+    naming what flowrl lacks), unknown, value (a value refused), hydra (a Hydra flag refused) or
+    preflight (accepted, but ``flowrl train``'s model-free pre-flight refuses it)."""
     from flowrl.cli import main
 
     err = io.StringIO()
@@ -66,7 +67,8 @@ def classify(args: list[str]) -> tuple[str, list[str]]:
             rc = exc.code
     lines = [line for line in err.getvalue().splitlines() if line.startswith("error")]
     if rc == 0:
-        return "accepted", lines
+        problem = preflight_problem(args)
+        return ("accepted", lines) if problem is None else ("preflight", [problem])
     if any("unrecognized arguments" in line for line in err.getvalue().splitlines()):
         return "hydra", lines
     if any("unknown key" in line for line in lines):
@@ -74,6 +76,27 @@ def classify(args: list[str]) -> tuple[str, list[str]]:
     if lines and all(any(w in line for w in NAMED) for line in lines):
         return "named", lines
     return "value", lines
+
+
+def preflight_problem(args: list[str]) -> str | None:
+    """The error of the pre-flight checks that need no model (``check_model_options``: what the
+    actor's backend builds of ``model.*``) on the config ``args`` make, as ``flowrl train`` runs
+    them before any worker starts; None when they pass. (verl's Megatron config leaves
+    ``enable_gradient_checkpointing: true``, which flowrl's megatron backend refuses: 7 lists passed
+    ``config --from-verl`` and failed here before the default was no longer adopted.)"""
+    from flowrl.backends.preflight import check_model_options
+    from flowrl.cli import _split_config_args, build_parser
+    from flowrl.config import ConfigError
+    from flowrl.config.loader import load_config_with_notes
+    from flowrl.config.verl_hydra import flags_first
+
+    ns = build_parser().parse_args(flags_first(["config", "--from-verl", *args]))
+    cfg, _, _ = load_config_with_notes(*_split_config_args(ns.items, ns))
+    try:
+        check_model_options(cfg)
+    except ConfigError as exc:
+        return f"error: {exc}"
+    return None
 
 
 NAMED = ("flowrl has no equivalent", "not implemented", "flowrl lacks", "is not built in flowrl")
@@ -114,5 +137,5 @@ def test_the_catalogue_counts(tmp_path):
     0: Megatron's distributed optimizer is checkpointed (6 of those 7 lists accepted; the seventh,
     run_qwen2-7b_math_megatron_lora.sh, is still refused for token-budget micro-batches under Megatron)."""
     counts, _ = measure(tmp_path)
-    assert counts["unknown"] == 0 and counts["hydra"] == 0
+    assert counts["unknown"] == 0 and counts["hydra"] == 0 and counts["preflight"] == 0
     assert (counts["accepted"], counts["named"], counts["value"]) == (39, 37, 0)
