@@ -17,10 +17,9 @@ The result is cached: a ``root`` that already holds a task built with the same v
 preset and settings is returned as is. Everything is built in a temporary sibling directory and
 renamed into place, so ``root`` is either absent or complete, never half written.
 
-With the defaults (preset "default", seed 0) the warm-up takes about 525 steps (15 s on an idle
-core); the saved policy answers about 88% of train prompts (86% of held-out ones) greedily but
-only 12% of answers sampled at temperature 1.0 are right, and 40 GRPO-style steps (32 prompts x 8
-samples, AdamW lr 5e-4) lift the sampled accuracy to about 0.6.
+With the defaults (preset "default", seed 0) the warm-up takes 500 steps; the saved policy answers
+92% of train prompts greedily but only 13% of answers sampled at temperature 1.0 are right, and
+the default 60 GRPO steps lift the sampled accuracy by about 0.57.
 """
 
 from __future__ import annotations
@@ -39,6 +38,13 @@ from flowrl.tasks.warmup import WarmupConfig
 # Bump when anything that changes the built task changes (data, model, warm-up recipe).
 TASK_VERSION = 2  # 2: the warm-up is an sft run
 TASK_FILE = "task.json"
+DEFAULT_WARMUP = WarmupConfig(lr_warmup_steps=10, target_greedy_accuracy=0.9)
+"""The default task's warm-up: the sft family (label smoothing 0.4, AdamW 3e-3 after a 10-step
+ramp) until the probe's greedy accuracy reaches 0.9. Measured (seed 0, one run each): 500 steps,
+then 60 default GRPO steps +0.57 (0.19 -> 0.76), as the hand-written loop it replaced (525 steps,
++0.58: 0.18 -> 0.77). The addition carry is learnt in a sudden jump whose timing and aftermath are
+chaotic, so the settings matter: verl's 50-step ramp from 0 had not reached 0.8 after 1,500
+steps; no ramp, stopped at 0.8 / 0.85 / 0.9: 500 / 525 / 550 steps, GRPO +0.44 / +0.47 / +0.51."""
 
 
 @dataclasses.dataclass(kw_only=True, frozen=True)
@@ -163,11 +169,11 @@ def prepare_default_task(
 ) -> DefaultTask:
     """Build (or reuse) the default addition task under ``root``; see the module docstring.
 
-    ``warmup`` defaults to ``WarmupConfig()``; tests pass a few steps. ``num_eval_rows`` train
+    ``warmup`` defaults to :data:`DEFAULT_WARMUP`; tests pass a few steps. ``num_eval_rows`` train
     prompts measure the initial accuracies. ``force`` rebuilds even when a matching task exists.
     """
     root = Path(root)
-    warmup = WarmupConfig() if warmup is None else warmup
+    warmup = DEFAULT_WARMUP if warmup is None else warmup
     if num_eval_rows < 1:
         raise ValueError(f"num_eval_rows={num_eval_rows} must be at least 1")
     key = _task_key(
