@@ -169,9 +169,10 @@ class TrainBackendSpec(BackendSpec):
     lora: str | None = None
     """Import string of ``fn(cfg, *, model_path)``, its check of ``model.lora_*``; None: it does not
     build LoRA and pre-flight refuses ``model.lora_rank`` > 0."""
-    token_stats: frozenset[str] = frozenset({"entropy", "uniform_nll"})
+    token_stats: frozenset[str] = frozenset({"entropy"})
     """The per-token statistics of the logits its ``train_step`` can give a loss (``token_stat``):
-    ``entropy``, ``uniform_nll`` (``logsumexp(z) - mean_v z``, SFT's label smoothing)."""
+    ``entropy``, and where declared ``uniform_nll`` (``logsumexp(z) - mean_v z``, SFT's label
+    smoothing)."""
     fully_sharded: bool = False
     """Shards parameters, gradients and optimizer state over its dp ranks (FSDP): the memory
     model's ``layout_cost.Setup.fully_sharded`` (``flowrl.parallel.rank_memory``)."""
@@ -287,18 +288,19 @@ _FSDP = "flowrl.backends.train.fsdp_options"
 _LORA = "flowrl.backends.train.lora:check_lora"
 _DP, _TP, _PP, _VPP = ParallelAxis.DP, ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.VPP
 _DISTRIBUTED_OPTIMIZER = "use_distributed_optimizer"
+_SMOOTHING = frozenset({"entropy", "uniform_nll"})  # train_step(token_stat=...) of dp_policy (fsdp inherits it)
 
 TRAIN_BACKENDS: BackendRegistry[TrainBackendSpec] = BackendRegistry("train backend", TrainBackendSpec)
 TRAIN_BACKENDS.add(TrainBackendSpec(
     name="dp", engine="flowrl.backends.train.dp_policy:TorchDPEngine",
-    checkpoint=CheckpointKind.FULL, shard_style=ShardStyle.HF, lora=_LORA,
+    checkpoint=CheckpointKind.FULL, shard_style=ShardStyle.HF, lora=_LORA, token_stats=_SMOOTHING,
 ))
 TRAIN_BACKENDS.add(TrainBackendSpec(
     name="megatron", engine="flowrl.backends.train.megatron.policy:MegatronTrainEngine",
     parallel_axes=frozenset({_DP, _TP, _PP, _VPP}), config_keys=frozenset({_DISTRIBUTED_OPTIMIZER, "megatron"}),
     checkpoint=CheckpointKind.SHARDED, shard_style=ShardStyle.MEGATRON, token_budget=False, shared_prompts=False,
     shares_process=False, engine_kwargs=f"{_MEGATRON}:train_engine_kwargs", preflight=f"{_MEGATRON}:check_train_layouts",
-    token_stats=frozenset({"entropy"}),  # uniform_nll over a vocab-parallel head: not written
+    # token_stats: entropy only (uniform_nll over a vocab-parallel head: not written)
     # no checkpoint_blockers: the distributed optimizer's dp-sharded state is saved (megatron/dist_optim.py)
 ))
 TRAIN_BACKENDS.add(TrainBackendSpec(
@@ -306,7 +308,7 @@ TRAIN_BACKENDS.add(TrainBackendSpec(
     name="fsdp", engine="flowrl.backends.train.fsdp_policy:FSDPEngine", config_keys=frozenset({_DISTRIBUTED_OPTIMIZER}),
     checkpoint=CheckpointKind.SHARDED, shard_style=ShardStyle.HF, axes_in_preflight=True, fully_sharded=True,
     engine_kwargs=f"{_FSDP}:engine_kwargs", preflight=f"{_FSDP}:check_fsdp", model_kwargs=f"{_FSDP}:model_kwargs",
-    lora=_LORA,
+    lora=_LORA, token_stats=_SMOOTHING,
 ))
 
 VALUE_BACKENDS: BackendRegistry[ValueBackendSpec] = BackendRegistry("value backend", ValueBackendSpec)
