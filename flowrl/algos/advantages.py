@@ -1,4 +1,4 @@
-"""Advantage estimators: GRPO, RLOO, REINFORCE++ (and its group-baseline form), ReMax and GAE.
+"""Advantage estimators: GRPO, RLOO, REINFORCE++ (and its group-baseline form), ReMax, GAE and GPG.
 
 Every estimator has one signature over the experience columns, packed in ``AdvantageInputs``::
 
@@ -43,6 +43,7 @@ __all__ = [
     "AdvantageInputs",
     "Estimator",
     "gae_advantages",
+    "gpg_advantages",
     "grpo_advantages",
     "masked_whiten",
     "broadcast_rows",
@@ -392,3 +393,20 @@ def remax_advantages(
     returns_T = torch.where(keep_T, returns_T, 0)
     baseline_T = _broadcast_rows(inputs.reward_baseline_B.to(returns_T.dtype), inputs)
     return torch.where(keep_T, returns_T - baseline_T, 0), returns_T
+
+
+def gpg_advantages(
+    inputs: AdvantageInputs, *, gamma: float = 1.0, lam: float = 1.0, norm_adv_by_std: bool = True
+) -> tuple[Tensor, Tensor]:
+    """GPG (https://arxiv.org/abs/2504.02546), verl's ``gpg``: ``alpha * (score - group mean)``
+    with ``alpha = rows / rows whose score is non-zero`` (at least 1 in the denominator), counted
+    over the whole batch the estimator is given; no std. A group of one uses mean 0 (its raw score
+    times alpha). verl's ``f_norm`` is 1. Broadcast to valid tokens; returns equal advantages. The
+    keywords are unused.
+    """
+    scores_B = _row_scores(inputs)
+    count_B, mean_B, _, _ = _group_stats(scores_B, inputs.group_B)
+    alpha = scores_B.numel() / torch.count_nonzero(scores_B).clamp(min=1)
+    adv_B = alpha * (scores_B - torch.where(count_B == 1, 0, mean_B))
+    adv_T = _broadcast_rows(adv_B.to(scores_B.dtype), inputs)
+    return adv_T, adv_T

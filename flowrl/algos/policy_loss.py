@@ -1,4 +1,4 @@
-"""Policy-gradient losses (PPO clip, GSPO), per token, not aggregated.
+"""Policy-gradient losses (PPO clip, GSPO, GMPO, GPG), per token, not aggregated.
 
 Every loss has one signature::
 
@@ -8,7 +8,7 @@ Every loss has one signature::
 ``loss_T`` is the per-token loss, 0 on masked tokens; aggregate it with ``agg_loss``. ``stats`` is
 a dict of detached 0-d tensors, means over the valid tokens of this call: ``pg_clipfrac``,
 ``ppo_kl`` (mean of ``old_logp - logp``) and ``pg_clipfrac_lower``. Numbers follow verl's
-``compute_policy_loss_vanilla`` and ``compute_policy_loss_gspo``. The names are registered in
+``compute_policy_loss_vanilla``, ``_gspo``, ``_geo_mean`` and ``_gpg``. The names are registered in
 ``POLICY_LOSSES`` (``flowrl/catalog/algos.py``).
 
 Shape letters: T = tokens of all rows together, B = rows, B1 = B + 1 offsets (see aggregate.py).
@@ -24,7 +24,7 @@ from torch import Tensor
 from flowrl.algos.aggregate import masked_mean, segment_ids, segment_sum
 from flowrl.catalog import metric_names as names
 
-__all__ = ["PolicyLossFn", "gspo_policy_loss", "vanilla_policy_loss"]
+__all__ = ["PolicyLossFn", "geo_mean_policy_loss", "gpg_policy_loss", "gspo_policy_loss", "vanilla_policy_loss"]
 
 PolicyLossFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
 
@@ -116,3 +116,72 @@ def gspo_policy_loss(
         clipfrac_lower=logp_T.new_zeros(()),
     )
     return torch.where(keep_T, loss_T, 0), stats
+
+
+def geo_mean_policy_loss(
+    logp_T: Tensor,
+    old_logp_T: Tensor,
+    advantages_T: Tensor,
+    response_mask_T: Tensor,
+    cu_seqlens_B1: Tensor,
+    *,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GMPO (https://arxiv.org/abs/2507.20673), verl's ``geo_mean``: the geometric mean of the
+    token ratios, each clipped in log space, times the row's mean advantage.
+
+    Per token ``d = logp - old_logp`` (no clamp, as verl), ``d_c = clip(d, -low, +high)`` and
+    ``d' = sgn(A) * min(sgn(A) * d, sgn(A) * d_c)``; per row ``r_i = exp(mean of d')`` and
+    ``loss_i = -mean(A) * r_i`` (means over the row's valid tokens). verl returns ``mean_i loss_i``
+    whatever ``loss_agg_mode`` says; flowrl spreads ``loss_i`` over the row's valid tokens as
+    ``loss_i / n_i``, so ``seq-mean-token-sum`` gives verl's number exactly and ``token-mean`` (what
+    verl's GMPO examples write) verl's gradient times rows / tokens (Adam's step is unchanged
+    by that scale; a fully masked row counts in verl's mean, not in flowrl's).
+    ``pg_clipfrac`` / ``pg_clipfrac_lower``: tokens with ``d != d_c`` and ``A > 0`` / ``A < 0``.
+    ``clip_ratio_c`` is unused.
+    """
+    del clip_ratio_c
+    keep_T = response_mask_T.bool()
+    log_ratio_T = logp_T - old_logp_T
+    clamped_T = torch.clamp(log_ratio_T, -clip_ratio_low, clip_ratio_high)
+    sign_T = torch.sign(advantages_T)
+    pessimistic_T = sign_T * torch.minimum(sign_T * log_ratio_T, sign_T * clamped_T)
+
+    tokens_B = segment_sum(keep_T.to(logp_T.dtype), cu_seqlens_B1)
+    seq_log_ratio_B = segment_sum(torch.where(keep_T, pessimistic_T, 0), cu_seqlens_B1) / (tokens_B + 1e-8)
+    seq_adv_B = segment_sum(torch.where(keep_T, advantages_T, 0), cu_seqlens_B1) / (tokens_B + 1e-8)
+    loss_B = -seq_adv_B * torch.exp(seq_log_ratio_B)
+    rows_T = segment_ids(cu_seqlens_B1, logp_T.numel())
+    loss_T = (loss_B / tokens_B.clamp(min=1))[rows_T]
+
+    clipped_T = torch.ne(log_ratio_T, clamped_T)
+    stats = _stats(
+        clipfrac=masked_mean((clipped_T & (advantages_T > 0)).float(), keep_T),
+        ppo_kl=masked_mean(-log_ratio_T, keep_T),
+        clipfrac_lower=masked_mean((clipped_T & (advantages_T < 0)).float(), keep_T),
+    )
+    return torch.where(keep_T, loss_T, 0), stats
+
+
+def gpg_policy_loss(
+    logp_T: Tensor,
+    old_logp_T: Tensor,
+    advantages_T: Tensor,
+    response_mask_T: Tensor,
+    cu_seqlens_B1: Tensor,
+    *,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GPG (https://arxiv.org/abs/2504.02546), verl's ``gpg``: plain REINFORCE, ``-logp * A`` per
+    token, aggregated with ``loss_agg_mode`` as verl does. No ratio and no clip: ``old_logp_T``
+    and the clip keywords are unused. verl reports no stats; flowrl reports ``ppo_kl`` (the mean
+    of ``old_logp - logp``) and clip fractions of 0, so the metric names stay the same."""
+    del cu_seqlens_B1, clip_ratio_low, clip_ratio_high, clip_ratio_c
+    keep_T = response_mask_T.bool()
+    zero = logp_T.new_zeros(())
+    stats = _stats(clipfrac=zero, ppo_kl=masked_mean((old_logp_T - logp_T).detach(), keep_T), clipfrac_lower=zero)
+    return torch.where(keep_T, -logp_T * advantages_T, 0), stats

@@ -50,12 +50,15 @@ ADVANTAGE_ESTIMATORS.register(
     needs_values=False, needs_baseline=False,
 )
 ADVANTAGE_ESTIMATORS.register("remax", _ADV + "remax_advantages", needs_values=False, needs_baseline=True)
+ADVANTAGE_ESTIMATORS.register("gpg", _ADV + "gpg_advantages", needs_values=False, needs_baseline=False)
 
 POLICY_LOSSES: Registry[Callable] = Registry("policy loss", allow_import_strings=True)
 """Name (or ``package.module:function``) -> ``fn(logp_T, old_logp_T, advantages_T, response_mask_T,
 cu_seqlens_B1, **clip) -> (loss_T, stats)``."""
 POLICY_LOSSES.register("vanilla", "flowrl.algos.policy_loss:vanilla_policy_loss")
 POLICY_LOSSES.register("gspo", "flowrl.algos.policy_loss:gspo_policy_loss")
+POLICY_LOSSES.register("geo_mean", "flowrl.algos.policy_loss:geo_mean_policy_loss")
+POLICY_LOSSES.register("gpg", "flowrl.algos.policy_loss:gpg_policy_loss")
 
 KL_ESTIMATORS: Registry[Callable] = Registry("KL estimator", allow_import_strings=True)
 """Name (or ``package.module:function``) -> ``fn(logp_T, ref_logp_T) -> kl_T``; ``kl``, ``mse`` and

@@ -112,7 +112,7 @@ class DPOConfig:
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
     """Registered advantage estimator: grpo, rloo, reinforce_plus_plus,
-    reinforce_plus_plus_baseline, remax (greedy baseline generation), gae (PPO: starts the critic);
+    reinforce_plus_plus_baseline, remax (greedy baseline generation), gpg, gae (PPO: starts the critic);
     or ``package.module:function`` of a function decorated with ``@register_estimator``."""
     family: str = ""
     """The algorithm family that builds each step's graph and starts its worker groups. Empty: the

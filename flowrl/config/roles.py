@@ -251,7 +251,8 @@ class ActorConfig(ParallelFields):
     without ``use_dynamic_bsz``; dp and fsdp strategies only. ``auto`` (verl: false): on where the
     strategy has it and it saves at least a tenth of the positions (``flowrl.config.batching_auto``)."""
     policy_loss: str = "vanilla"
-    """Registered policy loss: ``vanilla`` (PPO clip with dual clip) or ``gspo``; or
+    """Registered policy loss: ``vanilla`` (PPO clip with dual clip), ``gspo``, ``geo_mean`` (GMPO) or
+    ``gpg`` (verl's names and numbers, ``flowrl.algos.policy_loss``); or
     ``package.module:function`` of your own (``flowrl.catalog.algos.POLICY_LOSSES``' signature)."""
     clip_ratio_low: float = 0.2
     """PPO clip range below 1."""

@@ -135,7 +135,10 @@ def test_the_catalogue_counts(tmp_path):
     as the feature flowrl lacks: saving Megatron's distributed optimizer (7 lists), token-budget
     micro-batches under Megatron, deriving the run's length from the data for a warm-up. Now 39 / 37 /
     0: Megatron's distributed optimizer is checkpointed (6 of those 7 lists accepted; the seventh,
-    run_qwen2-7b_math_megatron_lora.sh, is still refused for token-budget micro-batches under Megatron)."""
+    run_qwen2-7b_math_megatron_lora.sh, is still refused for token-budget micro-batches under Megatron).
+    Now 42 / 34 / 0: verl's gpg estimator and loss (both gpg_trainer lists) and geo_mean loss (GMPO:
+    gmpo_trainer/run_qwen2_5-7b_math.sh; its two DAPO lists are still refused for Ulysses and verl's
+    dapo reward manager) are built."""
     counts, _ = measure(tmp_path)
     assert counts["unknown"] == 0 and counts["hydra"] == 0 and counts["preflight"] == 0
-    assert (counts["accepted"], counts["named"], counts["value"]) == (39, 37, 0)
+    assert (counts["accepted"], counts["named"], counts["value"]) == (42, 34, 0)
