@@ -16,8 +16,10 @@ The rollout's tokens were sampled by ``pi_rollout`` (another engine's numerics, 
 The policy loss multiplies its per-token term by ``weights`` (detached), verl's
 ``pg_losses * rollout_is_weights``. flowrl's registered policy losses are positively homogeneous
 in the advantages (``loss(w * A) == w * loss(A)`` for ``w > 0``: PPO clip with the dual clip,
-GSPO), so :func:`apply_to_advantages` applies the weights as ``w * A``; a weight of exactly 1
-leaves every advantage bitwise unchanged.
+GSPO, GPG; GMPO's ``geo_mean`` for a weight constant over the row, so the config refuses it with
+token-level weights), so :func:`apply_to_advantages` applies the weights as ``w * A``; a weight of
+exactly 1 leaves every advantage bitwise unchanged. verl 0.9.1's keys
+(``algorithm.rollout_correction.rollout_is`` / ``rollout_is_threshold``, decoupled mode) map here.
 
 Metrics (``rollout_corr/*``) are computed from the weights before truncation or masking, over
 the valid tokens (verl's definitions): ``kl`` = mean(rollout_logp - old_logp) (KL(rollout ||

@@ -82,6 +82,10 @@ class RunConfig:
                                      ("actor.kl_loss_type", self.actor.kl_loss_type, KL_ESTIMATORS)):
             problem = registry.problem(value)  # a name, or package.module:function (imported here)
             check(problem is None, key, value, problem, registry.fix())
+        check(not (self.actor.policy_loss == "geo_mean" and self.algorithm.rollout_is and self.algorithm.rollout_is_level
+                   == "token"), "algorithm.rollout_is_level", "token", "with actor.policy_loss=geo_mean it weights each "
+              "row by the arithmetic mean of its token weights (flowrl applies them as w * A), verl by their "
+              "geometric mean", "use algorithm.rollout_is_level=sequence (one weight per row: verl's numbers)")
         mini, batch = self.actor.ppo_mini_batch_size, self.data.train_batch_size
         check(
             mini <= batch and batch % mini == 0,

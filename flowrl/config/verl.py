@@ -344,11 +344,32 @@ def derive(flat: dict[str, Any]) -> dict[str, Any]:
         if _strategy_known("fsdp"):  # verl's default engine, where flowrl has it
             out["actor.strategy"] = "fsdp"
     out.update(per_gpu_micro_batches(flat))  # verl's global micro-batches, per GPU (verl_batch)
+    out.update(_rollout_correction(flat))
     gpus = flat.get("trainer.n_gpus_per_node")
     if gpus is not None:
         world = int(gpus) * int(flat.get("trainer.nnodes") or 1)
         out.update(_data_parallel_sizes(flat, world))
     return out
+
+
+def _rollout_correction(flat: dict[str, Any]) -> dict[str, Any]:
+    """verl's ``algorithm.rollout_correction.rollout_is`` (token | sequence | null) and its
+    ``rollout_is_threshold`` (a float, or a float-like string: TIS's upper bound; verl's default
+    2.0) as flowrl's ``algorithm.rollout_is*``. A ``lower_upper`` threshold (IcePop: weights
+    outside the bounds zeroed, the tokens kept in the loss's denominator) is refused by name."""
+    level = flat.get("algorithm.rollout_correction.rollout_is")
+    if level in (None, "", "null", "none"):
+        return {}
+    key = "algorithm.rollout_correction.rollout_is_threshold"
+    threshold = flat.get(key, 2.0)
+    try:
+        upper = float(threshold)
+    except (TypeError, ValueError):
+        raise ConfigError(key, threshold, "in verl: IcePop's lower_upper bounds (weights outside them zeroed); "
+                          "flowrl has no equivalent", "use one float (truncation), or flowrl's "
+                          "algorithm.rollout_is_mode=mask with rollout_is_threshold_lower") from None
+    return {"algorithm.rollout_is": True, "algorithm.rollout_is_level": str(level),
+            "algorithm.rollout_is_threshold": upper}
 
 
 def _data_parallel_sizes(flat: dict[str, Any], world: int) -> dict[str, Any]:

@@ -19,7 +19,6 @@ from typing import Any
 # the verl values and names refused by name, and the knock-on refusals, live in verl_names
 from flowrl.config.verl_names import AR, KNOCK_ON, REFUSED_VALUES, VERL_NAMES  # noqa: F401
 
-
 _NO = object()  # no verl default recorded
 
 
@@ -393,8 +392,13 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k("algorithm.use_pf_ppo", "refuse", does="preference-feedback PPO", nearest="algorithm.adv_estimator",
        accept=_OFF),
     _k("algorithm.pf_ppo.*", "noop", does="options of PF-PPO", nearest="read only with algorithm.use_pf_ppo"),
-    _k("algorithm.rollout_correction.*", "refuse", does="verl's rollout correction (importance sampling)",
-       nearest="algorithm.rollout_is, algorithm.rollout_is_threshold", accept=_OFF),
+    _k("algorithm.rollout_correction.rollout_is", "derive", does="token or sequence: truncated weights pi_old / pi_rollout"),
+    _k("algorithm.rollout_correction.rollout_is_threshold", "derive", does="their bound; IcePop's lower_upper refused"),
+    _k("algorithm.rollout_correction.loss_type", "noop", does="bypass mode's loss", nearest="read only in bypass mode"),
+    _k("algorithm.rollout_correction.bypass_mode", "refuse", does="bypass mode (pi_old := pi_rollout)", accept=_OFF,
+       nearest="algorithm.rollout_correction.rollout_is (decoupled mode: flowrl.algos.rollout_correction)"),
+    _k("algorithm.rollout_correction.*", "refuse", does="rejection sampling (rollout_rs*), weights normalized to mean 1",
+       nearest="algorithm.rollout_is_mode=mask, algorithm.rollout_is_veto_threshold", accept=_OFF),
     # data
     _k("data.image_key", "noop", does="the column of images", nearest="flowrl reads text prompts"),
     _k("data.video_key", "noop", does="the column of videos", nearest="flowrl reads text prompts"),

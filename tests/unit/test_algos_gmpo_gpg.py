@@ -157,3 +157,61 @@ def test_verl_keys_accepted(args, expected):
     assert rc == 0, err.getvalue()
     for item in expected:
         assert item in out.getvalue()
+
+
+# ------------------------------------------------------- verl's rollout correction keys (decoupled mode)
+
+
+def _from_verl(*args: str) -> tuple[int, str, str]:
+    pytest.importorskip("omegaconf")
+    from flowrl.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["config", "--from-verl", *args])
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_verl_rollout_is_maps_to_flowrls_truncated_weights():
+    rc, out, err = _from_verl("algorithm.rollout_correction.rollout_is=sequence",
+                              "algorithm.rollout_correction.rollout_is_threshold=3.0")
+    assert rc == 0, err
+    for item in ("algorithm.rollout_is=true", "algorithm.rollout_is_level=sequence", "algorithm.rollout_is_threshold=3.0"):
+        assert item in out
+    # verl's threshold defaults to 2.0; token is flowrl's default level too
+    rc, out, err = _from_verl("algorithm.rollout_correction.rollout_is=token")
+    assert rc == 0 and "algorithm.rollout_is_threshold=2.0" in out and "rollout_is_level" not in out, (out, err)
+    # without rollout_is (verl's null) the threshold alone turns nothing on
+    rc, out, _ = _from_verl("algorithm.rollout_correction.rollout_is_threshold=3.0")
+    assert rc == 0 and "rollout_is" not in out
+
+
+@pytest.mark.parametrize("arg, named", [
+    ("algorithm.rollout_correction.rollout_is_threshold=0.5_5.0", "IcePop's lower_upper bounds"),
+    ("algorithm.rollout_correction.bypass_mode=true", "bypass mode"),
+    ("algorithm.rollout_correction.rollout_is_batch_normalize=true", "weights normalized to mean 1"),
+    ("algorithm.rollout_correction.rollout_rs=token_k1", "rejection sampling (rollout_rs*)"),
+])
+def test_verl_rollout_correction_features_flowrl_lacks_are_refused_by_name(arg, named):
+    rc, _, err = _from_verl("algorithm.rollout_correction.rollout_is=token", arg)
+    assert rc != 0 and named in err and "flowrl has no equivalent" in err, err
+
+
+def test_geo_mean_with_sequence_weights_is_verls_weighted_row_loss():
+    # verl multiplies GMPO's row loss by the geometric mean of the row's weights; a sequence-level
+    # weight is one per row, so flowrl's w * A gives the same: loss(w * A) == w * loss(A) per row
+    logp_T, old_logp_T, adv_T, mask_T, cu_B1 = _gmpo_batch()
+    w_T = torch.tensor([1.5, 1.5, 0.25, 0.25, 0.25])
+    weighted_T, _ = geo_mean_policy_loss(logp_T.detach(), old_logp_T, w_T * adv_T, mask_T, cu_B1)
+    plain_T, _ = geo_mean_policy_loss(logp_T.detach(), old_logp_T, adv_T, mask_T, cu_B1)
+    torch.testing.assert_close(weighted_T, w_T * plain_T)
+
+
+def test_geo_mean_with_token_weights_is_refused():
+    from flowrl.config import ConfigError, load_config
+
+    base = ["actor.policy_loss=geo_mean", "algorithm.rollout_is=true", "algorithm.rollout_is_threshold=2.0"]
+    with pytest.raises(ConfigError, match="geometric mean") as err:
+        load_config(None, base)
+    assert err.value.key == "algorithm.rollout_is_level"
+    assert load_config(None, [*base, "algorithm.rollout_is_level=sequence"]).actor.policy_loss == "geo_mean"

@@ -138,7 +138,9 @@ def test_the_catalogue_counts(tmp_path):
     run_qwen2-7b_math_megatron_lora.sh, is still refused for token-budget micro-batches under Megatron).
     Now 42 / 34 / 0: verl's gpg estimator and loss (both gpg_trainer lists) and geo_mean loss (GMPO:
     gmpo_trainer/run_qwen2_5-7b_math.sh; its two DAPO lists are still refused for Ulysses and verl's
-    dapo reward manager) are built."""
+    dapo reward manager) are built; verl's rollout_correction.rollout_is (decoupled mode) maps to
+    flowrl's rollout correction, and its two example lists stay refused by name for bypass mode,
+    rejection sampling (rollout_rs) and batch-normalized weights."""
     counts, _ = measure(tmp_path)
     assert counts["unknown"] == 0 and counts["hydra"] == 0 and counts["preflight"] == 0
     assert (counts["accepted"], counts["named"], counts["value"]) == (42, 34, 0)
