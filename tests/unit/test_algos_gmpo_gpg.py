@@ -215,3 +215,26 @@ def test_geo_mean_with_token_weights_is_refused():
         load_config(None, base)
     assert err.value.key == "algorithm.rollout_is_level"
     assert load_config(None, [*base, "algorithm.rollout_is_level=sequence"]).actor.policy_loss == "geo_mean"
+
+
+@pytest.mark.parametrize("loss", ["geo_mean", "gpg"])
+def test_one_update_with_the_loss_moves_the_policy_the_advantages_way(tiny_model_dir, loss):
+    import pyarrow as pa
+
+    from flowrl.config import ActorConfig, OptimConfig
+    from flowrl.data import experience as ex
+    from flowrl.roles.policy import PolicyRole
+
+    table = pa.table({
+        "prompt_ids": ex.from_lists([[10, 11, 12]] * 4, ex.TOKEN_IDS),
+        "response_ids": ex.from_lists([[20, 21], [22, 23], [20, 21], [22, 23]], ex.TOKEN_IDS),
+        "response_mask": ex.from_lists([[1, 1]] * 4, pa.list_(pa.int8())),
+        "advantages": ex.from_lists([[1.0, 1.0], [-1.0, -1.0]] * 2, ex.TOKEN_FLOATS),
+    })
+    actor = ActorConfig(data_parallel_size=1, optim=OptimConfig(lr=1e-3), use_kl_loss=False, policy_loss=loss)
+    role = PolicyRole(rank=0, world_size=1, model_dir=str(tiny_model_dir), actor=actor, use_old_logprobs=False)
+    before = ex.token_column(role.compute_logprobs(table), "old_logprobs")[0].clone()
+    metrics = role.update(table, mini_batch_rows=4)
+    delta = (ex.token_column(role.compute_logprobs(table), "old_logprobs")[0] - before).view(4, 2)
+    assert bool((delta[[0, 2]] > 0).all()) and bool((delta[[1, 3]] < 0).all()), delta
+    assert metrics["actor/pg_clipfrac"] == 0.0 and torch.isfinite(torch.tensor(metrics["actor/pg_loss"]))
