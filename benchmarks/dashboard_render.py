@@ -145,8 +145,13 @@ def serve_timed(runs: list[str]) -> None:
 
     import flowrl.metrics.dashboard_server as server_mod
 
+    said = threading.Lock()  # the page worker, the figures worker and the loop all say: one whole line at a time
+
     def say(kind: str, **values: float) -> None:
-        print(f"TIMES {json.dumps({'kind': kind, **{k: round(v, 3) for k, v in values.items()}})}", flush=True)
+        line = f"TIMES {json.dumps({'kind': kind, **{k: round(v, 3) for k, v in values.items()}})}\n"
+        with said:
+            sys.stdout.write(line)
+            sys.stdout.flush()
 
     base = server_mod.Dashboard
 

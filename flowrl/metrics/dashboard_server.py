@@ -18,7 +18,9 @@ __all__ = ["export_html", "make_server", "serve"]
 log = logging.getLogger(__name__)
 #: First pages kept built for the next sessions: a reload or a second browser while a page's
 #: figures are built takes one at once (building one takes a second or more at 1,000 steps).
-SPARES = 2
+#: Four hold a burst of a new client every 0.5 s (the render benchmark's probes) under 0.4 s at
+#: 1,000 steps; with two, the third of a burst waited for a page built anew (1.1 s once in 15).
+SPARES = 4
 
 
 def export_html(run_dir: str | Path | list, out: str | Path, *, max_samples: int = 64) -> Path:
