@@ -184,6 +184,9 @@ def suggest(key: str) -> str:
     same_path = [k for k in keys if rest and k.partition(".")[2] == rest and k != key]
     if same_path:
         return f"did you mean {' or '.join(same_path[:3])}?"
+    by_siblings = _among_siblings(key, keys)
+    if by_siblings:
+        return by_siblings
     known = list(keys) + list(_EXACT)
     if section in {k.partition(".")[0] for k in known}:  # a typo inside a section: a key of that section
         known = [k for k in known if k.partition(".")[0] == section]
@@ -192,6 +195,23 @@ def suggest(key: str) -> str:
         _, target = lookup(close[0])
         return f"did you mean {close[0]}?" + (f" (flowrl's {target})" if target and target != close[0] else "")
     return ""
+
+
+#: A section with at most this many keys is listed whole when an unknown key in it resembles none.
+LIST_UP_TO = 16
+
+
+def _among_siblings(key: str, keys: tuple[str, ...]) -> str:
+    """For ``key`` in a known section (``trainer.checks.foo``) whose last name resembles no key of
+    that section (flowrl's or verl's): the section's keys when they are few, not a key that only
+    shares the prefix; ``""`` otherwise (a close name is the wider search's to name)."""
+    parent, _, leaf = key.rpartition(".")
+    siblings = [k.rpartition(".")[2] for k in keys if parent and k.rpartition(".")[0] == parent]
+    verl_siblings = [k.rpartition(".")[2] for k in _EXACT if parent and k.rpartition(".")[0] == parent]
+    if not siblings or len(siblings) > LIST_UP_TO or difflib.get_close_matches(leaf, siblings + verl_siblings, n=1,
+                                                                               cutoff=0.75):
+        return ""
+    return f"use one of {parent}.{{{', '.join(siblings)}}}"
 
 
 def _by_table(key: str) -> str:

@@ -307,3 +307,14 @@ def test_a_template_that_refuses_a_tool_message_is_not_judged():
                          "{%- endif -%}{{ m['content'] }}{%- endfor -%}")
     v = round_trip(tok, ChatCodec(tok).observation_ids)
     assert v.ok is None and "does not render this conversation" in v.message
+
+
+def test_an_unknown_check_name_is_refused_with_the_valid_ones():
+    from flowrl.config.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["trainer.checks.foo=warn"])
+    # no "did you mean" from the shared prefix alone: the section's keys, listed
+    assert "did you mean" not in str(err.value) and "use one of trainer.checks.{staleness, finite," in str(err.value)
+    with pytest.raises(ConfigError, match=r"did you mean trainer\.checks\.staleness\?"):
+        load_config(None, ["trainer.checks.stalenes=warn"])
