@@ -1,6 +1,8 @@
-"""Tiny Qwen2 / Llama causal LMs built from a config, for the default task, tests and benchmarks.
+"""Tiny Qwen2 / Llama causal LMs, and Qwen3-MoE / Mixtral mixture-of-experts ones, built from a
+config for the default task, tests and benchmarks.
 
-They are ordinary ``transformers`` models (``Qwen2ForCausalLM`` / ``LlamaForCausalLM``) in fp32, so
+They are ordinary ``transformers`` models (``Qwen2ForCausalLM``, ``LlamaForCausalLM``,
+``Qwen3MoeForCausalLM``, ``MixtralForCausalLM``) in fp32, so
 every code path (loading, HF <-> Megatron conversion, generation) is the one real checkpoints use.
 Weights are initialised from ``seed`` without disturbing the caller's global RNG.
 """
@@ -12,7 +14,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-ARCHITECTURES = ("qwen2", "llama")
+ARCHITECTURES = ("qwen2", "llama", "qwen3_moe", "mixtral")
+# The mixture-of-experts architectures: every layer is sparse (a router picks `num_experts_per_tok`
+# of `num_experts` experts per token).
+MOE_ARCHITECTURES = ("qwen3_moe", "mixtral")
 
 # Keyword arguments of `build_tiny_model` per preset. Head counts divide by 2 and 4 so the models
 # can be split with tensor parallelism, and layer counts by 2 for pipeline parallelism.
@@ -50,6 +55,20 @@ TINY_PRESETS: dict[str, dict[str, Any]] = {
         intermediate_size=1024,
         tie_word_embeddings=True,
     ),
+    # ~0.13M parameters, Qwen3-MoE: 2 layers of 4 experts (2 per token, expert width 64) and the
+    # default preset's attention; the experts divide by 2 and 4 for expert parallelism.
+    "moe": dict(
+        arch="qwen3_moe",
+        hidden_size=64,
+        num_layers=2,
+        num_heads=8,
+        num_kv_heads=4,
+        intermediate_size=256,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        tie_word_embeddings=True,
+    ),
 }
 
 
@@ -64,14 +83,28 @@ def build_tiny_model(
     intermediate_size: int = 256,
     max_position_embeddings: int = 64,
     tie_word_embeddings: bool = True,
+    num_experts: int = 0,
+    num_experts_per_tok: int = 2,
+    moe_intermediate_size: int = 0,
     seed: int = 0,
 ) -> PreTrainedModel:
-    """A randomly initialised fp32 ``Qwen2ForCausalLM`` or ``LlamaForCausalLM`` for ``tokenizer``.
+    """A randomly initialised fp32 causal LM of architecture ``arch`` for ``tokenizer``.
 
-    The vocabulary size and the pad/eos/bos ids come from the tokenizer.
+    The vocabulary size and the pad/eos/bos ids come from the tokenizer. The MoE architectures
+    (``MOE_ARCHITECTURES``) take ``num_experts``, ``num_experts_per_tok`` and
+    ``moe_intermediate_size`` (each expert's width; 0 means ``intermediate_size``).
     """
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MixtralConfig,
+        MixtralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+    )
 
     if arch not in ARCHITECTURES:
         raise ValueError(f"arch={arch!r} is not supported; use one of {', '.join(ARCHITECTURES)}")
@@ -85,11 +118,36 @@ def build_tiny_model(
             f"num_heads={num_heads} is not divisible by num_kv_heads={num_kv_heads}; "
             "pick num_kv_heads that divides num_heads"
         )
+    moe: dict[str, Any] = {}
+    if arch in MOE_ARCHITECTURES:
+        if not 1 <= num_experts_per_tok <= num_experts:
+            raise ValueError(
+                f"a {arch} model needs 1 <= num_experts_per_tok <= num_experts, got "
+                f"num_experts_per_tok={num_experts_per_tok}, num_experts={num_experts}; "
+                "e.g. num_experts=4, num_experts_per_tok=2"
+            )
+        width = moe_intermediate_size or intermediate_size
+        if arch == "qwen3_moe":
+            moe = dict(num_experts=num_experts, num_experts_per_tok=num_experts_per_tok,
+                       moe_intermediate_size=width, head_dim=hidden_size // num_heads,
+                       norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
+        else:  # mixtral: the expert width is intermediate_size
+            moe = dict(num_local_experts=num_experts, num_experts_per_tok=num_experts_per_tok,
+                       head_dim=hidden_size // num_heads)
+            intermediate_size = width
+    elif num_experts:
+        raise ValueError(
+            f"num_experts={num_experts} needs a mixture-of-experts arch "
+            f"({', '.join(MOE_ARCHITECTURES)}), not arch={arch!r}"
+        )
     config_cls, model_cls = {
         "qwen2": (Qwen2Config, Qwen2ForCausalLM),
         "llama": (LlamaConfig, LlamaForCausalLM),
+        "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+        "mixtral": (MixtralConfig, MixtralForCausalLM),
     }[arch]
     config = config_cls(
+        **moe,
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
