@@ -1,8 +1,10 @@
-"""``flowrl parallel-plan``: rank (dp, tp, pp) layouts for a model on a cluster
-(``layout_search.py``, estimates in ``layout_cost.py``).
+"""``flowrl parallel-plan``: rank (dp, tp, pp, and ep/cp where they apply) layouts for a model on a
+cluster (``layout_search.py``, estimates in ``layout_cost.py``).
 
     flowrl parallel-plan --model 70B --gpus 128
     flowrl parallel-plan --model /ckpt/Qwen2.5-7B --gpus 16 --interconnect ethernet --for both --json
+    flowrl parallel-plan --model deepseek-v3 --gpus 512
+    flowrl parallel-plan --model qwen3-30b-a3b --gpus 16 --seq-len 32768 --ep 8
 
 ``add_arguments`` fills a parser (the lead's ``flowrl/cli.py`` mounts it as a subcommand) and
 ``run`` executes parsed arguments: it prints the table (or JSON) and returns 0, or prints
@@ -24,8 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``parallel-plan`` options to ``parser``."""
     from flowrl.parallel.layout_cost import INTERCONNECTS
 
+    from flowrl.parallel.model_spec import PRESETS
+
     parser.add_argument("--model", required=True,
-                        help="parameter count (7B, 70e9, 350M) or a Hugging Face config.json or its directory")
+                        help="parameter count (7B, 70e9, 350M), a mixture-of-experts preset "
+                             f"({', '.join(PRESETS)}) or a Hugging Face config.json or its directory")
     parser.add_argument("--gpus", type=int, required=True, help="GPUs in the worker group (dp*tp*pp)")
     parser.add_argument("--gpu-memory-gb", type=float, default=80.0, help="memory per GPU (default 80)")
     parser.add_argument("--interconnect", default="ib",
@@ -41,6 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="plan the Megatron actor update, the rollout engine, or both (default train)")
     parser.add_argument("--tp", type=int, default=None, help="pin tensor_model_parallel_size")
     parser.add_argument("--pp", type=int, default=None, help="pin pipeline_model_parallel_size")
+    parser.add_argument("--ep", type=int, default=None,
+                        help="pin expert_model_parallel_size (MoE models; searched when not given)")
+    parser.add_argument("--etp", type=int, default=None,
+                        help="pin expert_tensor_parallel_size (MoE models; 1 or tp searched when not given)")
+    parser.add_argument("--cp", type=int, default=None,
+                        help="pin context_parallel_size (searched for --seq-len of 16384 or more)")
     parser.add_argument("--fully-sharded", action="store_true",
                         help="plan actor.strategy=fsdp: data parallel only, states sharded over dp")
     parser.add_argument("--lora-rank", type=int, default=0,
@@ -52,7 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _entry_dict(entry: Any) -> dict[str, Any]:
     data = dataclasses.asdict(entry)
-    data["dims"] = {"dp": entry.dims.dp, "tp": entry.dims.tp, "pp": entry.dims.pp}
+    data["dims"] = {"dp": entry.dims.dp, "tp": entry.dims.tp, "pp": entry.dims.pp, "ep": entry.ep,
+                    "etp": entry.etp, "cp": entry.cp}
+    for key in ("ep", "etp", "cp"):
+        data.pop(key)
     data["for"] = data.pop("for_")
     data["tokens_per_s"] = entry.tokens_per_s
     return data
@@ -60,7 +74,7 @@ def _entry_dict(entry: Any) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Plan and print; 0 on success, 2 (with ``error: ...`` on stderr) on bad inputs."""
-    from flowrl.parallel.layout_search import format_plan, plan_parallelism
+    from flowrl.parallel.layout_search import explain_memory, format_plan, plan_parallelism
     from flowrl.parallel.model_spec import parse_model
 
     phases = ("train", "generate") if args.for_ == "both" else (args.for_,)
@@ -72,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
                 gpus_per_node=args.gpus_per_node, seq_len=args.seq_len, micro_batch_size=args.micro_batch_size,
                 global_batch_tokens=args.global_batch_tokens, for_=phase, top_k=args.top, tp=args.tp, pp=args.pp,
                 fully_sharded=getattr(args, "fully_sharded", False), lora_rank=getattr(args, "lora_rank", 0),
+                ep=getattr(args, "ep", None), etp=getattr(args, "etp", None), cp=getattr(args, "cp", None),
             )
             for phase in phases
         }
@@ -80,17 +95,23 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.json:
         json.dump({
-            "model": {**dataclasses.asdict(spec), "num_params": spec.num_params},
+            "model": {**dataclasses.asdict(spec), "num_params": spec.num_params,
+                      "num_active_params": spec.num_active_params},
             "num_gpus": args.gpus, "gpu_memory_gb": args.gpu_memory_gb, "interconnect": args.interconnect,
             "plans": {phase: [_entry_dict(e) for e in entries] for phase, entries in plans.items()},
         }, sys.stdout, indent=2)
         print()
         return 0
-    print(f"{spec.name}: {spec.num_params / 1e9:.2f}B parameters, {spec.num_layers} layers, hidden "
+    moe = (f" ({spec.num_active_params / 1e9:.1f}B active: {spec.experts_per_token} of {spec.num_experts} "
+           f"experts per token{', MLA' if spec.is_mla else ''})" if spec.is_moe else "")
+    print(f"{spec.name}: {spec.num_params / 1e9:.2f}B parameters{moe}, {spec.num_layers} layers, hidden "
           f"{spec.hidden_size}, {spec.num_attention_heads} heads ({spec.num_key_value_heads} kv); "
           f"{args.gpus} GPUs of {args.gpu_memory_gb:g} GB, {args.gpus_per_node} per node, {args.interconnect}")
     what = {"train": "train: one optimizer step", "generate": "generate: decoding"}
     for phase, entries in plans.items():
         print(f"\n{what[phase]} of {args.global_batch_tokens:,} tokens, fastest first")
         print(format_plan(entries))
+        if entries:
+            print()
+            print(explain_memory(entries[0], spec))
     return 0
