@@ -64,6 +64,9 @@ class PackedBatch:
     """> 0: micro-batches by real tokens (at most this many, at least one row) and packed lines."""
     shared_prompts: bool = False
     """Consecutive rows with the same prompt compute it once (``token_layout.shared_prompt_lines``)."""
+    images: "list[list[bytes]] | None" = None
+    """Each row's encoded prompt images (a vision-language batch: the table's ``images`` column,
+    :mod:`flowrl.data.images`); None: a text batch. Decoded only by the engine that runs the model."""
 
     @classmethod
     def from_table(cls, table: "pa.Table", token_fields: tuple[str, ...] = ()) -> "PackedBatch":
@@ -75,7 +78,8 @@ class PackedBatch:
             if not (cu.shape == response_cu.shape and bool((cu == response_cu).all())):
                 raise ValueError(f"column {name!r} is not aligned with response_ids (row lengths differ)")
             fields[name] = values
-        return cls(prompt, prompt_cu, response, response_cu, fields)
+        images = table.column("images").to_pylist() if "images" in table.column_names else None
+        return cls(prompt, prompt_cu, response, response_cu, fields, images=images)
 
     @property
     def num_rows(self) -> int:
@@ -97,6 +101,7 @@ class PackedBatch:
             {k: v[r0:r1] for k, v in self.token_fields.items()},
             self.token_budget,
             self.shared_prompts,
+            None if self.images is None else self.images[start:stop],
         )
 
     @property
@@ -119,7 +124,9 @@ class PackedBatch:
         prompt, prompt_cu = gather_rows(self.prompt_P, self.prompt_cu_B1, rows_B)
         response, response_cu = gather_rows(self.response_T, self.response_cu_B1, rows_B)
         fields = {k: gather_rows(v, self.response_cu_B1, rows_B)[0] for k, v in self.token_fields.items()}
-        return PackedBatch(prompt, prompt_cu, response, response_cu, fields, self.token_budget, self.shared_prompts)
+        images = None if self.images is None else [self.images[i] for i in rows_B.tolist()]
+        return PackedBatch(prompt, prompt_cu, response, response_cu, fields, self.token_budget, self.shared_prompts,
+                           images)
 
     def micro_batches(self, rows_per_micro_batch: int, min_count: int = 1) -> Iterator["PackedBatch"]:
         """Consecutive rows: ``rows_per_micro_batch`` each, or with a token budget as many as fit

@@ -10,6 +10,14 @@ the unknown token), no ``data_source``, and a prompt longer than ``max_prompt_le
 (``filter_overlong``) or cut as verl's ``data.truncation`` says (``left`` keeps the end, ``right``
 the start, ``middle`` both halves; ``error`` fails).
 
+Multimodal rows (verl's geo3k format: an ``images`` column of ``{"bytes", "path"}`` structs and one
+``<image>`` per image in the prompt's text) keep their encoded images in an ``images`` column
+(``list<binary>``, :mod:`flowrl.data.images`), and each ``<image>`` becomes the image's tokens
+(Qwen2-VL's ``<|vision_start|>``, one ``<|image_pad|>`` per merged patch, ``<|vision_end|>``), so
+``max_prompt_length`` and every length and token budget count them; a row whose image is
+unreadable, of the wrong mode or too large, or whose placeholders do not match its images, is
+rejected like any other (an image prompt is never truncated: it is rejected when too long).
+
 Ground truths are text, as verl's reward functions compare them (``str(ground_truth)``): a number
 is written as text, an integral float without its ``.0`` (``10.0`` -> ``"10"``: a pandas column of
 integers with a gap becomes float), so it matches the answer ``10``.
@@ -34,7 +42,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from flowrl.data import experience
+from flowrl.data import experience, images
 
 log = logging.getLogger(__name__)
 
@@ -181,19 +189,23 @@ class PromptDataset:
         self.origins: list[tuple[str, int]] = []  # (file, row) of each kept row, in table order
         self.longest = 0  # tokens of the longest prompt seen (kept or not)
         self._cut = (filter_overlong, truncation)
-        rows: dict[str, list] = {"data_source": [], "ground_truth": [], "prompt_ids": [], "extra_info": []}
+        rows: dict[str, list] = {"data_source": [], "ground_truth": [], "prompt_ids": [], "extra_info": [], "images": []}
+        self._images: Any = None  # the model's image processor, once a row has images (flowrl.data.images)
         for file in files:
             for i, row in enumerate(read_prompt_rows(file, prompt_key)):
                 try:
-                    ids, truth, source = self._parse(row, tokenizer, prompt_key, max_prompt_length)
+                    ids, truth, source = self._parse(row, tokenizer, prompt_key, max_prompt_length, file)
                 except OverlongPrompt as exc:
                     raise OverlongPrompt(f"{file} row {i}: {exc}") from None
+                except PromptFileError:
+                    raise
                 except ValueError as exc:
                     self.rejected.append(Rejected(file, i, str(exc)))
                     continue
                 rows["data_source"].append(source)
                 rows["ground_truth"].append(truth)
                 rows["prompt_ids"].append(ids)
+                rows["images"].append(self._row_images)
                 rows["extra_info"].append(json.dumps(row.get("extra_info") or {}, default=str))
                 self.origins.append((file, i))
         if self.rejected:
@@ -210,6 +222,9 @@ class PromptDataset:
                 "ground_truth": pa.array(rows["ground_truth"], pa.string()),
                 "prompt_ids": experience.from_lists(rows["prompt_ids"], experience.TOKEN_IDS),
                 "extra_info": pa.array(rows["extra_info"], pa.string()),
+                # multimodal rows: the encoded images (list<binary>), decoded only where the model runs
+                **({images.IMAGES_COLUMN: pa.array(rows["images"], images.IMAGES_TYPE)}
+                   if any(rows["images"]) else {}),
             }
         )
         if key is not None:
@@ -217,13 +232,18 @@ class PromptDataset:
                 _LOADED.pop(next(iter(_LOADED)))
             _LOADED[key] = (self.table, tuple(self.rejected), self.longest, tuple(self.origins))
 
-    def _parse(self, row: dict, tokenizer: Any, prompt_key: str, max_len: int) -> tuple[list[int], str, str]:
+    def _parse(self, row: dict, tokenizer: Any, prompt_key: str, max_len: int,
+               file: str = "") -> tuple[list[int], str, str]:
+        self._row_images = []
         reward = row.get("reward_model") or {}
         truth = ground_truth_text(reward.get("ground_truth") if isinstance(reward, dict) else None)
         source = row.get("data_source")
         if not isinstance(source, str) or not source:
             raise ValueError("no data_source")
-        text = render_prompt(row.get(prompt_key), tokenizer, self.tools)
+        prompt = row.get(prompt_key)
+        if row.get(images.IMAGES_COLUMN):
+            prompt = self._with_images(prompt, row[images.IMAGES_COLUMN], tokenizer, file)
+        text = render_prompt(prompt, tokenizer, self.tools)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if not ids:
             raise ValueError("empty prompt")
@@ -234,10 +254,54 @@ class PromptDataset:
         self.longest = max(self.longest, len(ids))
         filter_overlong, truncation = self._cut
         if len(ids) > max_len:
+            if self._row_images:  # a cut would split an image's tokens
+                raise ValueError(f"prompt has {len(ids)} tokens (image tokens included) > "
+                                 f"data.max_prompt_length={max_len}; an image prompt is not truncated")
             if filter_overlong:
                 raise ValueError(f"prompt has {len(ids)} tokens > data.max_prompt_length={max_len}")
             ids = truncate(ids, max_len, truncation)
         return ids, truth, source
+
+    def _with_images(self, prompt: Any, entries: Sequence[Any], tokenizer: Any, file: str) -> Any:
+        """``prompt`` with each ``<image>`` written as the image's tokens (its size read from the
+        header); the row's encoded images kept in ``_row_images``. ValueError (a rejected row) for
+        an image that is unreadable, of the wrong mode or too large, or placeholders that do not
+        match the images; :class:`PromptFileError` when the model has no image processor."""
+        if self._images is None:
+            self._images = images.load_image_processor(getattr(tokenizer, "name_or_path", ""))
+            if self._images is None:
+                raise PromptFileError(f"{file} has images but the model {getattr(tokenizer, 'name_or_path', '')!r} "
+                                      "has no image processor (preprocessor_config.json); use a vision-language "
+                                      "model (e.g. Qwen2-VL) for image prompts", file=file, key="model.path")
+        if isinstance(prompt, str):
+            prompt = [{"role": "user", "content": prompt}]
+        if not isinstance(prompt, (list, tuple)) or not all(isinstance(m, dict) for m in prompt):
+            raise ValueError("prompt must be a string or a list of {role, content} messages")
+        counts, data = [], []
+        for k, entry in enumerate(entries):
+            try:
+                blob = images.image_bytes(entry, base_dir=Path(file).parent if file else None)
+                width, height = images.check_image(blob)
+            except ValueError as exc:
+                raise ValueError(f"image {k}: {exc}") from None
+            counts.append(images.image_token_count(width, height, self._images))
+            data.append(blob)
+        out, used = [], 0
+        for m in prompt:
+            content = m.get("content")
+            if isinstance(content, str) and images.PLACEHOLDER in content:
+                n = content.count(images.PLACEHOLDER)
+                if used + n > len(counts):
+                    raise ValueError(f"prompt has more {images.PLACEHOLDER} placeholders than the row's {len(counts)} "
+                                     f"images; write one {images.PLACEHOLDER} per image")
+                m = {**m, "content": images.expand_placeholders(content, counts[used:used + n])}
+                used += n
+            out.append(m)
+        if used != len(counts):
+            raise ValueError(f"prompt has {used} {images.PLACEHOLDER} placeholders but the row has {len(counts)} "
+                             f"images; write one {images.PLACEHOLDER} per image")
+        self._row_images = data
+        return out
 
     def __len__(self) -> int:
         return self.table.num_rows

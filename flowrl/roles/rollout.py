@@ -74,7 +74,8 @@ class RolloutRole:
             return self._generate_agent(prompts, params, self._seed(seed))
         prompt_ids = prompts.column("prompt_ids").to_pylist()
         responses, logprobs = self.engine.generate(
-            prompt_ids, params, seed=self._seed(seed), micro_batch_size=self.micro_batch_size
+            prompt_ids, params, seed=self._seed(seed), micro_batch_size=self.micro_batch_size,
+            **({"images": prompts.column("images").to_pylist()} if "images" in prompts.column_names else {}),
         )
         repeat = np.repeat(np.arange(prompts.num_rows), params.n)
         table = prompts.take(pa.array(repeat))

@@ -29,7 +29,9 @@ class HFGenerator:
         from transformers import AutoModelForCausalLM
 
         from flowrl.backends.train.precision import placement
+        from flowrl.models.vlm import register_auto_classes, with_text_ids
 
+        register_auto_classes()  # Qwen2-VL / Qwen2.5-VL load as causal LMs
         if model is not None:  # the hybrid engine: the trainer's live module, not loaded, not frozen
             self.model = model
             where = next(model.parameters()).device  # the trainer's placement wins
@@ -40,6 +42,7 @@ class HFGenerator:
                 model_dir, dtype=torch_dtype(self.precision.param_dtype)).to(self.device)
             self.model.eval()
             self.model.requires_grad_(False)
+        with_text_ids(self.model)  # a VLM: pad/eos ids from its text config
         cfg = self.model.generation_config
         eos = cfg.eos_token_id if cfg.eos_token_id is not None else self.model.config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
@@ -48,7 +51,8 @@ class HFGenerator:
 
     @torch.no_grad()
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams, *, seed: int = 0, micro_batch_size: int = 256
+        self, prompts: list[list[int]], params: SamplingParams, *, seed: int = 0, micro_batch_size: int = 256,
+        images: list | None = None,
     ) -> tuple[list[list[int]], list[list[float]]]:
         """Sample ``params.n`` responses per prompt; results are prompt-major (prompt 0's n
         samples first). Finished rows leave the decode batch (``hf_decode``); what the model
@@ -60,6 +64,10 @@ class HFGenerator:
         responses: list[list[int]] = []
         logprobs: list[list[float]] = []
         self.last_stats = DecodeStats()
+        if images is not None and any(images):  # each prompt's encoded images (a VLM): flowrl.models.vlm
+            from flowrl.models.vlm import generate_with_images
+
+            return generate_with_images(self, prompts, images, params, micro_batch_size)
         prompts_per_call = max(1, micro_batch_size // params.n)
         for start in range(0, len(prompts), prompts_per_call):
             with autocast(self.device, self.precision):

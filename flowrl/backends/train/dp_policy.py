@@ -28,6 +28,7 @@ from flowrl.backends.train.optim import AdamWSettings
 from flowrl.backends.train.precision import autocast, placement, to_host
 from flowrl.data.packed import PackedBatch
 from flowrl.metrics import names
+from flowrl.models import vlm
 from flowrl.parallel.dtypes import engine_precision
 
 if TYPE_CHECKING:
@@ -77,10 +78,13 @@ class TorchDPEngine:
         """``optim``: the optimizer keywords of :class:`~flowrl.backends.train.optim.AdamWSettings`;
         ``device``: the rank's (``cuda:0`` on a GPU rank), ``dtype``: ``model.dtype`` (``auto``
         resolved by the device)."""
+        freeze_vision = optim.pop("freeze_vision_tower", False)  # a VLM's actor.freeze_vision_tower
         settings = AdamWSettings(**optim)
         torch.manual_seed(seed)
         self.device, self.precision = placement(device, dtype, trainable=trainable)
         self.model = self._load_model(model_dir, torch_dtype(self.precision.param_dtype)).to(self.device)
+        if freeze_vision:
+            vlm.freeze_vision_tower(self.model)
         self._add_adapters(lora)
         self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
         self.grad_clip = settings.grad_clip
@@ -97,7 +101,8 @@ class TorchDPEngine:
         """The trained module (subclasses load another head on the same checkpoint)."""
         from transformers import AutoModelForCausalLM
 
-        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+        vlm.register_auto_classes()  # Qwen2-VL / Qwen2.5-VL load as causal LMs (flowrl.models.vlm)
+        return vlm.with_text_ids(AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype))
 
     # ----------------------------------------------------------------- LoRA
     def _add_adapters(self, lora: dict | None) -> None:
@@ -184,7 +189,8 @@ class TorchDPEngine:
         self.slots_computed += padded.num_slots
         kwargs = model_kwargs(padded, dev, self.model.config._attn_implementation)
         with autocast(dev, self.precision):
-            hidden_BLH = self.model.get_decoder()(**kwargs).last_hidden_state
+            hidden_BLH = (vlm.vlm_hidden(self.model, mb, padded, dev) if mb.images is not None  # images: flowrl.models.vlm
+                          else self.model.get_decoder()(**kwargs).last_hidden_state)
             # Logits only where a response token is predicted: at pred_T (pos - 1 unless prompts are shared).
             hidden_TH = hidden_BLH[padded.row_T.to(dev), padded.pred_T.to(dev)]
             logits_TV = self.model.get_output_embeddings()(hidden_TH)

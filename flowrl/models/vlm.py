@@ -1,0 +1,292 @@
+"""Vision-language models (Qwen2-VL / Qwen2.5-VL) in flowrl's engines: what the ``hf`` decode loop
+and the ``dp`` / FSDP2 trainers call when a batch has images.
+
+* :func:`register_auto_classes` makes ``AutoModelForCausalLM`` load ``qwen2_vl`` /
+  ``qwen2_5_vl`` checkpoints as their ``...ForConditionalGeneration`` (transformers 5 maps them to
+  ``AutoModelForImageTextToText`` only), so every loader of the framework takes a VLM unchanged.
+* :func:`mrope_positions` is a sequence's multimodal rotary positions (``[3, L]``: time, height,
+  width; text tokens have three equal ones) from the model's own ``get_rope_index``, computed per
+  sequence without padding, then placed into whatever layout the batch has: padded rows (with the
+  attention mask), or packed lines (``[4, R, C]``: the per-sequence text positions first, from
+  which transformers builds the block-causal mask, then the three rotary rows), so packing keeps
+  every sequence's positions exactly.
+* :func:`vlm_hidden` is the decoder's last hidden state for a :class:`~flowrl.data.packed.PackedBatch`
+  with images: the rows' images decoded (:func:`flowrl.data.images.pixel_inputs`) in the order of
+  their image tokens in the layout, through the vision tower (frozen or trained:
+  ``actor.freeze_vision_tower``, :func:`freeze_vision_tower`) and scattered into the
+  ``<|image_pad|>`` embeddings.
+* :func:`decode_with_images` is the ``hf`` backend's decode loop for prompts with images: the
+  prompts prefilled once with their pixels and rotary positions, each sample then continuing at
+  its prompt's last position + 1 (``hf_decode``'s loop otherwise: finished rows leave the cache).
+
+Shape letters: B rows, L padded length, R packed lines, C line capacity, H hidden, V vocabulary,
+N = B * n samples, A rows still decoding.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+
+if TYPE_CHECKING:
+    from flowrl.backends.interfaces import SamplingParams
+    from flowrl.data.packed import PackedBatch, Padded
+
+VLM_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
+PROCESSOR_ATTR = "_flowrl_image_processor"
+
+
+def register_auto_classes() -> None:
+    """``AutoModelForCausalLM`` builds Qwen2-VL and Qwen2.5-VL (idempotent)."""
+    from transformers import (
+        AutoModelForCausalLM,
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration,
+    )
+
+    for config_cls, model_cls in ((Qwen2VLConfig, Qwen2VLForConditionalGeneration),
+                                  (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration)):
+        AutoModelForCausalLM.register(config_cls, model_cls, exist_ok=True)
+
+
+def is_vlm_config(config: Any) -> bool:
+    """Whether a transformers config (or its dict) is a vision-language model's."""
+    model_type = config.get("model_type") if isinstance(config, dict) else getattr(config, "model_type", None)
+    has_vision = ("vision_config" in config) if isinstance(config, dict) else hasattr(config, "vision_config")
+    return model_type in VLM_MODEL_TYPES or bool(has_vision)
+
+
+def is_vlm_dir(model_dir: str) -> bool:
+    """Whether ``model_dir``'s ``config.json`` is a vision-language model's (False when unreadable)."""
+    import json
+    from pathlib import Path
+
+    try:
+        return is_vlm_config(json.loads((Path(model_dir) / "config.json").read_text()))
+    except (OSError, ValueError):
+        return False
+
+
+def vision_tower(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The vision encoder (with its merger) of a Qwen2-VL-style model, or None."""
+    inner = getattr(model, "model", model)
+    return getattr(inner, "visual", None)
+
+
+def freeze_vision_tower(model: torch.nn.Module) -> int:
+    """Stop gradients into the vision tower; the number of parameters frozen (0: not a VLM)."""
+    tower = vision_tower(model)
+    if tower is None:
+        return 0
+    tower.requires_grad_(False)
+    return sum(p.numel() for p in tower.parameters())
+
+
+def image_processor_of(model: torch.nn.Module) -> Any:
+    """The image processor saved with the model (``preprocessor_config.json`` of its directory),
+    loaded once and kept on the module."""
+    processor = getattr(model, PROCESSOR_ATTR, None)
+    if processor is None:
+        from flowrl.data.images import load_image_processor
+
+        where = getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "")
+        processor = load_image_processor(where)
+        if processor is None:
+            raise ValueError(f"the vision-language model loaded from {where!r} has no image processor "
+                             "(preprocessor_config.json); save it with the model (processor.save_pretrained(DIR))")
+        object.__setattr__(model, PROCESSOR_ATTR, processor)
+    return processor
+
+
+def _inner(model: torch.nn.Module) -> Any:
+    """The ``Qwen2VLModel`` (vision tower + language model) of a ``...ForConditionalGeneration``."""
+    return getattr(model, "model", model)
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model under a peft wrapper, if any."""
+    base = getattr(model, "base_model", None)
+    return getattr(base, "model", model) if base is not None and base is not model else model
+
+
+def mrope_positions(model: torch.nn.Module, ids_L: torch.Tensor, grid_thw: torch.Tensor | None) -> torch.Tensor:
+    """``[3, L]`` rotary positions of one unpadded sequence whose images have ``grid_thw``."""
+    ids_1L = ids_L.long().reshape(1, -1)
+    if grid_thw is None or grid_thw.numel() == 0:
+        return torch.arange(ids_1L.shape[1], device=ids_L.device).expand(3, -1).clone()
+    inner = _inner(_unwrap(model))
+    token_types = (ids_1L == model.config.image_token_id).int()
+    positions, _ = inner.get_rope_index(ids_1L, mm_token_type_ids=token_types, image_grid_thw=grid_thw.to(ids_L.device))
+    return positions[:, 0].long()
+
+
+def _image_inputs(model: torch.nn.Module, images_B: Sequence[Sequence[bytes]]) -> tuple[dict, list[torch.Tensor]]:
+    """The pixel inputs of rows' images (in row order) and each row's ``[k, 3]`` grid. Rows
+    with the same bytes (a GRPO group) are decoded once."""
+    from flowrl.data.images import pixel_inputs
+
+    processor = image_processor_of(model)
+    unique: dict[bytes, int] = {}
+    for row in images_B:
+        for blob in row or ():
+            unique.setdefault(blob, len(unique))
+    if not unique:
+        return {}, [torch.zeros((0, 3), dtype=torch.long) for _ in images_B]
+    blobs = list(unique)
+    out = pixel_inputs([[b] for b in blobs], processor)
+    patches = out["image_grid_thw"].prod(-1)
+    starts = torch.cumsum(patches, 0) - patches
+    order = [unique[b] for row in images_B for b in (row or ())]
+    pixel_values = torch.cat([out["pixel_values"][int(starts[k]): int(starts[k] + patches[k])] for k in order])
+    grids = out["image_grid_thw"][order] if order else out["image_grid_thw"][:0]
+    per_row, at = [], 0
+    for row in images_B:
+        k = len(row or ())
+        per_row.append(grids[at: at + k])
+        at += k
+    return {"pixel_values": pixel_values, "image_grid_thw": grids}, per_row
+
+
+def vlm_hidden(model: torch.nn.Module, mb: PackedBatch, padded: Padded, device: torch.device) -> torch.Tensor:
+    """The last hidden state ``[B or R, L, H]`` of ``padded`` (``mb.model_inputs``: padded rows or
+    packed lines; shared-prompt lines are refused) with ``mb``'s images."""
+    if padded.block_mask_BLL is not None:
+        raise ValueError("use_prefix_grouper=true (actor, ref or critic) is not supported for a vision-language "
+                         "model (each group's image would be computed once per segment); fix: set "
+                         "use_prefix_grouper=false")
+    from flowrl.data.token_layout import assign_lines, line_capacity
+
+    images_B = mb.images or [[] for _ in range(mb.num_rows)]
+    seq_B = [torch.cat([mb.prompt_P[int(mb.prompt_cu_B1[b]): int(mb.prompt_cu_B1[b + 1])],
+                        mb.response_T[int(mb.response_cu_B1[b]): int(mb.response_cu_B1[b + 1])]]).long()
+             for b in range(mb.num_rows)]
+    ids = padded.input_ids_BL
+    lines = padded.position_ids_BL is not None  # packed lines: place each sequence where packed_lines put it
+    if lines:
+        line_B, offset_B, _ = assign_lines([len(s) for s in seq_B], line_capacity([len(s) for s in seq_B]))
+    else:
+        line_B, offset_B = list(range(mb.num_rows)), [0] * mb.num_rows
+    order = sorted(range(mb.num_rows), key=lambda b: (line_B[b], offset_B[b]))  # image tokens' order in the layout
+    inputs, grid_B = _image_inputs(model, [images_B[b] for b in order])
+    grid_of = {b: grid_B[i] for i, b in enumerate(order)}
+    pos_3BL = torch.ones((3,) + tuple(ids.shape), dtype=torch.long)
+    for b, seq in enumerate(seq_B):
+        pos_3BL[:, line_B[b], offset_B[b]: offset_B[b] + len(seq)] = mrope_positions(model, seq, grid_of[b])
+    kwargs: dict[str, Any] = {"input_ids": ids.to(device), "use_cache": False}
+    if lines:
+        kwargs["position_ids"] = torch.cat([padded.position_ids_BL[None], pos_3BL]).to(device)
+    else:
+        kwargs["attention_mask"] = padded.attention_mask_BL.to(device)
+        kwargs["position_ids"] = pos_3BL.to(device)
+    if inputs:
+        kwargs["pixel_values"] = inputs["pixel_values"].to(device)
+        kwargs["image_grid_thw"] = inputs["image_grid_thw"].to(device)
+    return _inner(model)(**kwargs).last_hidden_state
+
+
+# ----------------------------------------------------------------- generation
+@torch.no_grad()
+def decode_with_images(model: torch.nn.Module, prompts: list[list[int]], images: Sequence[Sequence[bytes]],
+                       params: SamplingParams, *, eos_ids: set[int], pad_id: int,
+                       device: torch.device | str = "cpu") -> tuple[list[list[int]], list[list[float]], Any]:
+    """``hf_decode.decode`` for prompts with images (``images[i]``: prompt i's encoded images):
+    the same sampling and results, with the pixels in the prefill and multimodal rotary positions."""
+    from transformers import DynamicCache
+
+    from flowrl.backends.generate.hf_decode import DecodeStats, _choose, _left_padded, _warpers
+
+    n, max_new = params.n, params.max_new_tokens
+    ids_BP, mask = _left_padded(prompts, pad_id)
+    width = ids_BP.shape[1]
+    inputs, grid_B = _image_inputs(model, images)
+    pos_3BP = torch.ones((3, len(prompts), width), dtype=torch.long)
+    next_B = torch.zeros(len(prompts), dtype=torch.long)
+    for b, p in enumerate(prompts):
+        pos = mrope_positions(model, torch.tensor(p, dtype=torch.long), grid_B[b])
+        pos_3BP[:, b, width - len(p):] = pos
+        next_B[b] = int(pos.max()) + 1
+    ids_BP, mask = ids_BP.to(device), mask.to(device)
+    stats = DecodeStats(slots=ids_BP.numel(), tokens=int(mask.sum()))
+    text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    cache = DynamicCache(config=text_config)
+    extra = {k: v.to(device) for k, v in inputs.items()}
+    hidden = _inner(model)(input_ids=ids_BP, attention_mask=mask, position_ids=pos_3BP.to(device),
+                           past_key_values=cache, use_cache=True, **extra).last_hidden_state[:, -1]
+    logits_AV = model.get_output_embeddings()(hidden).float()
+    next_A = next_B.to(device)
+    if n > 1:
+        logits_AV, mask, next_A = logits_AV.repeat_interleave(n, 0), mask.repeat_interleave(n, 0), next_A.repeat_interleave(n, 0)
+        cache.batch_repeat_interleave(n)
+    num_rows, vocab = logits_AV.shape
+    warpers = [] if params.greedy else _warpers(params)
+    eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)
+    live = torch.arange(num_rows, device=device)
+    tokens_NL = torch.full((num_rows, max_new), pad_id, dtype=torch.long, device=device)
+    logp_NL = torch.zeros((num_rows, max_new), device=device)
+    lengths_N = torch.full((num_rows,), max_new, dtype=torch.long, device=device)
+    for step in range(max_new):
+        token_A = _choose(logits_AV, live, num_rows, vocab, warpers, params.greedy)
+        scaled = logits_AV if params.greedy or params.temperature == 1.0 else logits_AV / params.temperature
+        logp_NL[live, step] = torch.log_softmax(scaled, -1).gather(-1, token_A[:, None]).squeeze(-1)
+        tokens_NL[live, step] = token_A
+        done_A = torch.isin(token_A, eos)
+        lengths_N[live[done_A]] = step + 1
+        if step == max_new - 1 or bool(done_A.all()):
+            break
+        if bool(done_A.any()):
+            keep = (~done_A).nonzero().squeeze(1)
+            cache.batch_select_indices(keep)
+            live, mask, token_A, next_A = live[keep], mask[keep], token_A[keep], next_A[keep]
+        mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+        stats.slots += live.numel()
+        stats.tokens += live.numel()
+        position_3A1 = (next_A + step)[None, :, None].expand(3, -1, 1)
+        hidden = _inner(model)(input_ids=token_A[:, None], attention_mask=mask, position_ids=position_3A1,
+                               past_key_values=cache, use_cache=True).last_hidden_state[:, -1]
+        logits_AV = model.get_output_embeddings()(hidden).float()
+    stats.response_tokens = int(lengths_N.sum())
+    tokens_NL, logp_NL, lengths = tokens_NL.cpu(), logp_NL.cpu(), lengths_N.tolist()
+    responses = [row[:k].tolist() for row, k in zip(tokens_NL, lengths)]
+    logprobs = [row[:k].tolist() for row, k in zip(logp_NL, lengths)]
+    return responses, logprobs, stats
+
+
+def generate_with_images(generator: Any, prompts: list[list[int]], images: Sequence[Sequence[bytes]],
+                         params: SamplingParams, micro_batch_size: int) -> tuple[list[list[int]], list[list[float]]]:
+    """``HFGenerator.generate`` for prompts with images: :func:`decode_with_images` over chunks of
+    ``micro_batch_size // n`` prompts (the caller has seeded torch); stats in ``last_stats``."""
+    from flowrl.backends.generate.hf_decode import DecodeStats
+    from flowrl.backends.train.precision import autocast
+
+    responses: list[list[int]] = []
+    logprobs: list[list[float]] = []
+    generator.last_stats = DecodeStats()
+    per_call = max(1, micro_batch_size // params.n)
+    for start in range(0, len(prompts), per_call):
+        with autocast(generator.device, generator.precision):
+            r, lp, stats = decode_with_images(generator.model, prompts[start:start + per_call],
+                                              images[start:start + per_call], params, eos_ids=generator.eos_ids,
+                                              pad_id=generator.pad_id, device=generator.device)
+        responses += r
+        logprobs += lp
+        generator.last_stats.add(stats)
+    return responses, logprobs
+
+
+TEXT_IDS = ("pad_token_id", "eos_token_id", "bos_token_id", "vocab_size", "hidden_size")
+
+
+def with_text_ids(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with its text config's token ids and sizes also on the top-level config (a VLM's
+    loaded config keeps them in ``text_config`` only; the engines read ``config.pad_token_id``)."""
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else None
+    if text is None or text is config:
+        return model
+    for key in TEXT_IDS:
+        if getattr(config, key, None) is None and getattr(text, key, None) is not None:
+            setattr(config, key, getattr(text, key))
+    return model
