@@ -42,8 +42,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--micro-batch-size", type=int, default=1, help="sequences per micro-batch (default 1)")
     parser.add_argument("--global-batch-tokens", type=int, default=2**20,
                         help="tokens per optimizer step, or generated per rollout batch (default 1048576)")
-    parser.add_argument("--for", dest="for_", choices=("train", "generate", "both"), default="train",
-                        help="plan the Megatron actor update, the rollout engine, or both (default train)")
+    parser.add_argument("--for", dest="for_", choices=("train", "generate", "both", "hybrid"), default="train",
+                        help="plan the Megatron actor update, the rollout engine, both, or hybrid: the train "
+                             "layouts whose GPUs also hold a vLLM engine (cluster.placement=hybrid), each "
+                             "phase's memory as perf/hybrid_<phase>_peak_mem_bytes reports it (default train)")
+    parser.add_argument("--gen-tp", type=int, default=1,
+                        help="with --for hybrid: rollout.tensor_model_parallel_size (default 1)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5,
+                        help="with --for hybrid: rollout.gpu_memory_utilization, vLLM's pool (default 0.5)")
+    parser.add_argument("--keep-cache-engine", action="store_true",
+                        help="with --for hybrid: rollout.free_cache_engine=false (the engine never sleeps)")
+    parser.add_argument("--param-offload", action="store_true",
+                        help="with --for hybrid: actor param_offload (weights on the host outside training)")
+    parser.add_argument("--optimizer-offload", action="store_true",
+                        help="with --for hybrid: actor optimizer_offload (optimizer state on the host outside the update)")
+    parser.add_argument("--ref-offload", action="store_true",
+                        help="with --for hybrid: ref param_offload (reference weights on the host outside its forward)")
     parser.add_argument("--tp", type=int, default=None, help="pin tensor_model_parallel_size")
     parser.add_argument("--pp", type=int, default=None, help="pin pipeline_model_parallel_size")
     parser.add_argument("--ep", type=int, default=None,
@@ -77,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
     from flowrl.parallel.layout_search import explain_memory, format_plan, plan_parallelism
     from flowrl.parallel.model_spec import parse_model
 
+    if args.for_ == "hybrid":
+        return _run_hybrid(args)
     phases = ("train", "generate") if args.for_ == "both" else (args.for_,)
     try:
         spec = parse_model(args.model)
@@ -114,4 +130,58 @@ def run(args: argparse.Namespace) -> int:
         if entries:
             print()
             print(explain_memory(entries[0], spec))
+    return 0
+
+
+def _run_hybrid(args: argparse.Namespace) -> int:
+    """``--for hybrid``: the fastest train layouts whose every phase fits beside the engine."""
+    from flowrl.parallel.hybrid_memory import HybridOptions, format_hybrid, hybrid_memory
+    from flowrl.parallel.layout_search import plan_parallelism
+    from flowrl.parallel.model_spec import parse_model
+
+    options = HybridOptions(
+        gen_tp=args.gen_tp, gpu_memory_utilization=args.gpu_memory_utilization,
+        free_cache_engine=not args.keep_cache_engine, param_offload=args.param_offload,
+        optimizer_offload=args.optimizer_offload, ref_offload=args.ref_offload,
+        persistent_grads=not getattr(args, "fully_sharded", False),
+    )
+    try:
+        spec = parse_model(args.model)
+        # The trainer keeps what the engine's pool leaves: plan it on that share of the GPU.
+        entries = plan_parallelism(
+            spec, num_gpus=args.gpus, gpu_memory_gb=args.gpu_memory_gb, interconnect=args.interconnect,
+            gpus_per_node=args.gpus_per_node, seq_len=args.seq_len, micro_batch_size=args.micro_batch_size,
+            global_batch_tokens=args.global_batch_tokens, for_="train", top_k=None, tp=args.tp, pp=args.pp,
+            fully_sharded=getattr(args, "fully_sharded", False), lora_rank=getattr(args, "lora_rank", 0),
+            ep=getattr(args, "ep", None), etp=getattr(args, "etp", None), cp=getattr(args, "cp", None),
+        )
+        rows = [(e, hybrid_memory(spec, e, options, gpu_memory_gb=args.gpu_memory_gb, seq_len=args.seq_len,
+                                  gpus_per_node=args.gpus_per_node)) for e in entries]
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    fitting = [r for r in rows if r[1].fits]
+    if not fitting:
+        best = min(rows, key=lambda r: r[1].peak_gb)
+        phase = max(best[1].phases_gb, key=best[1].phases_gb.get)
+        print(f"error: no train layout of {args.gpus} GPUs fits beside a vLLM engine (tp {args.gen_tp}, "
+              f"gpu_memory_utilization {args.gpu_memory_utilization:g}): the smallest peak is "
+              f"{best[1].peak_gb:.1f} GB in phase {phase} ({best[0].dims}; limit {best[1].limit_gb:.1f} GB, "
+              f"KV cache for {best[1].kv_sequences} sequences); try --param-offload, --optimizer-offload, "
+              "--ref-offload, a lower --gpu-memory-utilization, a larger --gen-tp, or more GPUs", file=sys.stderr)
+        return 2
+    shown = fitting[:args.top]
+    if args.json:
+        json.dump({"model": {**dataclasses.asdict(spec), "num_params": spec.num_params},
+                   "options": dataclasses.asdict(options),
+                   "plans": {"hybrid": [{**_entry_dict(e), "hybrid": {**m.metrics(), "kv_budget_gb": m.kv_budget_gb,
+                                                                      "kv_sequences": m.kv_sequences,
+                                                                      "engine_weights_gb": m.engine_weights_gb}}
+                                        for e, m in shown]}}, sys.stdout, indent=2)
+        print()
+        return 0
+    print(f"{spec.name}: {spec.num_params / 1e9:.2f}B parameters; {args.gpus} GPUs of {args.gpu_memory_gb:g} GB; "
+          "hybrid placement: each GPU holds a trainer rank and its share of a vLLM engine")
+    print(f"\nhybrid: the fastest train layouts whose every phase fits, GB per GPU")
+    print(format_hybrid(shown, options))
     return 0
