@@ -5,6 +5,14 @@ goes through ``flowrl parallel-plan``'s memory model (``flowrl.parallel.rank_mem
 that cannot fit is a :class:`~flowrl.config.ConfigError` naming what was computed and the keys
 that lower it. On the CPU (no GPU in the plan) nothing is checked. The GPU's memory:
 ``cluster.gpu_memory_gb``, else ``nvidia-smi``'s on a local cluster, else unknown (no check).
+
+Roles that share a GPU are summed (:func:`check_shared_gpus`): while the actor updates, a critic
+on the same GPU keeps its weights, optimizer state (and a megatron's gradient buffers) there
+unless offloaded, and the other way round; in the hybrid placement with vLLM, the engine's pool
+(``rollout.gpu_memory_utilization`` of the GPU) sits beside whatever the trainers keep during
+generation, and beside their update too when the engine does not sleep
+(``rollout.free_cache_engine``): ``flowrl parallel-plan --for hybrid``'s phases
+(``flowrl.parallel.hybrid_memory``).
 """
 
 from __future__ import annotations
@@ -14,9 +22,10 @@ from typing import Any, Callable
 
 from flowrl.config import ConfigError
 from flowrl.parallel.mesh import ParallelDims
+from flowrl.parallel.layout_cost import RESERVED_GB
 from flowrl.parallel.rank_memory import Capabilities, TrainerLayout, TrainerMemory, estimate, memory_problem
 
-__all__ = ["check_trainer_memory", "critic_layout", "gpu_memory_gb", "host_bytes_per_param", "offloaded_bytes", "trainer_capabilities", "trainer_layout"]
+__all__ = ["check_shared_gpus", "check_trainer_memory", "critic_layout", "gpu_memory_gb", "host_bytes_per_param", "offloaded_bytes", "trainer_capabilities", "trainer_layout"]
 
 NVIDIA_SMI_TIMEOUT_S = 20.0
 FSDP_PARAM_HOST_BYTES = 8
@@ -186,7 +195,106 @@ def check_trainer_memory(cfg: Any, plan: Any, *, memory_gb: float | None = None,
             raise ConfigError(f"{layout.section}.{layout.micro_batch_key}", layout.micro_batch_value, problem,
                               "change one of the keys above (flowrl devices shows the estimate)")
         out[layout.section] = estimate(spec, layout, memory_gb)
+    check_shared_gpus(cfg, plan, out, memory_gb)
     return out
+
+
+def _gpu_set(plan: Any, group: str) -> set[tuple[int, int]]:
+    return {(r.node, g) for r in plan.group(group) for g in r.gpus} if group in {r.group for r in plan.ranks} else set()
+
+
+def _offload_keys(cfg: Any, section: str) -> tuple[str | None, str | None]:
+    """The keys that move ``section``'s parameters and its optimizer state to the host between
+    phases on its strategy (None: the strategy has none)."""
+    from flowrl.catalog.backends import TRAIN_BACKENDS, VALUE_BACKENDS
+    from flowrl.config.megatron import MEGATRON_SECTION
+
+    role = getattr(cfg, section)
+    spec = (TRAIN_BACKENDS if section == "actor" else VALUE_BACKENDS).spec(role.strategy)
+    if spec.fully_sharded and hasattr(role, "fsdp_config"):
+        return f"{section}.fsdp_config.param_offload", f"{section}.fsdp_config.optimizer_offload"
+    if spec.owns(MEGATRON_SECTION) and hasattr(getattr(role, "megatron", None), "param_offload"):
+        return f"{section}.megatron.param_offload", f"{section}.megatron.optimizer_offload"
+    return None, None
+
+
+def _resident_gb(cfg: Any, section: str, est: TrainerMemory) -> tuple[float, list[str]]:
+    """GB ``section``'s rank keeps on its GPU outside its own phases, and the keys that would
+    move it off: its weights (and megatron's persistent fp32 gradient buffers; FSDP frees its
+    gradients after each step) unless ``param_offload``, its optimizer state unless
+    ``optimizer_offload``, a colocated reference's weights (counted in its ``reference`` part)."""
+    from flowrl.catalog.backends import TRAIN_BACKENDS, VALUE_BACKENDS
+
+    role = getattr(cfg, section)
+    spec = (TRAIN_BACKENDS if section == "actor" else VALUE_BACKENDS).spec(role.strategy)
+    fsdp = getattr(role, "fsdp_config", None)
+    if spec.fully_sharded and fsdp is not None and fsdp.offload_policy:
+        return est.parts_gb["reference"], []  # the sharded state lives on the host
+    params_key, optim_key = _offload_keys(cfg, section)
+    p, fixes = est.parts_gb, []
+    gb = p["reference"]
+    if params_key is None or not _value(cfg, params_key):
+        gb += p["weights"] + (0.0 if spec.fully_sharded else p["grads"])
+        fixes += [f"{params_key}=true"] if params_key else []
+    if optim_key is None or not _value(cfg, optim_key):
+        gb += p["optimizer"]
+        fixes += [f"{optim_key}=true"] if optim_key else []
+    return gb, fixes
+
+
+def _engine_sleeps(cfg: Any) -> bool:
+    value = cfg.rollout.free_cache_engine
+    return value is True or value == "auto"  # auto sleeps where the engine shares the trainer's GPU
+
+
+def check_shared_gpus(cfg: Any, plan: Any, estimates: dict[str, TrainerMemory], memory_gb: float) -> dict[str, float]:
+    """The peaks of roles sharing GPUs, by phase (``actor``, ``critic``, ``rollout`` with a
+    hybrid vLLM engine), in GB; raises ConfigError naming the phase, the sum and the keys that
+    lower it when one exceeds what a GPU holds. Roles on disjoint GPUs add nothing."""
+    from flowrl.config.pools import HYBRID_GROUP
+
+    group = _trainer_group(plan)
+    actor, critic = estimates.get("actor"), estimates.get("critic")
+    if group is None or actor is None:
+        return {}
+    limit = actor.limit_gb
+    shared_critic = critic is not None and bool(_gpu_set(plan, group) & _gpu_set(plan, "critic"))
+    hybrid_vllm = group == HYBRID_GROUP and cfg.rollout.name == "vllm"
+    if not (shared_critic or hybrid_vllm):
+        return {}
+    actor_keep, actor_fixes = _resident_gb(cfg, "actor", actor)
+    critic_keep, critic_fixes = _resident_gb(cfg, "critic", critic) if shared_critic else (0.0, [])
+    pool = cfg.rollout.gpu_memory_utilization * memory_gb if hybrid_vllm else 0.0
+    awake = 0.0 if _engine_sleeps(cfg) else pool
+    engine_fixes = (["rollout.free_cache_engine=true"] if awake else [])
+    phases: dict[str, tuple[float, str, list[str]]] = {
+        "actor": (actor.total_gb + critic_keep + awake,
+                  f"the actor's update {actor.total_gb:.1f} GB"
+                  + (f" + the critic's resident state {critic_keep:.1f}" if shared_critic else "")
+                  + (f" + vLLM's pool {awake:.1f} (it does not sleep)" if awake else ""),
+                  critic_fixes + engine_fixes),
+    }
+    if shared_critic:
+        phases["critic"] = (critic.total_gb + actor_keep + awake,
+                            f"the critic's update {critic.total_gb:.1f} GB + the actor's resident state {actor_keep:.1f}"
+                            + (f" + vLLM's pool {awake:.1f} (it does not sleep)" if awake else ""),
+                            actor_fixes + engine_fixes)
+    if hybrid_vllm:
+        phases["rollout"] = (pool + actor_keep + critic_keep + RESERVED_GB,
+                             f"vLLM's pool {pool:.1f} GB (rollout.gpu_memory_utilization="
+                             f"{cfg.rollout.gpu_memory_utilization:g} of {memory_gb:g}) + the actor's resident state "
+                             f"{actor_keep:.1f}" + (f" + the critic's {critic_keep:.1f}" if shared_critic else "")
+                             + f" + reserved {RESERVED_GB:g}",
+                             actor_fixes + critic_fixes + ["a lower rollout.gpu_memory_utilization"])
+    for phase, (total, what, fixes) in phases.items():
+        if total > limit:
+            key = fixes[0].split("=")[0] if fixes and "=" in fixes[0] else "rollout.gpu_memory_utilization"
+            raise ConfigError(
+                key, _value(cfg, key),
+                f"roles share each GPU: during the {phase} phase a GPU holds about {total:.1f} GB ({what}) and holds "
+                f"{limit:.1f} (flowrl parallel-plan's memory model)",
+                "set " + ", or ".join([*fixes, "cluster.placement=split (disjoint GPUs)"]))
+    return {phase: total for phase, (total, _, _) in phases.items()}
 
 
 def offloaded_bytes(cfg: Any, num_params: int | None = None) -> int:

@@ -180,3 +180,62 @@ def test_the_critic_rank_is_checked_with_a_value_head(model_dir):
     # no vocabulary head: 6 B x 1024 tokens x 152064 logits (0.93 GB) less, and no output layer's block
     assert out["critic"].parts_gb["activations"] == pytest.approx(policy.parts_gb["activations"] - 6 * 1024 * 152064 / GB)
     assert set(out) == {"actor", "critic"} and out["critic"].parts_gb["reference"] == 0
+
+
+def test_a_critic_on_the_actors_gpus_is_summed(model_dir):
+    """Colocated: while one trains, the other's resident state shares the GPU (issue 28 item 4)."""
+    from flowrl.run.memory_check import check_shared_gpus
+
+    keys = ("algorithm.adv_estimator=gae", "actor.data_parallel_size=4", "rollout.data_parallel_size=4",
+            "ref.data_parallel_size=4", "critic.data_parallel_size=4", "critic.strategy=fsdp", "actor.strategy=fsdp",
+            "critic.ppo_micro_batch_size_per_gpu=1", "critic.use_dynamic_bsz=false")
+    cfg = _cfg(model_dir, *keys)
+    plan = _plan(cfg, 4)
+    with pytest.raises(ConfigError) as err:
+        check_trainer_memory(cfg, plan, memory_gb=80)
+    msg = str(err.value)
+    assert "roles share each GPU" in msg and "during the actor phase" in msg
+    assert err.value.key == "critic.fsdp_config.param_offload"
+    assert "critic.fsdp_config.optimizer_offload=true" in msg and "cluster.placement=split" in msg
+    # each alone fits: the refusal is the sum
+    alone = {k: estimate(ModelSpec.from_hf_config(QWEN2_7B), lay, 80) for k, lay in
+             (("actor", trainer_layout(cfg, plan)), ("critic", critic_layout(cfg, plan)[0]))}
+    assert all(m.fits for m in alone.values())
+    c = alone["critic"].parts_gb
+    assert f"{alone['actor'].total_gb + c['weights'] + c['optimizer']:.1f} GB" in msg  # FSDP frees its gradients
+    fitted = _cfg(model_dir, *keys, "critic.fsdp_config.param_offload=true", "critic.fsdp_config.optimizer_offload=true",
+                  "actor.fsdp_config.param_offload=true", "actor.fsdp_config.optimizer_offload=true")
+    out = check_trainer_memory(fitted, _plan(fitted, 4), memory_gb=80)
+    peaks = check_shared_gpus(fitted, _plan(fitted, 4), out, 80)
+    assert set(peaks) == {"actor", "critic"}
+    assert peaks["actor"] == pytest.approx(out["actor"].total_gb)  # the critic keeps nothing on the GPU
+    split = _cfg(model_dir, *keys[:1], "cluster.placement=split", "critic.data_parallel_size=2",
+                 "critic.strategy=fsdp", "actor.strategy=fsdp", "critic.fsdp_config.offload_policy=true",
+                 "actor.fsdp_config.offload_policy=true", "critic.ppo_micro_batch_size_per_gpu=1",
+                 "critic.use_dynamic_bsz=false", "actor.data_parallel_size=2", "rollout.data_parallel_size=2")
+    split_plan = _plan(split, 8)
+    assert check_shared_gpus(split, split_plan, check_trainer_memory(split, split_plan, memory_gb=80), 80) == {}
+
+
+def test_hybrid_vllm_pool_shares_the_gpu_with_the_trainer(model_dir):
+    from flowrl.run.memory_check import check_shared_gpus
+
+    keys = ("cluster.placement=hybrid", "rollout.name=vllm", "actor.strategy=fsdp", "actor.data_parallel_size=4",
+            "rollout.data_parallel_size=4", "ref.data_parallel_size=4", "rollout.gpu_memory_utilization=0.5",
+            "rollout.free_cache_engine=true")
+    cfg = _cfg(model_dir, *keys)
+    plan = _plan(cfg, 4)
+    with pytest.raises(ConfigError) as err:
+        check_trainer_memory(cfg, plan, memory_gb=80)
+    msg = str(err.value)
+    assert "during the rollout phase" in msg and "vLLM's pool 40.0 GB" in msg
+    assert err.value.key == "actor.fsdp_config.param_offload"
+    fitted = _cfg(model_dir, *keys, "actor.fsdp_config.param_offload=true", "actor.fsdp_config.optimizer_offload=true",
+                  "ref.fsdp_config.param_offload=true")
+    out = check_trainer_memory(fitted, _plan(fitted, 4), memory_gb=80)
+    peaks = check_shared_gpus(fitted, _plan(fitted, 4), out, 80)
+    assert peaks["rollout"] == pytest.approx(40.0 + RESERVED_GB)  # nothing of the trainer stays beside the engine
+    awake = _cfg(model_dir, *keys[:-1], "rollout.free_cache_engine=false", "actor.fsdp_config.param_offload=true",
+                 "actor.fsdp_config.optimizer_offload=true", "ref.fsdp_config.param_offload=true")
+    with pytest.raises(ConfigError, match="during the actor phase .* vLLM's pool 40.0 \\(it does not sleep\\)"):
+        check_trainer_memory(awake, _plan(awake, 4), memory_gb=80)
