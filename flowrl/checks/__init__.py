@@ -8,7 +8,7 @@ metrics (``checks/<name>``: 1 when it failed, ``checks/<name>_value``: its numbe
 ``health:`` line, and raises :class:`CheckFailed` for a failed check in ``error`` mode.
 """
 
-from flowrl.checks import data_checks, policy, tokens  # noqa: F401 - registers the checks
+from flowrl.checks import data_checks, policy, sync, tokens  # noqa: F401 - registers the checks
 from flowrl.checks.base import CHECKS, MODES, CheckFailed, Limits, StepData, Verdict
 from flowrl.checks.runner import StepChecks
 

@@ -13,9 +13,10 @@ from flowrl.checks.base import CHECKS, MODES, CheckFailed, Limits, StepData, Ver
 log = logging.getLogger(__name__)
 
 PREFIX = "checks/"
-START_CHECKS = {"chat_template": "warn"}
+START_CHECKS = {"chat_template": "warn", "resume": "error"}
 """Checks run once when the run opens (:meth:`StepChecks.record`), with their default modes:
-``chat_template`` (:func:`flowrl.checks.template.round_trip`, multi-turn rollouts)."""
+``chat_template`` (:func:`flowrl.checks.template.round_trip`, multi-turn rollouts), ``resume``
+(:mod:`flowrl.checks.resume`: the restored state against its checkpoint's record)."""
 TIME = "checks/time_s"
 """The checks' own wall time in the step (the benchmark holds it under 3 % of ``timing_s/step``)."""
 

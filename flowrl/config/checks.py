@@ -48,6 +48,14 @@ class ChecksConfig:
     """Multi-turn rollouts, at start: the agent loop's turn-by-turn tokens of a two-turn tool
     conversation equal the chat template's rendering of it, tokenized (the first differing token
     shown)."""
+    weight_sync: Mode = "error"
+    """After every weight sync the trainer's ranks and the generation ranks fingerprint every
+    parameter slice they hold (the generation side reads its engine's own weights; with LoRA the
+    adapters it installed) and the sync compares them: a mismatch names the parameter and ranks."""
+    resume: Mode = "error"
+    """A resume restores what its checkpoint recorded (parameters, optimizer step and state norms,
+    data position, seeds, the async queue, the family's state): a mismatch refuses the resume,
+    naming what differs."""
     logprob_kl_max: float = 0.1
     """``logprob_agreement``'s alarm: the mean per-token KL (k3) between the rollout's and the
     trainer's log-probs of the rollout's tokens, in nats."""

@@ -4,6 +4,7 @@ with the hybrid engine) and, colocated, the rollout engine's release of its memo
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -15,6 +16,8 @@ from flowrl.nodes.core import NodeOut, node
 if TYPE_CHECKING:
     from flowrl.backends.reshard import ReshardJob
 
+log = logging.getLogger(__name__)
+
 
 def same_ranks(actor: WorkerGroup, rollout: WorkerGroup) -> bool:
     """Whether the two groups are views of one fused group (``cluster.placement=hybrid``): the
@@ -22,27 +25,57 @@ def same_ranks(actor: WorkerGroup, rollout: WorkerGroup) -> bool:
     return list(actor.addresses) == list(rollout.addresses)
 
 
-def reshard(actor: BoundCall, rollout: BoundCall, _after: Any, job: "ReshardJob") -> NodeOut:
+def reshard(actor: BoundCall, rollout: BoundCall, _after: Any, job: "ReshardJob", fingerprint: str = "off") -> NodeOut:
     """Training shards -> generation ranks (``flowrl.backends.reshard``): every rank of both groups
     runs its part of ``job`` at once, over the groups' joint gloo group (joined on first use).
     Views of one hybrid group run it once per process, in the fused role (``reshard`` on the
-    actor's turn, ``reshard_done`` on the rollout's)."""
+    actor's turn, ``reshard_done`` on the rollout's).
+
+    ``fingerprint`` (``trainer.checks.weight_sync``: ``off``, ``warn``, ``error``): every rank
+    also fingerprints the parameter slices it holds after the sync (the trainer's what it sent,
+    the generation's what its engine holds, :mod:`flowrl.checks.fingerprint`) and this node
+    compares them (:func:`verify_fingerprints`): a mismatch fails the sync naming the parameter
+    and ranks (``error``) or is logged (``warn``)."""
     timeout = max(actor.group.timeout_s, rollout.group.timeout_s)
+    kwargs = {"fingerprint": True} if fingerprint != "off" else {}
     if same_ranks(actor.group, rollout.group):
-        futures = [a.call(actor.seq, "reshard", (job,), {}, timeout) for a in actor.group.actors]
+        futures = [a.call(actor.seq, "reshard", (job,), kwargs, timeout) for a in actor.group.actors]
         futures += [a.call(rollout.seq, "reshard_done", (), {}, timeout) for a in rollout.group.actors]
         results = wait_all(futures, timeout, f"{actor.group.name}+{rollout.group.name}.reshard",
                            list(actor.group.addresses) * 2)[:actor.group.world_size]
-        return NodeOut(None, reshard_metrics([r for r, _ in results], max(s for _, s in results)))
+        checked = verify_fingerprints([r for r, _ in results], fingerprint)
+        return NodeOut(None, {**reshard_metrics([r for r, _ in results], max(s for _, s in results)), **checked})
     if job.joint is not None and not job.joint.host:  # rendezvous at the actor's rank 0
         host, port = actor.group.actors[0].host_port().result(timeout=timeout)
         job = dataclasses.replace(job, joint=dataclasses.replace(job.joint, host=host, port=port))
     futures, addresses = [], []
     for bound in (actor, rollout):
-        futures += [a.call(bound.seq, bound.group.method("reshard"), (job,), {}, timeout) for a in bound.group.actors]
+        futures += [a.call(bound.seq, bound.group.method("reshard"), (job,), kwargs, timeout) for a in bound.group.actors]
         addresses += bound.group.addresses
     results = wait_all(futures, timeout, f"{actor.group.name}+{rollout.group.name}.reshard", addresses)
-    return NodeOut(None, reshard_metrics([r for r, _ in results], max(s for _, s in results)))
+    checked = verify_fingerprints([r for r, _ in results], fingerprint)
+    return NodeOut(None, {**reshard_metrics([r for r, _ in results], max(s for _, s in results)), **checked})
+
+
+def verify_fingerprints(per_process: list[dict], mode: str) -> dict[str, float]:
+    """Compare the fingerprint reports the ranks attached (popped from their statistics):
+    ``reshard/fingerprint_params`` (parameters compared), ``reshard/fingerprint_mismatch`` (how
+    many differ), ``reshard/fingerprint_s`` (the slowest rank's fingerprint time). A mismatch
+    raises :class:`~flowrl.checks.fingerprint.WeightSyncMismatch` in ``error`` mode (naming the
+    parameter and the ranks), is logged in ``warn`` mode."""
+    reports = [r for stats in per_process for r in (stats.pop("fingerprint", None) or [])]
+    if mode == "off" or not reports:
+        return {}
+    from flowrl.checks.fingerprint import WeightSyncMismatch, compare, mismatch_message
+
+    mismatches, compared = compare(reports)
+    if mismatches and mode == "error":
+        raise WeightSyncMismatch(mismatch_message(mismatches, compared))
+    if mismatches:
+        log.warning("%s", mismatch_message(mismatches, compared))
+    return {names.RESHARD_PREFIX + "fingerprint_params": float(compared),
+            names.RESHARD_PREFIX + "fingerprint_mismatch": float(len(mismatches)),
+            names.RESHARD_PREFIX + "fingerprint_s": max(r["seconds"] for r in reports)}
 
 
 def reshard_metrics(per_process: list[dict], seconds: float) -> dict[str, float]:
@@ -89,7 +122,8 @@ def _shared_weights(after: Any, cfg: Any, world_size: int) -> NodeOut:
 def _reshard_run(actor: BoundCall, rollout: BoundCall, after: Any, cfg: Any) -> NodeOut:
     from flowrl.backends.reshard import job_for_run
 
-    return reshard(actor, rollout, after, job_for_run(cfg, colocated=same_ranks(actor.group, rollout.group)))
+    return reshard(actor, rollout, after, job_for_run(cfg, colocated=same_ranks(actor.group, rollout.group)),
+                   fingerprint=cfg.trainer.checks.weight_sync)
 
 
 def release_rollout(rollout: BoundCall, table: pa.Table) -> NodeOut:

@@ -187,15 +187,16 @@ class HybridRole:
         return import_string(role_cls)(rank=self.rank, world_size=self.world_size, **kwargs)
 
     # ----------------------------------------------------------------- weight sync
-    def reshard(self, job: "ReshardJob") -> dict:
+    def reshard(self, job: "ReshardJob", fingerprint: bool = False) -> dict:
         """The weight sync of a colocated ``job`` (trainer shards -> this group's generation
         engines; this rank is process ``rank``): nothing to do when generation reads the training
         parameters, else this rank's part of the plan over the group's own process group. Given
-        a split job, this group is the sending side, as a ``PolicyRole`` group is."""
+        a split job, this group is the sending side, as a ``PolicyRole`` group is. ``fingerprint``:
+        with this rank's fingerprints of both sides (``trainer.checks.weight_sync``)."""
         torch.set_num_threads(self.num_threads)
         placement = job.placement
         if placement.kind != "colocated":
-            return self.actor.reshard(job)
+            return self.actor.reshard(job, fingerprint=fingerprint)
         if getattr(self.rollout.inner, "in_trainer_group", False):
             from flowrl.backends.interfaces import torch_dtype
             from flowrl.backends.reshard.engine_load import load_into_engine
@@ -213,15 +214,18 @@ class HybridRole:
                     "bytes_min": job.min_bytes(self.rank), "model_bytes": job.specs()[1].num_params * job.bytes_per_element,
                     "process": self.rank, "seconds": time.perf_counter() - start}
         from flowrl.backends.reshard import run_rank
+        from flowrl.checks import fingerprint as fp
 
+        src_rank = placement.src.index(self.rank) if self.rank in placement.src else None
+        dst_rank = placement.dst.index(self.rank) if self.rank in placement.dst else None
         with self.actor.inner.residency.resident():  # the source's shards on the device for the send
-            return run_rank(
-                job,
-                src_rank=placement.src.index(self.rank) if self.rank in placement.src else None,
-                dst_rank=placement.dst.index(self.rank) if self.rank in placement.dst else None,
-                src=self.actor.inner.engine.reshard_source(),
-                dst=self.rollout.inner.engine.reshard_target(),
-            )
+            src, dst = self.actor.inner.engine.reshard_source(), self.rollout.inner.engine.reshard_target()
+            stats = run_rank(job, src_rank=src_rank, dst_rank=dst_rank, src=src, dst=dst)
+            if not fingerprint:
+                return stats
+            return fp.attach(stats, fp.source_report(job, src_rank, src) if src_rank is not None else None,
+                             fp.target_report(job, dst_rank, dst, engine=self.rollout.inner.engine)
+                             if dst_rank is not None else None)
 
     def reshard_done(self) -> None:
         """The rollout side's turn of a hybrid weight sync: :meth:`reshard` (on the actor's

@@ -170,15 +170,30 @@ class PolicyRole:
         with self.residency.resident():
             return self.engine.hf_state_dict()
 
-    def reshard(self, job: "ReshardJob | AdapterJob") -> dict:
+    def resume_state(self) -> dict:
+        """Every rank: its part of a checkpoint's resume record (``trainer.checks.resume``,
+        :func:`flowrl.checks.resume.engine_state`): the parameters' fingerprints (rank 0), the
+        optimizer's step and state norms."""
+        from flowrl.checks.resume import engine_state
+
+        with self.residency.resident(optimizer=True):
+            return engine_state(self.engine, self.rank)
+
+    def reshard(self, job: "ReshardJob | AdapterJob", fingerprint: bool = False) -> dict:
         """Send this rank's parameter shards to the generation layout (``flowrl.backends.reshard``);
-        an ``AdapterJob`` (LoRA into vLLM): the adapters only, from rank 0."""
+        an ``AdapterJob`` (LoRA into vLLM): the adapters only, from rank 0. ``fingerprint``: with
+        this rank's fingerprints of what it sent (``trainer.checks.weight_sync``, :mod:`flowrl.checks.fingerprint`)."""
         from flowrl.backends.reshard import AdapterJob, run_adapter_rank, run_rank
+        from flowrl.checks import fingerprint as fp
 
         with self.residency.resident():
             if isinstance(job, AdapterJob):
-                return run_adapter_rank(job, src_rank=self.rank, adapters=self._adapters_whole())[0]
-            return run_rank(job, src_rank=self.rank, src=self.engine.reshard_source())
+                adapters = self._adapters_whole()
+                stats = run_adapter_rank(job, src_rank=self.rank, adapters=adapters)[0]
+                return fp.attach(stats, fp.adapter_source_report(job, adapters) if self.rank == 0 else None) if fingerprint else stats
+            src = self.engine.reshard_source()
+            stats = run_rank(job, src_rank=self.rank, src=src)
+            return fp.attach(stats, fp.source_report(job, self.rank, src)) if fingerprint else stats
 
     def _adapters_whole(self) -> dict[str, torch.Tensor]:
         """What LoRA trains (the adapters, and modules peft trains whole), by the trainer's names,

@@ -184,10 +184,13 @@ class RolloutRole:
         """A copy of the engine's current weights by HF name (for checks)."""
         return {k: v.clone() for k, v in self.engine.reshard_target().items()}
 
-    def reshard(self, job: "ReshardJob | AdapterJob") -> dict:
+    def reshard(self, job: "ReshardJob | AdapterJob", fingerprint: bool = False) -> dict:
         """Receive this rank's generation tensors from the trainer (``flowrl.backends.reshard``);
-        an ``AdapterJob`` (LoRA into vLLM): the adapters, installed as the engine's LoRA adapter."""
+        an ``AdapterJob`` (LoRA into vLLM): the adapters, installed as the engine's LoRA adapter.
+        ``fingerprint``: with this rank's fingerprints of the weights its engine now holds
+        (``trainer.checks.weight_sync``, :mod:`flowrl.checks.fingerprint`)."""
         from flowrl.backends.reshard import AdapterJob, run_adapter_rank, run_rank
+        from flowrl.checks import fingerprint as fp
 
         if isinstance(job, AdapterJob):
             stats, received = run_adapter_rank(job, dst_rank=self.rank)
@@ -198,9 +201,11 @@ class RolloutRole:
                 if whole:
                     self.engine.load_hf_state(whole)  # in place, under the plain names
                 self.engine.load_lora({k: v for k, v in received.items() if is_adapter(k)})
-            return stats
+            return fp.attach(stats, fp.adapter_target_report(job, self.rank, received)) if fingerprint else stats
         if not self.staged_reshard:  # written in place (spec.reshard is ReshardMode.IN_PLACE)
-            return run_rank(job, dst_rank=self.rank, dst=self.engine.reshard_target())
+            target = self.engine.reshard_target()
+            stats = run_rank(job, dst_rank=self.rank, dst=target)
+            return fp.attach(stats, fp.target_report(job, self.rank, target, engine=self.engine)) if fingerprint else stats
         # Engines that cannot be written in place (vllm): stage the shard, assemble full HF
         # tensors on the replica's engine rank, load them through the engine's update path.
         from flowrl.backends.generate.staging import gather_replica_state, staging_tensors
@@ -212,6 +217,8 @@ class RolloutRole:
         state = gather_replica_state(spec, self.rank, self.tp, staged)
         if state is not None:
             self.engine.load_hf_state(state)
+        if fingerprint:  # the engine rank: the whole tensors it loaded; the replica's others: none
+            fp.attach(stats, fp.target_report(job, self.rank, None if self.tp > 1 else staged, state=state))
         return stats
 
 

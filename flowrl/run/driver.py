@@ -101,6 +101,9 @@ class Run:
                               f"exceeds the {len(self.dataset)} usable prompts", f"use at most {len(self.dataset)}")
         self.cfg = cfg = final_config(cfg, len(self.dataset))  # the family is built with the final config
         self.family = resolve_family(cfg)(cfg)
+        from flowrl.run.health import open_checks
+
+        self.checks = open_checks(cfg)  # trainer.checks: run after every step (flowrl.checks)
         # the device plan, before any worker starts: a layout the inventory cannot hold is refused here
         from flowrl.run.topology import plan_devices_for
 
@@ -116,6 +119,7 @@ class Run:
         self.sync = PendingSync(self.run_dir, cfg.cluster.timeout_s)
         self.source: RolloutSource = open_source(self)  # inline, ahead (trainer.staleness) or stream
         self.next_step = 0
+        self.last_step: tuple[Any, dict[str, float]] | None = None  # the last step's (table, metrics)
         self.resume_from: str | None = resume_from
         if self.resume_from is not None:
             self.next_step, state = checkpointing.resume_point(self.resume_from)
@@ -151,6 +155,35 @@ class Run:
             checkpointing.restore(self.groups, self.resume_from, run_dir=self.run_dir,
                                   trainable=self.family.checkpointed_groups)
             log.info("resumed from %s at step %d (%.1fs)", self.resume_from, self.next_step, time.perf_counter() - start)
+            self.verify_resume()
+        elif self.checks.start_modes["resume"] != "off":
+            from flowrl.checks.base import skipped
+
+            self.checks.record("resume", skipped("a fresh start: nothing to restore"))
+
+    def resume_record(self) -> dict:
+        """What a checkpoint of the current state must restore (``trainer.checks.resume``,
+        :mod:`flowrl.checks.resume`): from the live trainer ranks and the driver's state."""
+        from flowrl.actors import Gather
+        from flowrl.checks import resume
+
+        per_rank, _ = self.groups["actor"].bind().run("resume_state", gather_mode=Gather.ALL)
+        actor = self.groups["actor"]
+        return resume.record(per_rank, layout=f"{self.cfg.actor.strategy} x{actor.world_size}", next_step=self.next_step,
+                             batch=resume.batch_digest(self.prompts(self.next_step)), seed=self.cfg.trainer.seed,
+                             stream=resume.stream_position(self.source.state_dict()),
+                             family=self.family.state.state_dict())
+
+    def verify_resume(self) -> None:
+        """The restored state against what its checkpoint recorded (``trainer.checks.resume``):
+        on the health line; ``error`` (the default) refuses the resume with what differs."""
+        if self.checks.start_modes["resume"] == "off":
+            return
+        from flowrl.checkpoint import load_meta
+        from flowrl.checks import resume
+
+        saved = (load_meta(self.resume_from).get("extra") or {}).get(resume.KEY)
+        self.checks.record("resume", resume.compare(saved, self.resume_record(), self.resume_from))
 
     def rebuild(self, checkpoint: str | None, next_step: int) -> None:
         """After lost workers: replace every worker process, continue at ``next_step`` from
@@ -208,8 +241,15 @@ class Run:
         prompts = self.prompts(step) if prompts is None else prompts
         return self.family.build(self.context(), prompts, step=step, collected=collected)
 
-    def step(self) -> tuple[Any, dict[str, float]]:
+    def step(self, *, enforce: bool = True) -> tuple[Any, dict[str, float]]:
         """Build and run the next iteration; returns (experience table, metrics).
+
+        The run checks the step as ``flowrl train`` does (``trainer.checks``, :attr:`checks`):
+        the checks' metrics (``checks/<name>``) join the step's, :meth:`health` gives the
+        ``health:`` line, and a failed check in ``error`` mode raises
+        :class:`~flowrl.checks.CheckFailed` after the step (its table and metrics in
+        :attr:`last_step`); ``enforce=False`` leaves that to the caller (``checks.enforce()``,
+        the training loop's, once the step is logged).
 
         Steps are numbered as verl numbers them: the first is step 1 (``training/global_step``,
         the rows of ``metrics.jsonl`` and ``timeline.jsonl``, ``experience/step_000001.parquet``);
@@ -252,7 +292,15 @@ class Run:
         self.family.state.observe(metrics)
         if self.cfg.trainer.save_experience:
             experience.write_parquet(out.value, experience.step_path(self.run_dir, step + 1))
+        metrics.update(self.checks.observe(step, out.value, metrics))  # trainer.checks: checks/<name>
+        self.last_step = (out.value, metrics)
+        if enforce:
+            self.checks.enforce()
         return out.value, metrics
+
+    def health(self) -> str:
+        """``health: finite=ok ...``: every check's last result (:meth:`StepChecks.health_line`)."""
+        return self.checks.health_line()
 
     def _verl_metrics(self, step: int, wall_s: float, metrics: dict[str, float], table: Any) -> dict[str, float]:
         """verl's metrics of the whole step that no node writes (``flowrl.run.step_metrics``)."""
@@ -303,22 +351,29 @@ class Run:
 
         check_checkpointable(self.cfg, "trainer.save_freq", self.cfg.trainer.save_freq)
         self.sync.collect_early()  # the save's calls follow the sync; its metrics wait for the next step
+        record = self.resume_record() if self.checks.start_modes["resume"] != "off" else None
         return checkpointing.save(self.cfg, self.groups, run_dir=self.run_dir, step=self.next_step,
                                   trainable=self.family.checkpointed_groups,
                                   algorithm_state=self.family.state.state_dict(),
-                                  stream_state=self.source.state_dict())
+                                  stream_state=self.source.state_dict(), resume_record=record)
 
     def close(self) -> None:
         """Collect the last weight sync, tear down the groups, close the cluster."""
+        failed: BaseException | None = None
         if self.session is not None:
             self.source.drain(self.cfg.cluster.timeout_s)  # generations of steps the run will not train
             try:
                 self.sync.collect()
             except Exception as exc:  # noqa: BLE001 - reported, then shut down anyway
                 log.warning("the last weight sync failed: %s", exc)
+                from flowrl.checks.fingerprint import WeightSyncMismatch
+
+                failed = exc if isinstance(exc, WeightSyncMismatch) else None  # the check's error stands
             self.session.close()
             self.session = None
         self.lock.release()
+        if failed is not None:
+            raise failed
 
 
 def final_config(cfg: RunConfig, num_prompts: int) -> RunConfig:

@@ -29,7 +29,7 @@ from flowrl.metrics import names
 from flowrl.metrics.logger import drop_rows_from
 from flowrl.metrics.timeline import TIMELINE_FILE
 from flowrl.run.driver import Run, epoch_steps
-from flowrl.run.health import check_at_start, open_checks
+from flowrl.run.health import check_at_start
 from flowrl.run.preflight import resolve_inputs
 from flowrl.run.recovery import Recovery
 from flowrl.run.topology import describe_placement
@@ -144,7 +144,7 @@ def train(cfg: RunConfig, *, on_step: Callable[[int, dict[str, float]], None] | 
     for name in (METRICS_FILE, TIMELINE_FILE):  # steps this run writes again (from 0, val_before_train, when fresh)
         drop_rows_from(run.run_dir / name, first + 1 if first else 0)
     history: list[dict[str, float]] = []
-    checks = open_checks(run.cfg)  # trainer.checks (flowrl.run.health)
+    checks = run.checks  # trainer.checks (flowrl.run.health): Run.step runs them
     try:
         check_at_start(checks, run.cfg, run.tokenizer)  # multi-turn: the chat template's round trip
     except BaseException:
@@ -199,9 +199,8 @@ def _loop(run: Run, sinks: _Sinks, recovery: Recovery, checks: StepChecks, histo
     step = first
     while step < t.total_training_steps:
         try:
-            table, metrics = run.step()
+            table, metrics = run.step(enforce=False)  # checked: checks/<name> (trainer.checks)
             metrics.update(run.validate_if_due(step))  # trainer.test_freq: val-core/... metrics
-            metrics.update(checks.observe(step, table, metrics))  # trainer.checks: checks/<name>
             history.append(metrics)
             sinks.log(step + 1, metrics)
             sinks.note(checks.health_line())

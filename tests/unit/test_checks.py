@@ -200,7 +200,7 @@ def test_off_checks_do_not_run_and_every_check_is_on_the_health_line():
     assert "checks/tokens" not in metrics and "checks/staleness" in metrics
     line = checks.health_line()
     assert line.startswith("health: ") and "tokens=off" in line and "logprob_agreement=n/a" in line
-    assert [p.split("=")[0] for p in line[len("health: "):].split()] == ["chat_template", *CHECKS.names()]
+    assert [p.split("=")[0] for p in line[len("health: "):].split()] == ["chat_template", "resume", *CHECKS.names()]
 
 
 def test_a_rewind_forgets_the_streak():
