@@ -283,9 +283,29 @@ class ActorConfig(ParallelFields):
     ulysses_sequence_parallel_size: int = 1
     """verl's Ulysses sequence parallelism: not built in flowrl (must be 1)."""
 
+    router_replay: bool = False
+    """Routing replay ("R3", mixture-of-experts models): the old-log-prob pass and the update route
+    every token to the experts the rollout chose (``rollout.name=hf`` records them in the
+    ``routed_experts`` column), the expert weights still the current router's probabilities at
+    those experts (renormalised as the model does), so the router trains and rollout and trainer
+    log-probs agree. dp and fsdp strategies (``flowrl.models.moe_routing``)."""
+    moe_aux_loss_coeff: float = 0.0
+    """Weight of the routers' load-balancing loss (transformers' ``load_balancing_loss_func``) in
+    the actor's loss; 0: measured (``actor/moe/load_balancing_loss``), not trained on. dp and fsdp."""
+    moe_z_loss_coeff: float = 0.0
+    """Weight of the router z-loss (mean ``logsumexp(logits)**2``, ST-MoE) in the actor's loss; 0:
+    measured (``actor/moe/z_loss``), not trained on. dp and fsdp."""
+
     def __post_init__(self) -> None:
         self._check_mesh()
         check_one_of("strategy", self.strategy, TRAIN_BACKENDS.names())
+        for name in ("moe_aux_loss_coeff", "moe_z_loss_coeff"):
+            value = getattr(self, name)
+            check(isinstance(value, (int, float)) and value >= 0, name, value, "must be a number >= 0",
+                  f"use {name}=0 (measured only) or e.g. 0.001")
+        check(not self.router_replay or self.strategy in ("dp", "fsdp"), "router_replay", self.router_replay,
+              f"routing replay runs in the dp and fsdp strategies, not actor.strategy={self.strategy}",
+              "set actor.strategy=dp or fsdp, or actor.router_replay=false")
         vpp = self.virtual_pipeline_model_parallel_size
         check(isinstance(vpp, int) and vpp >= 1, "virtual_pipeline_model_parallel_size", vpp, "must be an integer >= 1", "use 1")
         spec = TRAIN_BACKENDS.spec(self.strategy)

@@ -12,7 +12,11 @@ from typing import Literal
 
 from flowrl.config.checks import ChecksConfig
 from flowrl.config.errors import check, check_one_of, check_positive
+from flowrl.models.tiny import TINY_PRESETS
 from flowrl.parallel.dtypes import COMPUTE_DTYPES, MODEL_DTYPES
+
+TASK_PRESETS = tuple(TINY_PRESETS)
+"""``model.tiny``: the tiny model presets the embedded default task can be built with."""
 
 DTYPES = COMPUTE_DTYPES  # concrete dtypes (fsdp_config.mixed_precision); model.dtype takes MODEL_DTYPES
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")  # trainer.logger; sinks in flowrl/metrics/logger.py
@@ -57,6 +61,11 @@ class ModelConfig:
     path: str = ""
     """A local transformers model directory (Llama or Qwen2 family). Empty: the embedded tiny
     model of the default task."""
+    tiny: str = "default"
+    """With ``model.path`` empty: the embedded default task's model preset
+    (``flowrl.models.tiny.TINY_PRESETS``): ``default`` (Qwen2, 0.13M parameters) or ``moe`` (a
+    Qwen3-MoE of 4 experts, 2 per token, ~0.13M parameters; its task is built and cached apart,
+    ``<trainer.cache_dir>/default_task_moe``)."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """The compute dtype of every engine: ``auto`` is bf16 on GPU ranks and fp32 on CPU ranks, as
     the device plan says (``flowrl devices``). On a GPU a trained engine keeps fp32 parameters
@@ -91,6 +100,9 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_one_of("dtype", self.dtype, MODEL_DTYPES)
+        check_one_of("tiny", self.tiny, TASK_PRESETS)
+        check(self.tiny == "default" or not self.path, "tiny", self.tiny, "picks the embedded default task's model, "
+              "but model.path is set", "leave model.tiny=default with model.path, or drop model.path")
         check(isinstance(self.lora_rank, int) and self.lora_rank >= 0, "lora_rank", self.lora_rank,
               "must be an integer >= 0", "use 0 (no LoRA) or e.g. 8")
         check(isinstance(self.lora_alpha, int) and self.lora_alpha > 0, "lora_alpha", self.lora_alpha,

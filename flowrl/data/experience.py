@@ -45,6 +45,10 @@ SCHEMA = pa.schema(
         ("advantages", TOKEN_FLOATS),
         ("returns", TOKEN_FLOATS),
         ("score", pa.float32()),
+        # mixture-of-experts: per row, for each token of prompt then response, each MoE layer's
+        # top_k experts ((P + R) * layers * top_k; -1 where generation did not compute the
+        # position), recorded by the hf backend (flowrl.models.moe_routing, routing replay)
+        ("routed_experts", pa.list_(pa.int16())),
     ]
 )
 
@@ -88,6 +92,7 @@ def _torch_dtype(tp: pa.DataType) -> "torch.dtype":
 
     return {
         pa.int8(): torch.int8,
+        pa.int16(): torch.int16,
         pa.int32(): torch.int32,
         pa.int64(): torch.int64,
         pa.float32(): torch.float32,

@@ -22,6 +22,7 @@ from flowrl.config.batching_auto import settled
 from flowrl.data import experience
 from flowrl.data.packed import PackedBatch
 from flowrl.metrics import names
+from flowrl.models.moe_routing import MoeLossSettings, with_routes
 from flowrl.parallel.dtypes import resolve_dtype
 from flowrl.roles import checkpoints
 from flowrl.roles.accounting import update_mfu
@@ -72,6 +73,9 @@ class PolicyRole:
             **AdamWSettings.from_config(o).engine_kwargs(),
             **(engine_kwargs or {}),
         )
+        # MoE: the routers' loss coefficients (dp/fsdp engines; flowrl.models.moe_routing)
+        self.engine.moe_losses = MoeLossSettings(aux_loss_coeff=actor.moe_aux_loss_coeff,
+                                                 z_loss_coeff=actor.moe_z_loss_coeff)
         self.rate = ScheduledRate(o, total_steps)  # actor.optim.lr_scheduler_type, once per RL step
         # perf/mfu/actor on a GPU of known peak; a replica spans tp x pp of the group's ranks
         self.mfu = update_mfu(model_dir, device, num_devices=max(1, world_size // max(1, actor.data_parallel_size)))
@@ -111,7 +115,12 @@ class PolicyRole:
         """``table`` for a log-prob pass: micro-batches by ``log_prob_max_token_len_per_gpu`` tokens
         (``log_prob_use_dynamic_bsz``) or by rows, each group's prompt once (``use_prefix_grouper``)."""
         budget = self.cfg.log_prob_max_token_len_per_gpu if self.cfg.log_prob_use_dynamic_bsz else 0
-        return PackedBatch.from_table(table).with_token_budget(budget).with_shared_prompts(self.cfg.use_prefix_grouper)
+        return self._routed(PackedBatch.from_table(table), table).with_token_budget(budget).with_shared_prompts(
+            self.cfg.use_prefix_grouper)
+
+    def _routed(self, batch: PackedBatch, table: pa.Table) -> PackedBatch:
+        """With ``actor.router_replay``: ``batch`` with the rollout's recorded experts (replayed)."""
+        return with_routes(batch, table) if self.cfg.router_replay else batch
 
     def update(self, table: pa.Table, mini_batch_rows: int) -> dict[str, float]:
         """``ppo_epochs`` passes over this rank's share, one optimizer step per mini-batch of
@@ -121,7 +130,7 @@ class PolicyRole:
             fields.append("old_logprobs")
         if self.cfg.use_kl_loss:
             fields.append("ref_logprobs")
-        batch = PackedBatch.from_table(table, tuple(fields))
+        batch = self._routed(PackedBatch.from_table(table, tuple(fields)), table)
         self.rate.before_update(self.engine.optimizer)
         with self.residency.resident(optimizer=True):
             stats = run_epochs(batch, epochs=self.cfg.ppo_epochs, mini_batch_rows=mini_batch_rows, step=self._step,

@@ -91,6 +91,9 @@ class RolloutRole:
             response_mask=experience.from_lists(mask, pa.list_(pa.int8())),
             rollout_logprobs=experience.from_lists(logprobs, experience.TOKEN_FLOATS),
         )
+        routes = getattr(self.engine, "last_routed_experts", None)  # MoE on hf: each token's experts
+        if routes is not None:
+            table = experience.with_columns(table, routed_experts=experience.from_lists(routes, pa.list_(pa.int16())))
         return with_generation_stats(table, self.engine)  # issue 14: perf/gen_* metrics
 
     def _seed(self, seed: int) -> int:

@@ -38,6 +38,7 @@ def resolve_inputs(cfg: RunConfig) -> RunConfig:
 
         check_script_guard()
     from flowrl.backends.preflight import check_backends
+    from flowrl.models.moe_options import check_moe_options
     from flowrl.run.run_dir import resolve_run_dir
     from flowrl.run.sandbox_check import check_sandbox
 
@@ -55,6 +56,7 @@ def resolve_inputs(cfg: RunConfig) -> RunConfig:
         check_model_dir("critic.model_path", cfg.critic.model_path)
     check_family(cfg)
     check_backends(cfg, model_path=model_path)
+    check_moe_options(cfg, model_path=model_path)  # actor.router_replay, actor.moe_*_coeff
     check_loggers(cfg)
     check_reward_fn(cfg)
     check_sandbox(cfg)  # code the policy writes runs in a working sandbox (issue 38)
@@ -119,7 +121,7 @@ def _inputs(cfg: RunConfig) -> tuple[str, str, str]:
         missing = "data.train_files" if model_path else "model.path"
         raise ConfigError(missing, "", "is empty while the other of model.path / data.train_files is set",
                           "set both, or neither for the embedded default task")
-    from flowrl.tasks.default_task import prepare_default_task
+    from flowrl.tasks.default_task import default_task_dir, prepare_default_task
 
     cache = Path(cfg.trainer.cache_dir) if cfg.trainer.cache_dir else default_cache_dir()
     if cfg.algorithm.reward_fn == "code":  # the embedded code task (flowrl.tasks.code_task)
@@ -131,9 +133,10 @@ def _inputs(cfg: RunConfig) -> tuple[str, str, str]:
 
         task = prepare_agent_task(cache / "agent_task", seed=cfg.trainer.seed)
     else:
-        with _saying_if_slow(f"flowrl: building the embedded default task in {cache / 'default_task'} (a tiny model "
+        root = cache / default_task_dir(cfg.model.tiny)  # model.tiny: the preset (moe: its own cache)
+        with _saying_if_slow(f"flowrl: building the embedded default task in {root} (a tiny model "
                              "warmed up on two-digit addition; about 30 s on an idle 2-core machine, once: later runs reuse it)"):
-            task = prepare_default_task(cache / "default_task", seed=cfg.trainer.seed)
+            task = prepare_default_task(root, seed=cfg.trainer.seed, preset=cfg.model.tiny)
     if cfg.trainer.test_freq > 0 and not val_files:
         val_files = str(task.test_path)  # validation: the default task's held-out split
     return str(task.model_dir), str(task.train_path), val_files

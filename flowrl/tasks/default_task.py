@@ -149,6 +149,12 @@ def _build(
     (out / TASK_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
 
+def default_task_dir(preset: str) -> str:
+    """The cache directory name of the default task built with tiny model ``preset``
+    (``model.tiny``): ``default_task``, ``default_task_moe``, ..."""
+    return "default_task" if preset == "default" else f"default_task_{preset}"
+
+
 def load_model(model_dir: Path) -> Any:
     """The saved causal LM of ``model_dir`` (fp32, eval mode)."""
     from transformers import AutoModelForCausalLM

@@ -20,6 +20,10 @@ from flowrl.backends.interfaces import SamplingParams, torch_dtype
 class HFGenerator:
     last_stats = None
     """The last ``generate``'s ``DecodeStats`` (positions computed, real tokens fed)."""
+    last_routed_experts = None
+    """Mixture-of-experts models: the last ``generate``'s experts per sequence (flat int16 arrays
+    of ``(P + R) * layers * top_k``, the ``routed_experts`` column, ``flowrl.models.moe_routing``);
+    None for a dense model."""
 
     def __init__(self, model_dir: str, *, dtype: str = "float32", device: str = "cpu",
                  model: torch.nn.Module | None = None) -> None:
@@ -60,9 +64,13 @@ class HFGenerator:
         from flowrl.backends.generate.hf_decode import DecodeStats, decode
         from flowrl.backends.train.precision import autocast
 
+        from flowrl.models.moe_routing import is_moe
+
         torch.manual_seed(seed)
         responses: list[list[int]] = []
         logprobs: list[list[float]] = []
+        routes: list[torch.Tensor] | None = [] if is_moe(self.model) else None
+        self.last_routed_experts = None
         self.last_stats = DecodeStats()
         if images is not None and any(images):  # each prompt's encoded images (a VLM): flowrl.models.vlm
             from flowrl.models.vlm import generate_with_images
@@ -72,10 +80,11 @@ class HFGenerator:
         for start in range(0, len(prompts), prompts_per_call):
             with autocast(self.device, self.precision):
                 r, lp, stats = decode(self.model, prompts[start : start + prompts_per_call], params,
-                                      eos_ids=self.eos_ids, pad_id=self.pad_id, device=self.device)
+                                      eos_ids=self.eos_ids, pad_id=self.pad_id, device=self.device, routes=routes)
             responses += r
             logprobs += lp
             self.last_stats.add(stats)
+        self.last_routed_experts = None if routes is None else [x.reshape(-1).numpy() for x in routes]
         return responses, logprobs
 
     @torch.no_grad()

@@ -21,6 +21,7 @@ Shape letters: B prompts, N = B * n rows, A rows still decoding, P padded prompt
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -73,18 +74,31 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def decode(model, prompts: list[list[int]], params: SamplingParams, *, eos_ids: set[int], pad_id: int,
-           device: torch.device | str = "cpu") -> tuple[list[list[int]], list[list[float]], DecodeStats]:
+           device: torch.device | str = "cpu", routes: list | None = None,
+           ) -> tuple[list[list[int]], list[list[float]], DecodeStats]:
     """``params.n`` responses per prompt (prompt-major), each up to and including its first EOS,
     with the log-prob of every sampled token; and what the model computed. Every tensor of the
-    loop lives on ``device`` (the model's); the results come back as host lists."""
+    loop lives on ``device`` (the model's); the results come back as host lists.
+
+    With ``routes`` (a list; mixture-of-experts models) each sequence's experts are appended to it:
+    ``(P + R, layers, top_k)`` int16 per sequence, the prompt's from the prefill, each response
+    token's from the step that fed it, -1 for the last token (never fed)."""
     from transformers import DynamicCache
+
+    from flowrl.models.moe_routing import NO_ROUTE, RouteRecorder
 
     n, max_new = params.n, params.max_new_tokens
     ids_BP, mask = (t.to(device) for t in _left_padded(prompts, pad_id))
     stats = DecodeStats(slots=ids_BP.numel(), tokens=int(mask.sum()))
     cache = DynamicCache(config=model.config)
-    logits_AV = model(input_ids=ids_BP, attention_mask=mask, position_ids=_positions(mask), past_key_values=cache,
-                      use_cache=True).logits[:, -1].float()
+    recorder = RouteRecorder(model) if routes is not None else None
+    with recorder or contextlib.nullcontext():
+        logits_AV = model(input_ids=ids_BP, attention_mask=mask, position_ids=_positions(mask), past_key_values=cache,
+                          use_cache=True).logits[:, -1].float()
+    if recorder is not None:
+        prompt_routes_BPRk = recorder.take().reshape(*ids_BP.shape, len(recorder.routers), -1).cpu()
+        gen_routes_NLRk = torch.full((len(prompts) * n, max_new, *prompt_routes_BPRk.shape[2:]), NO_ROUTE,
+                                     dtype=torch.int16)
     if n > 1:
         logits_AV, mask = logits_AV.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
         cache.batch_repeat_interleave(n)
@@ -111,12 +125,21 @@ def decode(model, prompts: list[list[int]], params: SamplingParams, *, eos_ids: 
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
         stats.slots += live.numel()
         stats.tokens += live.numel()
-        logits_AV = model(input_ids=token_A[:, None], attention_mask=mask, position_ids=mask.sum(-1, keepdim=True) - 1,
-                          past_key_values=cache, use_cache=True).logits[:, -1].float()
+        with recorder or contextlib.nullcontext():
+            logits_AV = model(input_ids=token_A[:, None], attention_mask=mask,
+                              position_ids=mask.sum(-1, keepdim=True) - 1, past_key_values=cache,
+                              use_cache=True).logits[:, -1].float()
+        if recorder is not None:  # the experts of the token fed at this step (response position `step`)
+            gen_routes_NLRk[live.cpu(), step] = recorder.take().reshape(live.numel(), *gen_routes_NLRk.shape[2:]).cpu()
     stats.response_tokens = int(lengths_N.sum())
     tokens_NL, logp_NL, lengths = tokens_NL.cpu(), logp_NL.cpu(), lengths_N.tolist()  # to the host once
     responses = [row[:k].tolist() for row, k in zip(tokens_NL, lengths)]
     logprobs = [row[:k].tolist() for row, k in zip(logp_NL, lengths)]
+    if recorder is not None:
+        longest = ids_BP.shape[1]
+        for i, k in enumerate(lengths):
+            b = i // n
+            routes.append(torch.cat([prompt_routes_BPRk[b, longest - len(prompts[b]):], gen_routes_NLRk[i, :k]]))
     return responses, logprobs, stats
 
 

@@ -16,6 +16,7 @@ Shape letters: B rows, L padded length, T response tokens, H hidden, V vocabular
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -28,6 +29,7 @@ from flowrl.backends.train.optim import AdamWSettings
 from flowrl.backends.train.precision import autocast, placement, to_host
 from flowrl.data.packed import PackedBatch
 from flowrl.metrics import names
+from flowrl.models import moe_routing
 from flowrl.models import vlm
 from flowrl.parallel.dtypes import engine_precision
 
@@ -188,7 +190,8 @@ class TorchDPEngine:
         padded, dev = mb.model_inputs(self.pad_id, self.pair_cost), self.device
         self.slots_computed += padded.num_slots
         kwargs = model_kwargs(padded, dev, self.model.config._attn_implementation)
-        with autocast(dev, self.precision):
+        tap = moe_routing.router_tap(self, mb, padded)  # MoE: routing replay and router stats (else None)
+        with autocast(dev, self.precision), tap or contextlib.nullcontext():
             hidden_BLH = (vlm.vlm_hidden(self.model, mb, padded, dev) if mb.images is not None  # images: flowrl.models.vlm
                           else self.model.get_decoder()(**kwargs).last_hidden_state)
             # Logits only where a response token is predicted: at pred_T (pos - 1 unless prompts are shared).
@@ -235,8 +238,9 @@ class TorchDPEngine:
         def mb_loss(mb: PackedBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             logp_T, entropy_T = self._forward(mb, temperature=temperature, with_entropy=with_entropy,
                                               token_stat=token_stat)
-            return loss_fn(logp_T, entropy_T, mb)
+            return moe_routing.add_moe_loss(self, mb, *loss_fn(logp_T, entropy_T, mb))
 
+        moe_routing.count_positions(self, batch)
         return self._accumulate_and_step(batch, micro_batch_size, mb_loss)
 
     def _accumulate_and_step(
