@@ -9,7 +9,9 @@ The ``actor`` group holds the reward model (``flowrl.roles.reward_trainer``: the
 checkpoints, resume and ``flowrl export-hf`` work as for a policy; the exported directory is a
 ``reward_model.model_path`` for RL. Data: the pair Parquet of the ``dpo`` family
 (``flowrl.data.pairs``). Validation: the held-out pair accuracy (``val-core/rm/accuracy``).
-Backends: ``actor.strategy`` dp or fsdp (no megatron or LoRA reward-model engine yet).
+Backends: ``actor.strategy`` dp, fsdp or megatron (tp x pp; its checkpoints hold the head under
+the dp model's name, so any of them resumes or exports any other's), and LoRA (``model.lora_rank`` > 0 on dp or fsdp: adapters on the
+backbone, the ``score`` head trained whole; ``flowrl export-hf --merge-lora``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,21 @@ def pair_accuracy(actor: BoundCall, table: pa.Table) -> NodeOut:
                           f"{pt.VALIDATION}rm/margin": float(np.mean(s[0::2] - s[1::2]))})
 
 
+def _check_megatron(cfg: RunConfig) -> None:
+    """What the megatron reward engine (``flowrl.backends.train.megatron.reward``) does not do:
+    interleaved pipelines, offloading between phases."""
+    from flowrl.backends.train.megatron.options import OFFLOAD_KEYS
+
+    a = cfg.actor
+    if a.virtual_pipeline_model_parallel_size > 1:
+        raise ConfigError("actor.virtual_pipeline_model_parallel_size", a.virtual_pipeline_model_parallel_size,
+                          "the megatron reward model has no interleaved pipeline (as the megatron critic)", "set it to 1")
+    for key in OFFLOAD_KEYS:
+        if getattr(a.megatron, key):
+            raise ConfigError(f"actor.megatron.{key}", True, "the rm family never generates: nothing to offload "
+                              "between phases", f"set actor.megatron.{key}=false")
+
+
 @register_family("rm")
 class RewardModel(Family):
     """A Bradley-Terry reward model on preference pairs; no generation, no reference."""
@@ -58,19 +75,20 @@ class RewardModel(Family):
         except ValueError:
             raise ConfigError("actor.strategy", a.strategy, "has no reward-model engine yet (the rm family)",
                               f"use one of {', '.join(REWARD_ENGINES)}") from None
-        if cfg.model.lora_rank:
-            raise ConfigError("model.lora_rank", cfg.model.lora_rank, "the rm family trains every weight of its "
-                              "sequence-classification model (no LoRA reward model yet)", "set model.lora_rank=0")
+        if a.strategy == "megatron":
+            _check_megatron(cfg)
 
     def group_specs(self) -> list[Any]:
         from flowrl.actors import GroupMesh
         from flowrl.actors.session import GroupSpec
+        from flowrl.roles.specs import lora_engine_kwargs
 
         c, a = self.cfg, self.cfg.actor
         return [GroupSpec("actor", "flowrl.roles.reward_trainer:RewardTrainerRole",
                           {"model_dir": c.model.path, "actor": a, "dtype": c.model.dtype, "seed": c.trainer.seed,
-                           "total_steps": c.trainer.total_training_steps},
-                          GroupMesh(dp=a.data_parallel_size, tp=1, pp=1))]
+                           "total_steps": c.trainer.total_training_steps, **lora_engine_kwargs(c.model)},
+                          GroupMesh(dp=a.data_parallel_size, tp=a.tensor_model_parallel_size,
+                                    pp=a.pipeline_model_parallel_size))]
 
     @classmethod
     def load_data(cls, cfg: RunConfig, tokenizer: Any, which: str = "train") -> Any:

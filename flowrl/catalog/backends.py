@@ -288,7 +288,7 @@ _FSDP = "flowrl.backends.train.fsdp_options"
 _LORA = "flowrl.backends.train.lora:check_lora"
 _DP, _TP, _PP, _VPP = ParallelAxis.DP, ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.VPP
 _DISTRIBUTED_OPTIMIZER = "use_distributed_optimizer"
-_SMOOTHING = frozenset({"entropy", "uniform_nll"})  # train_step(token_stat=...) of dp_policy (fsdp inherits it)
+_SMOOTHING = frozenset({"entropy", "uniform_nll"})  # train_step(token_stat=...) of dp_policy (fsdp inherits it), megatron
 
 TRAIN_BACKENDS: BackendRegistry[TrainBackendSpec] = BackendRegistry("train backend", TrainBackendSpec)
 TRAIN_BACKENDS.add(TrainBackendSpec(
@@ -300,7 +300,7 @@ TRAIN_BACKENDS.add(TrainBackendSpec(
     parallel_axes=frozenset({_DP, _TP, _PP, _VPP}), config_keys=frozenset({_DISTRIBUTED_OPTIMIZER, "megatron"}),
     checkpoint=CheckpointKind.SHARDED, shard_style=ShardStyle.MEGATRON, token_budget=False, shared_prompts=False,
     shares_process=False, engine_kwargs=f"{_MEGATRON}:train_engine_kwargs", preflight=f"{_MEGATRON}:check_train_layouts",
-    # token_stats: entropy only (uniform_nll over a vocab-parallel head: not written)
+    token_stats=_SMOOTHING,  # uniform_nll over the vocab-parallel head: megatron/vocab_parallel.py
     # no checkpoint_blockers: the distributed optimizer's dp-sharded state is saved (megatron/dist_optim.py)
 ))
 TRAIN_BACKENDS.add(TrainBackendSpec(

@@ -101,8 +101,14 @@ def _export_lora(path: str | os.PathLike, out_dir: str, config_dir: str, lora: d
 
     adapters = load_full(path, as_torch=True)
     dtype = next(iter(adapters.values())).dtype
-    model = AutoModelForCausalLM.from_pretrained(config_dir, dtype=dtype)
-    peft_model = add_adapters(model, LoraSpec.from_dict(lora))
+    if REWARD_HEAD.replace(".", ".modules_to_save.default.") in adapters:  # the rm family's head, trained whole
+        from flowrl.backends.train.dp_reward import add_reward_adapters, load_reward_model
+
+        model = load_reward_model(config_dir, dtype)
+        peft_model = add_reward_adapters(model, lora)[1]
+    else:
+        model = AutoModelForCausalLM.from_pretrained(config_dir, dtype=dtype)
+        peft_model = add_adapters(model, LoraSpec.from_dict(lora))
     named = {n: p for n, p in model.named_parameters() if is_trained(n)}  # and modules_to_save copies
     check_params(path, {n: tuple(p.shape) for n, p in named.items()})
     with torch.no_grad():

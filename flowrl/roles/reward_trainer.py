@@ -4,7 +4,9 @@ run's checkpoints, resume and ``export-hf`` treat it as the trained model; the e
 is a sequence-classification model, usable as ``reward_model.model_path`` in RL.
 
 Settings are the actor's (``actor.strategy``, ``actor.optim``, mini- and micro-batch sizes in
-pairs), as for the other supervised families.
+pairs), as for the other supervised families. With LoRA (``model.lora_rank`` > 0, dp and fsdp)
+adapters train on the backbone and the head trains whole; checkpoints hold both, ``extra["lora"]``
+their settings (``flowrl export-hf --merge-lora`` writes the merged sequence classifier).
 """
 
 from __future__ import annotations
@@ -12,14 +14,13 @@ from __future__ import annotations
 import pyarrow as pa
 
 from flowrl.algos.rm_loss import RM_LOSS
-from flowrl.backends.train.reward import reward_engine_class
+from flowrl.backends.train.reward import reward_engine_class, reward_engine_kwargs
 from flowrl.backends.train.optim import AdamWSettings, ScheduledRate
 from flowrl.catalog.backends import TRAIN_BACKENDS
 from flowrl.config import ActorConfig
 from flowrl.data.packed import PackedBatch
 from flowrl.metrics import names
 from flowrl.parallel.dtypes import resolve_dtype
-from flowrl.registry import import_string
 from flowrl.roles import checkpoints
 from flowrl.roles.epochs import run_epochs
 from flowrl.roles.supervised import micro_batch_rows, reduced_step
@@ -27,12 +28,11 @@ from flowrl.roles.supervised import micro_batch_rows, reduced_step
 
 class RewardTrainerRole:
     def __init__(self, *, rank: int, world_size: int, model_dir: str, actor: ActorConfig, dtype: str = "float32",
-                 device: str = "cpu", seed: int = 0, total_steps: int = 0) -> None:
+                 device: str = "cpu", seed: int = 0, total_steps: int = 0, lora: dict | None = None) -> None:
         self.rank, self.world_size = rank, world_size
         self.cfg = actor
-        spec = TRAIN_BACKENDS.spec(actor.strategy)
-        self.checkpoint_kind = spec.checkpoint
-        engine_kwargs = import_string(spec.engine_kwargs)(actor) if spec.engine_kwargs else {}
+        self.checkpoint_kind = TRAIN_BACKENDS.spec(actor.strategy).checkpoint
+        engine_kwargs = {**reward_engine_kwargs(actor), **({"lora": lora} if lora else {})}
         self.engine = reward_engine_class(actor.strategy)(
             model_dir, dtype=resolve_dtype(dtype, device), device=device, seed=seed,
             **AdamWSettings.from_config(actor.optim).engine_kwargs(), **engine_kwargs)
@@ -61,10 +61,25 @@ class RewardTrainerRole:
     def hf_state_dict(self):  # noqa: ANN201 - dict of tensors, or None on sharded ranks
         return self.engine.hf_state_dict()
 
+    def _lora(self) -> dict | None:
+        lora = getattr(self.engine, "lora", None)
+        return lora.to_dict() if lora is not None else None
+
     def save_checkpoint(self, path: str, *, step: int, extra: dict) -> dict | None:
+        """As the policy's: with LoRA the adapters and the head, ``extra["lora"]`` their settings."""
+        lora = self._lora()
+        extra = {**extra, "lora": lora} if lora is not None else extra
         return checkpoints.save(self.engine, self.checkpoint_kind, path, rank=self.rank, step=step, extra=extra)
 
     def load_checkpoint(self, path: str) -> int:
+        """ValueError when the checkpoint's LoRA settings (or their absence) differ from this run's."""
+        from flowrl.checkpoint import load_meta
+
+        saved, mine = (load_meta(path).get("extra") or {}).get("lora"), self._lora()
+        if saved != mine:
+            raise ValueError(f"checkpoint {path} holds LoRA adapters {saved} (None: every weight), this run "
+                             f"model.lora_rank/lora_alpha/target_modules={mine}; fix: resume with the "
+                             "checkpoint's model.lora_* settings, or start a fresh run (trainer.resume_mode=disable)")
         self.rate.resume(path)
         return checkpoints.load(self.engine, self.checkpoint_kind, path)
 

@@ -12,7 +12,14 @@ import pyarrow as pa
 SFT = "flowrl.algos.sft_loss:SFT_LOSS"
 DPO = "flowrl.algos.dpo_loss:DPO_LOSS"
 RM = "rm"
+SFT_SMOOTHED = "sft+label_smoothing"
+"""SFT with ``algorithm.sft.label_smoothing=0.4`` (the default task's warm-up value)."""
 DPO_OPTIONS = {"beta": 0.5, "loss_type": "sigmoid", "label_smoothing": 0.0}
+RM_LORA = "rm+lora"
+"""The reward model with LoRA adapters (rank 4 on every linear layer) and its head trained whole."""
+LORA = {"rank": 4, "alpha": 8, "target_modules": "all-linear"}
+OPTIONS = {DPO: DPO_OPTIONS, SFT_SMOOTHED: {"label_smoothing": 0.4}}
+LOSSES = {SFT_SMOOTHED: SFT}
 
 
 def pair_batch(num_pairs: int = 6, seed: int = 0) -> pa.Table:
@@ -53,7 +60,7 @@ def _dp_rank(strategy: str, rank: int) -> int:
 
 def supervised_step(rank: int, world: int, model_dir: str, strategy: str, table: pa.Table, loss: str,
                     tp: int = 1) -> dict:
-    """One optimizer step of ``loss`` (an import string, or ``"rm"``) on this rank's dp share;
+    """One optimizer step of ``loss`` (an import string, ``"rm"``, :data:`RM_LORA` or :data:`SFT_SMOOTHED`) on this rank's dp share;
     ``{"metrics", "state"}`` (the full HF state after the step; rank 0 only on sharded backends)."""
     from flowrl.catalog.backends import TRAIN_BACKENDS
     from flowrl.data import experience as ex
@@ -63,10 +70,11 @@ def supervised_step(rank: int, world: int, model_dir: str, strategy: str, table:
     actor = actor_cfg(strategy, dp=dp, tp=tp)
     fn = TRAIN_BACKENDS.spec(strategy).engine_kwargs
     kwargs = import_string(fn)(actor) if fn else {}
-    if loss == RM:
+    if loss in (RM, RM_LORA):
         from flowrl.roles.reward_trainer import RewardTrainerRole
 
-        role = RewardTrainerRole(rank=rank, world_size=world, model_dir=model_dir, actor=actor)
+        role = RewardTrainerRole(rank=rank, world_size=world, model_dir=model_dir, actor=actor,
+                                 lora=LORA if loss == RM_LORA else None)
         share = ex.split(table, dp)[_dp_rank(strategy, rank)]
         metrics = role.train_pairs(share, mini_batch_rows=share.num_rows)
     else:
@@ -74,8 +82,8 @@ def supervised_step(rank: int, world: int, model_dir: str, strategy: str, table:
 
         role = PolicyRole(rank=rank, world_size=world, model_dir=model_dir, actor=actor, engine_kwargs=kwargs)
         share = ex.split(table, dp)[_dp_rank(strategy, rank)]
-        metrics = role.train_supervised(share, loss=loss, mini_batch_rows=share.num_rows,
-                                        options=DPO_OPTIONS if loss == DPO else {})
+        metrics = role.train_supervised(share, loss=LOSSES.get(loss, loss), mini_batch_rows=share.num_rows,
+                                        options=OPTIONS.get(loss, {}))
     state = role.hf_state_dict()
     role.close()
     return {"metrics": metrics, "state": state}
@@ -85,3 +93,28 @@ def supervised_steps(rank: int, world: int, model_dir: str, strategy: str, table
                      tp: int = 1) -> list[dict]:
     """:func:`supervised_step` of each of ``losses`` in turn, in one process group (one spawn)."""
     return [supervised_step(rank, world, model_dir, strategy, table, loss, tp) for loss in losses]
+
+
+def rm_checkpoint_round(rank: int, world: int, model_dir: str, table: pa.Table, path: str, tp: int) -> dict:
+    """The megatron reward model at ``tp``: one step, a checkpoint at ``path``, the scores; then a
+    fresh engine loads it: its scores and the loss of one more step (AdamW's state restored)."""
+    from flowrl.roles.reward_trainer import RewardTrainerRole
+
+    actor = actor_cfg("megatron", dp=world // tp, tp=tp)
+    rows = table.num_rows // (world // tp)
+
+    def role() -> RewardTrainerRole:
+        return RewardTrainerRole(rank=rank, world_size=world, model_dir=model_dir, actor=actor)
+
+    first = role()
+    first.train_pairs(table, mini_batch_rows=rows)
+    saved = first.save_checkpoint(path, step=1, extra={"next_step": 1})
+    scores = first.compute_rm_scores(table).column("rm_score").to_numpy()
+    first.close()
+    second = role()
+    optim_step = second.load_checkpoint(path if saved is None else saved["path"])
+    out = {"saved": saved, "scores": scores, "optim_step": optim_step,
+           "loaded": second.compute_rm_scores(table).column("rm_score").to_numpy(),
+           "next": second.train_pairs(table, mini_batch_rows=rows)["actor/rm_loss"]}
+    second.close()
+    return out

@@ -38,10 +38,17 @@ def test_pairs_refuse_a_token_budget_and_rm_refuses_what_it_lacks():
     with pytest.raises(ConfigError, match="actor.use_dynamic_bsz=True: the dpo family's micro-batches hold whole"):
         DPO(_cfg("actor.use_dynamic_bsz=true"))
     SFT(_cfg("actor.use_dynamic_bsz=true"))  # conversations pack with the token budget
-    with pytest.raises(ConfigError, match="actor.strategy='megatron': has no reward-model engine yet.*use one of dp, fsdp"):
-        RewardModel(_cfg("actor.strategy=megatron"))
-    with pytest.raises(ConfigError, match="model.lora_rank=8"):
-        RewardModel(_cfg("model.lora_rank=8"))
+    megatron = ["actor.strategy=megatron", "actor.tensor_model_parallel_size=2", "actor.data_parallel_size=1",
+                "trainer.save_freq=5"]
+    (rm,) = RewardModel(_cfg(*megatron)).group_specs()  # the reward model at megatron tp2 (its mesh), checkpointed
+    assert (rm.mesh.dp, rm.mesh.tp, rm.mesh.pp) == (1, 2, 1)
+    with pytest.raises(ConfigError, match="actor.megatron.param_offload=True: the rm family never generates"):
+        RewardModel(_cfg(*megatron, "actor.megatron.param_offload=true"))
+    with pytest.raises(ConfigError, match="actor.virtual_pipeline_model_parallel_size=2: the megatron reward model"):
+        RewardModel(_cfg(*megatron[:2], "actor.data_parallel_size=1", "actor.pipeline_model_parallel_size=2",
+                         "actor.virtual_pipeline_model_parallel_size=2"))
+    (rm,) = RewardModel(_cfg("model.lora_rank=8")).group_specs()  # LoRA: adapters and the head train
+    assert rm.role_kwargs["lora"]["rank"] == 8
 
 
 @pytest.mark.parametrize("override,message", [

@@ -82,15 +82,86 @@ def test_dp_engine_step_gives_torch_cross_entropy_gradients(tmp_path):
 
 
 def test_backends_without_the_statistic_refuse_label_smoothing_by_name():
+    """Every built-in backend computes the statistic (megatron over its vocab-parallel head); a
+    plug-in backend that declares only the entropy is refused by name before any worker starts."""
+    import dataclasses
+
+    from flowrl.catalog.backends import TRAIN_BACKENDS
+
+    assert all("uniform_nll" in TRAIN_BACKENDS.spec(n).token_stats for n in ("dp", "fsdp", "megatron"))
     base = ["algorithm.family=sft", "data.train_batch_size=8", "actor.ppo_mini_batch_size=4"]
-    with pytest.raises(ConfigError, match=r"algorithm.sft.label_smoothing=0.1: needs the per-token 'uniform_nll'.*"
-                                          r"actor.strategy=megatron.*set algorithm.sft.label_smoothing=0, or "
-                                          r"actor.strategy to one of dp, fsdp"):
-        SFT(load_config(None, [*base, "actor.strategy=megatron", "algorithm.sft.label_smoothing=0.1"]))
-    SFT(load_config(None, [*base, "actor.strategy=megatron"]))  # no smoothing: nothing to compute
+    SFT(load_config(None, [*base, "actor.strategy=megatron", "algorithm.sft.label_smoothing=0.1"]))
+    TRAIN_BACKENDS.add(dataclasses.replace(TRAIN_BACKENDS.spec("dp"), name="plain", token_stats=frozenset({"entropy"})))
+    try:
+        with pytest.raises(ConfigError, match=r"algorithm.sft.label_smoothing=0.1: needs the per-token 'uniform_nll'.*"
+                                              r"actor.strategy=plain.*set algorithm.sft.label_smoothing=0, or "
+                                              r"actor.strategy to one of dp, fsdp, megatron"):
+            SFT(load_config(None, [*base, "actor.strategy=plain", "algorithm.sft.label_smoothing=0.1"]))
+        SFT(load_config(None, [*base, "actor.strategy=plain"]))  # no smoothing: nothing to compute
+    finally:
+        TRAIN_BACKENDS.unregister("plain")
     assert SFT(load_config(None, [*base, "algorithm.sft.label_smoothing_factor=0.2"])).loss_options() == {
         "label_smoothing": 0.2}  # TRL's name
     with pytest.raises(ConfigError, match="label_smoothing_factor=0.2: disagrees with algorithm.sft.label_smoothing=0.1"):
         load_config(None, [*base, "algorithm.sft.label_smoothing=0.1", "algorithm.sft.label_smoothing_factor=0.2"])
     with pytest.raises(ConfigError, match=r"label_smoothing=1.0: must be in \[0, 1\)"):
         load_config(None, [*base, "algorithm.sft.label_smoothing=1.0"])
+
+
+def test_vocab_parallel_uniform_nll_over_two_slices_equals_the_whole_vocabulary():
+    """Megatron's statistic (``vocab_parallel_logprobs(stat="uniform_nll")``): values and gradients of
+    a loss on (logp, uniform_nll) equal :func:`uniform_nll_from_logits` on the whole vocabulary,
+    with megatron's padding columns ignored (one rank; two ranks: the next test)."""
+    from flowrl.backends.train.megatron.vocab_parallel import vocab_parallel_logprobs
+
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 11, generator=g, dtype=torch.float64, requires_grad=True)
+    target = torch.tensor([0, 10, 4, 4, 7, 2])
+    w = torch.randn(2, 6, generator=g, dtype=torch.float64)
+    padded = torch.cat([logits, torch.full((6, 5), 40.0, dtype=torch.float64)], dim=1)  # megatron's padding
+    logp, stat = vocab_parallel_logprobs(padded, target, vocab_start=0, num_valid=11, temperature=1.0,
+                                         stat="uniform_nll")
+    ((w[0] * logp.double()).sum() + (w[1] * stat.double()).sum()).backward()
+    got = logits.grad.clone()
+    logits.grad = None
+    want_logp = logits.log_softmax(-1).gather(1, target[:, None]).squeeze(1)
+    want_stat = uniform_nll_from_logits(logits).double()
+    torch.testing.assert_close(logp.double(), want_logp, rtol=0, atol=1e-6)
+    torch.testing.assert_close(stat.double(), want_stat, rtol=0, atol=1e-5)
+    ((w[0] * want_logp).sum() + (w[1] * want_stat).sum()).backward()
+    torch.testing.assert_close(got, logits.grad, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="stat='nll' is not one of entropy, uniform_nll"):
+        vocab_parallel_logprobs(padded, target, vocab_start=0, num_valid=11, stat="nll")
+
+
+def _two_slice_ranks(rank: int, world: int, logits, target, w) -> dict:
+    """Rank ``rank`` of a two-rank gloo group: its half of the vocabulary; the loss's value and the
+    gradient of its slice."""
+    from flowrl.backends.train.megatron.vocab_parallel import vocab_parallel_logprobs
+
+    half = logits.shape[1] // 2 + 1  # 6 of 11 columns, then 5 real + 1 padding
+    cols = torch.cat([logits, torch.full((logits.shape[0], 1), 30.0, dtype=logits.dtype)], dim=1)
+    mine = cols[:, rank * half:(rank + 1) * half].clone().requires_grad_(True)
+    num_valid = min(half, logits.shape[1] - rank * half)
+    logp, stat = vocab_parallel_logprobs(mine, target, vocab_start=rank * half, num_valid=num_valid,
+                                         stat="uniform_nll")
+    loss = (w[0] * logp.double()).sum() + (w[1] * stat.double()).sum()
+    loss.backward()
+    return {"loss": float(loss), "grad": mine.grad[:, :num_valid]}
+
+
+@pytest.mark.timeout(300)
+def test_vocab_parallel_uniform_nll_on_two_ranks():
+    from flowrl_testing.fsdp import run_ranks
+
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(5, 11, generator=g, dtype=torch.float64)
+    target = torch.tensor([0, 10, 5, 6, 3])  # both slices own targets
+    w = torch.randn(2, 5, generator=g, dtype=torch.float64)
+    out = run_ranks(2, _two_slice_ranks, logits, target, w, timeout_s=240)
+    ref = logits.clone().requires_grad_(True)
+    want_logp = ref.log_softmax(-1).gather(1, target[:, None]).squeeze(1)
+    want = (w[0] * want_logp).sum() + (w[1] * uniform_nll_from_logits(ref).double()).sum()
+    want.backward()
+    assert [o["loss"] for o in out] == pytest.approx([float(want.detach())] * 2, abs=1e-5)
+    torch.testing.assert_close(torch.cat([out[0]["grad"], out[1]["grad"]], dim=1), ref.grad, rtol=0, atol=1e-6)

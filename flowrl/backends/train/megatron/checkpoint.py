@@ -35,7 +35,10 @@ OPTIM_STATES = ("exp_avg", "exp_avg_sq")
 
 
 def engine_spec(engine: MegatronEngine) -> ShardSpec:
-    """The ``megatron``-style shard spec of the engine's layout (names as ``reshard_source``)."""
+    """The ``megatron``-style shard spec of the engine's layout (names as ``reshard_source``); an
+    engine with its own (the value and reward models': ``megatron/value.py``) gives it."""
+    if hasattr(engine, "shard_spec"):
+        return engine.shard_spec()
     from flowrl.parallel.mesh import ParallelDims
     from flowrl.parallel.shard_spec import ModelShape, shard_spec
 

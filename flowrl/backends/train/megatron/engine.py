@@ -244,12 +244,13 @@ class MegatronEngine:
         start = ps.get_tensor_model_parallel_rank() * per_rank
         return start, max(0, min(per_rank, self.arch.vocab_size - start))
 
-    def _token_logprobs(self, mb: MicroBatch, logits_BSV: torch.Tensor, temperature: float):
+    def _token_logprobs(self, mb: MicroBatch, logits_BSV: torch.Tensor, temperature: float,
+                        stat: str = "entropy"):
         logits_TV = logits_BSV.reshape(-1, logits_BSV.shape[-1]).index_select(0, mb.index_T)
         target_T = mb.labels_BS.reshape(-1).index_select(0, mb.index_T)
         start, num_valid = self._vocab_slice()
         return vocab_parallel_logprobs(logits_TV, target_T, vocab_start=start, num_valid=num_valid,
-                                       temperature=temperature,
+                                       temperature=temperature, stat=stat,
                                        group=ps.get_tensor_model_parallel_group())
 
     def _run_schedule(self, batch: Sequence[dict], *, micro_batch_size: int, forward_only: bool,
@@ -313,11 +314,12 @@ class MegatronEngine:
         return logps, (entropies if with_entropy else None)
 
     def train_step(self, batch: list[dict], *, micro_batch_size: int, loss_fn: LossFn,
-                   temperature: float = 1.0) -> dict[str, float]:
+                   temperature: float = 1.0, token_stat: str = "entropy") -> dict[str, float]:
         """One optimizer step on ``batch`` (this rank's dp share); see the module docstring for how
-        ``loss_fn``'s per-micro-batch losses are combined (summed, never averaged)."""
+        ``loss_fn``'s per-micro-batch losses are combined (summed, never averaged). ``token_stat``:
+        ``loss_fn``'s second per-token tensor (``vocab_parallel.STATS``)."""
         def mb_loss(mb, logits_BSV):
-            logp_T, entropy_T = self._token_logprobs(mb, logits_BSV, temperature)
+            logp_T, entropy_T = self._token_logprobs(mb, logits_BSV, temperature, token_stat)
             return loss_fn(logp_T, entropy_T, mb.items, mb.cu_seqlens_B1)
 
         return self._train_schedule(batch, micro_batch_size=micro_batch_size, mb_loss=mb_loss)

@@ -109,8 +109,11 @@ class MegatronTrainEngine:
         return logp_T, entropy_T
 
     def train_step(
-        self, batch: PackedBatch, *, micro_batch_size: int, loss_fn: LossFn, temperature: float = 1.0, with_entropy: bool = True
+        self, batch: PackedBatch, *, micro_batch_size: int, loss_fn: LossFn, temperature: float = 1.0, with_entropy: bool = True,
+        token_stat: str = "entropy",
     ) -> dict[str, float]:
+        """``token_stat``: the second per-token tensor ``loss_fn`` gets (``entropy``, or SFT label
+        smoothing's ``uniform_nll``; ``megatron/vocab_parallel.py``)."""
         if not self.trainable:
             raise RuntimeError("train_step on a frozen (reference) engine")
         names = list(batch.token_fields)
@@ -122,7 +125,8 @@ class MegatronTrainEngine:
             loss, stats = loss_fn(logp_T.cpu(), entropy_T, _packed(items, cu_seqlens_B1, names))
             return loss.to(logp_T.device), stats
 
-        return self.engine.train_step(_items(batch), micro_batch_size=micro_batch_size, loss_fn=megatron_loss, temperature=temperature)
+        return self.engine.train_step(_items(batch), micro_batch_size=micro_batch_size, loss_fn=megatron_loss,
+                                      temperature=temperature, token_stat=token_stat)
 
     def all_reduce_sum(self, values: list[float]) -> list[float]:
         from megatron.core import parallel_state as ps

@@ -73,6 +73,35 @@ def load_hf_value_model(model_dir: str, *, dtype: torch.dtype, seed: int) -> tor
         transformers.logging.set_verbosity(verbosity)
 
 
+def value_shard_spec(hf_config: Any, *, tp: int, pp: int, dp: int, head_bias: bool,
+                     make_vocab_size_divisible_by: int = 128) -> Any:
+    """:meth:`MegatronValueEngine.shard_spec` from the facts it needs (no engine)."""
+    import dataclasses
+
+    from flowrl.parallel.mesh import ParallelDims
+    from flowrl.parallel.shard_spec import ModelShape, Piece, RankShard, shard_spec
+
+    model = dataclasses.replace(ModelShape.from_hf_config(hf_config), tied_embeddings=True)
+    base = shard_spec(model, ParallelDims(dp=dp, tp=tp, pp=pp), style="megatron",
+                      make_vocab_size_divisible_by=make_vocab_size_divisible_by)
+    head = {HEAD_PREFIX + "weight": (HF_HEAD_PREFIX + "weight", (1, model.hidden_size))}
+    if head_bias:
+        head[HEAD_PREFIX + "bias"] = (HF_HEAD_PREFIX + "bias", (1,))
+    shards = {}
+    for key, shard in base.shards.items():
+        if shard.pp_rank == pp - 1:  # the head replaces the tied copy of the embedding (pp > 1)
+            tensors = {n: t for n, t in shard.tensors.items() if n not in head}
+            pieces = [p for p in shard.pieces if p.local not in head]
+            for local, (param, shape) in head.items():
+                tensors[local] = shape
+                pieces.append(Piece(param, 0, 0, 1, local, 0))
+            shard = dataclasses.replace(shard, tensors=tensors, pieces=tuple(pieces))
+        shards[key] = shard
+    params = {**base.params, **{param: shape for param, shape in head.values()}}
+    return dataclasses.replace(base, params=params, split_dim={**base.split_dim, **{p: 0 for p, _ in head.values()}},
+                               shards=shards)
+
+
 class MegatronValueEngine(MegatronEngine):
     """One rank's share of a megatron-core value model: forward values, value-loss train steps,
     HF (token-classification) export."""
@@ -81,10 +110,14 @@ class MegatronValueEngine(MegatronEngine):
         self._seed = seed
         super().__init__(model_dir, seed=seed, **kwargs)
 
+    def _load_hf_model(self) -> torch.nn.Module:
+        """The transformers model whose backbone and ``score`` head this engine holds (fp32)."""
+        return load_hf_value_model(self.model_dir, dtype=torch.float32, seed=self._seed)
+
     # ----------------------------------------------------------------------------- construction
     def _build_and_load(self) -> list[torch.nn.Module]:
         with torch.random.fork_rng(devices=[]):
-            hf_model = load_hf_value_model(self.model_dir, dtype=torch.float32, seed=self._seed)
+            hf_model = self._load_hf_model()
         hf_state = hf_model.state_dict()
         head = {k[len(HF_HEAD_PREFIX):]: v for k, v in hf_state.items() if k.startswith(HF_HEAD_PREFIX)}
         if set(head) - {"weight", "bias"} or "weight" not in head or head["weight"].shape[0] != 1:
@@ -92,6 +125,7 @@ class MegatronValueEngine(MegatronEngine):
                                f"{ {k: tuple(v.shape) for k, v in head.items()} }")
         # The backbone converts as a tied model (no lm_head needed); the chunk is built untied so
         # that the last stage owns its output layer, which becomes the value head.
+        self.head_bias = "bias" in head
         tied_cfg = _config_copy(self.hf_config, tie_word_embeddings=True)
         untied_cfg = _config_copy(self.hf_config, tie_word_embeddings=False)
         models = []
@@ -113,6 +147,18 @@ class MegatronValueEngine(MegatronEngine):
             models.append(model.to(self.device))
         del hf_model, hf_state
         return models
+
+    def shard_spec(self) -> Any:
+        """The megatron-style shard spec of this value model (``megatron/checkpoint.py`` saves and
+        loads by it): the backbone's as a tied model (no vocabulary output layer), with the head
+        whole on the last stage, ``output_layer.weight`` / ``.bias`` <-> HF ``score.weight`` /
+        ``.bias`` (the names of the dp critic's and reward model's checkpoints, so either side of a
+        save / load may be dp, fsdp or megatron at any layout)."""
+        if self.vpp:
+            raise ValueError(f"virtual_pipeline_model_parallel_size={self.vpp}: the megatron value model has no "
+                             "interleaved pipeline; set it to 1")
+        return value_shard_spec(self.hf_config, tp=self.tp, pp=self.pp, dp=self.dp, head_bias=self.head_bias,
+                                make_vocab_size_divisible_by=self.make_vocab_size_divisible_by)
 
     # ----------------------------------------------------------------------------- public API
     @staticmethod
@@ -168,7 +214,8 @@ class MegatronValueEngine(MegatronEngine):
         """Write a transformers token-classification directory (rank 0; every rank calls it)."""
         state = self.hf_state_dict()
         if dist.get_rank() == 0:
-            model = load_hf_value_model(self.model_dir, dtype=torch.float32, seed=self._seed)
+            with torch.random.fork_rng(devices=[]):
+                model = self._load_hf_model()
             model.load_state_dict(state, strict=True)
             model.to(self.dtype).save_pretrained(out_dir)
         dist.barrier()
@@ -179,13 +226,16 @@ class MegatronValueTrainEngine:
     flat ``_T`` tensors out): ``forward_values``, ``train_step_values``, ``all_reduce_sum`` (over
     the data-parallel group), ``hf_state_dict``, ``save_hf``, ``close``."""
 
+    engine_class: type[MegatronValueEngine] = MegatronValueEngine
+    """The engine behind it (``megatron/reward.py``: the reward model's)."""
+
     def __init__(self, model_dir: str, *, tp: int, pp: int, dp: int, vpp: int | None = None,
                  dtype: str = "float32", device: str = "cpu", seed: int = 0, use_distributed_optimizer: bool = False,
                  **optim: Any):
         """``optim``: the optimizer keywords of :class:`~flowrl.backends.train.optim.AdamWSettings`;
         ``device`` and ``dtype`` as :class:`~flowrl.backends.train.megatron.policy.MegatronTrainEngine`'s."""
         self.device, self.precision = placement(device, dtype)
-        self.engine = MegatronValueEngine(
+        self.engine = self.engine_class(
             model_dir, tp=tp, pp=pp, vpp=vpp, dp=dp, **AdamWSettings(**optim).engine_kwargs(),
             use_distributed_optimizer=use_distributed_optimizer,
             bf16=megatron_bf16(self.precision), seed=seed, device=str(self.device))
@@ -227,6 +277,18 @@ class MegatronValueTrainEngine:
 
     def save_hf(self, directory: str) -> None:
         self.engine.save_hf(directory)
+
+    def save_checkpoint_sharded(self, path: str, *, step: int, extra: dict | None = None) -> dict | None:
+        """Every rank: write this rank's chunks of checkpoint ``path`` (the head included)."""
+        from flowrl.backends.train.megatron.checkpoint import save_sharded
+
+        return save_sharded(self.engine, path, step=step, extra=extra)
+
+    def load_checkpoint_sharded(self, path: str) -> int:
+        """Every rank: read only this rank's chunks of checkpoint ``path`` (saved under any layout)."""
+        from flowrl.backends.train.megatron.checkpoint import load_sharded
+
+        return load_sharded(self.engine, path)
 
     def param_bytes_local(self) -> int:
         return self.engine.param_bytes_local()
