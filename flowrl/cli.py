@@ -80,6 +80,35 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify_resume(args: argparse.Namespace) -> int:
+    """``flowrl verify-resume``: N steps, killed after K and resumed, against N uninterrupted
+    (``flowrl.run.verify_resume``); exit 0 when every metric and parameter is equal."""
+    import json
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from flowrl.config import ConfigError
+
+    if not 1 <= args.kill_after < args.steps:
+        raise ConfigError("--kill-after", args.kill_after, f"must be between 1 and --steps - 1 ({args.steps - 1})",
+                          "kill the run after a step that has steps after it, e.g. --steps 4 --kill-after 2")
+    _load([*args.items, f"trainer.total_training_steps={args.steps}", f"trainer.save_freq={args.kill_after}"],
+          quiet=True)  # config mistakes first, before any run starts
+    from flowrl.run.verify_resume import verify_resume
+
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="flowrl-verify-resume-"))
+    report = verify_resume(args.items, out, steps=args.steps, kill_after=args.kill_after, rtol=args.rtol,
+                           timeout_s=args.timeout)
+    (out / "verify_resume.json").write_text(json.dumps(report.to_json(), indent=1))
+    print(report.table())
+    print(f"report: {out / 'verify_resume.json'}")
+    if args.out is None and report.passed:
+        shutil.rmtree(out, ignore_errors=True)
+        print("(the runs' directories were removed; --out DIR keeps them)")
+    return 0 if report.passed else 1
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     """``flowrl train`` with the workers on a cluster (SLURM jobs or an existing scheduler)."""
     from flowrl.config import ConfigError
@@ -324,6 +353,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     _add_submit(sub)
+
+    p = sub.add_parser("verify-resume", help="prove a resume equals not stopping: N steps, killed after K and "
+                                              "resumed, compared metric by metric and parameter by parameter")
+    p.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key=value", help="what flowrl train takes")
+    p.add_argument("--steps", type=int, default=4, help="steps of each run (default 4)")
+    p.add_argument("--kill-after", type=int, default=2, help="the checkpoint step after which the run is killed "
+                                                             "(trainer.save_freq of both runs; default 2)")
+    p.add_argument("--out", default=None, help="directory for the runs and verify_resume.json (default: a temporary one)")
+    p.add_argument("--rtol", type=float, default=0.0, help="relative tolerance (default 0: exactly equal)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds each run may take")
+    p.set_defaults(func=cmd_verify_resume)
 
     p = sub.add_parser("config", help="print the resolved configuration (or --fields: every key with its doc)")
     p.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key=value | FILTER",

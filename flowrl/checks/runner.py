@@ -82,10 +82,19 @@ class StepChecks:
             raise CheckFailed(*self.failed[0])
 
     def rewind(self) -> None:
-        """The run goes back to a checkpoint: multi-step memories start again."""
-        self.memory = {name: {} for name in self.modes}
+        """The run goes back to a checkpoint: the last step's results go (the multi-step memories
+        are the checkpoint's, :meth:`load_state_dict`, loaded by the run)."""
         self.last = {name: v for name, v in self.last.items() if name in self.start_modes}
         self.failed = []
+
+    def state_dict(self) -> dict[str, dict]:
+        """The checks' multi-step memories (a checkpoint's ``extra["checks"]``), so a resumed run
+        counts on where the run stopped (``reward_signal``'s steps without signal)."""
+        return {name: dict(memory) for name, memory in self.memory.items() if memory}
+
+    def load_state_dict(self, state: Mapping[str, dict]) -> None:
+        """Memories from :meth:`state_dict` (``{}``: every check starts again)."""
+        self.memory = {name: dict(state.get(name, {})) for name in self.modes}
 
     def health_line(self) -> str:
         """``health: chat_template=n/a finite=ok ... tokens=ok``: every

@@ -31,7 +31,7 @@ class ChecksConfig:
     ``error`` to stop such a run)."""
     reward_signal_steps: int = 10
     """``reward_signal``: consecutive steps without a learning signal that fail the check
-    (counted by this process: a resume or a rebuild counts again from 0)."""
+    (counted across a resume: each checkpoint keeps the count)."""
     reward_time: Mode = "warn"
     """The reward function takes no longer than the generation it scores (``timing_s/reward``
     <= ``timing_s/gen``)."""

@@ -57,14 +57,22 @@ def resume_point(path: str) -> tuple[int, dict]:
     return int(extra.get("next_step", meta["step"])), extra.get("algorithm_state", {})
 
 
+def checks_state(path: str) -> dict:
+    """The checks' memories a checkpoint saved (``extra["checks"]``; ``{}``: none)."""
+    from flowrl.checkpoint import load_meta
+
+    return (load_meta(path).get("extra") or {}).get("checks", {})
+
+
 def save(cfg: RunConfig, groups: dict[str, WorkerGroup], *, run_dir: Path, step: int,
          trainable: tuple[str, ...], algorithm_state: dict, stream_state: dict | None = None,
-         resume_record: dict | None = None) -> str:
+         resume_record: dict | None = None, checks_state: dict | None = None) -> str:
     """Save the state after ``step`` finished steps: each group of ``trainable`` first, then the
     actor (which marks the step complete); prune to ``trainer.max_ckpt_to_keep``. Returns the
     actor checkpoint's path. Call between steps. ``stream_state``: the stream mode's weight
     version and queue (``extra["stream"]``, see ``flowrl.run.stream``). ``resume_record``: what a
-    resume must restore (``extra["resume_fingerprint"]``, :mod:`flowrl.checks.resume`)."""
+    resume must restore (``extra["resume_fingerprint"]``, :mod:`flowrl.checks.resume`);
+    ``checks_state``: the checks' multi-step memories (``extra["checks"]``)."""
     from flowrl.checkpoint import checkpoint_dir, prune_checkpoints
 
     start = time.perf_counter()
@@ -76,7 +84,8 @@ def save(cfg: RunConfig, groups: dict[str, WorkerGroup], *, run_dir: Path, step:
         prune_checkpoints(root, keep)
     extra = {"next_step": step, "config": to_dict(cfg), **({"algorithm_state": algorithm_state} if algorithm_state else {}),
              **({"stream": stream_state} if stream_state is not None else {}),
-             **({"resume_fingerprint": resume_record} if resume_record is not None else {})}
+             **({"resume_fingerprint": resume_record} if resume_record is not None else {}),
+             **({"checks": checks_state} if checks_state else {})}
     root = checkpoint_root(run_dir)
     out, _ = groups["actor"].bind().run("save_checkpoint", gather_mode=Gather.FIRST,
                                         kwargs={"path": str(checkpoint_dir(root, step)), "step": step, "extra": extra})

@@ -124,6 +124,7 @@ class Run:
         if self.resume_from is not None:
             self.next_step, state = checkpointing.resume_point(self.resume_from)
             self.family.state.load_state_dict(state)
+            self.checks.load_state_dict(checkpointing.checks_state(self.resume_from))
         self.source.restart(self.next_step)
 
     @classmethod
@@ -196,8 +197,10 @@ class Run:
         self.resume_from, self.next_step = checkpoint, next_step
         if checkpoint is None:
             self.family.state.reset()
+            self.checks.load_state_dict({})
         else:
             self.family.state.load_state_dict(checkpointing.resume_point(checkpoint)[1])
+            self.checks.load_state_dict(checkpointing.checks_state(checkpoint))
         self.start_workers()
 
     # ------------------------------------------------------------- one iteration
@@ -355,7 +358,8 @@ class Run:
         return checkpointing.save(self.cfg, self.groups, run_dir=self.run_dir, step=self.next_step,
                                   trainable=self.family.checkpointed_groups,
                                   algorithm_state=self.family.state.state_dict(),
-                                  stream_state=self.source.state_dict(), resume_record=record)
+                                  stream_state=self.source.state_dict(), resume_record=record,
+                                  checks_state=self.checks.state_dict())
 
     def close(self) -> None:
         """Collect the last weight sync, tear down the groups, close the cluster."""

@@ -203,13 +203,19 @@ def test_off_checks_do_not_run_and_every_check_is_on_the_health_line():
     assert [p.split("=")[0] for p in line[len("health: "):].split()] == ["chat_template", "resume", *CHECKS.names()]
 
 
-def test_a_rewind_forgets_the_streak():
-    checks = StepChecks({"reward_signal": "error"}, LIMITS)
-    for i in range(2):
-        checks.observe(i, table(scores=(0, 0, 0, 0)), {})
+def test_a_rewind_counts_on_from_the_checkpoints_streak():
+    checks = StepChecks({"reward_signal": "warn"}, LIMITS)
+    checks.observe(0, table(scores=(0, 0, 0, 0)), {})
+    saved = checks.state_dict()  # what the checkpoint after step 1 keeps
+    assert saved == {"reward_signal": {"streak": 1}}
+    checks.observe(1, table(scores=(0, 0, 0, 0)), {})
     checks.rewind()
-    checks.observe(2, table(scores=(0, 0, 0, 0)), {})
-    checks.enforce()  # 1 step in a row after the rewind, not 3
+    checks.load_state_dict(saved)  # back to that checkpoint: step 2 again
+    checks.observe(1, table(scores=(0, 0, 0, 0)), {})
+    assert checks.memory["reward_signal"] == {"streak": 2}  # as if the run never went back
+    checks.load_state_dict({})  # back to the initial model: counting starts again
+    checks.observe(0, table(scores=(0, 0, 0, 0)), {})
+    assert checks.memory["reward_signal"] == {"streak": 1}
 
 
 def test_unknown_names_and_modes_are_refused():
