@@ -1,7 +1,9 @@
-"""The 3D parallel mesh: ``ParallelDims`` validates itself, ``validate_model_layout`` checks a model.
+"""The parallel mesh: ``ParallelDims`` validates itself, ``validate_model_layout`` checks a model.
 
 Names follow verl/Megatron: ``data_parallel_size`` (dp), ``tensor_model_parallel_size`` (tp),
-``pipeline_model_parallel_size`` (pp) and ``virtual_pipeline_model_parallel_size`` (vpp). Like
+``pipeline_model_parallel_size`` (pp), ``virtual_pipeline_model_parallel_size`` (vpp) and, for
+mixture-of-experts layers, ``expert_model_parallel_size`` (ep) and
+``expert_tensor_parallel_size`` (etp, None: equal to tp, megatron's default). Like
 torchtitan's ``ParallelDims``, the object checks itself the moment it is built, and
 ``check_world_size`` checks it against a worker group before any process starts.
 
@@ -16,6 +18,19 @@ fastest, then dp, then pp::
 so a tp group is ``tp`` consecutive ranks (one node when tp <= GPUs per node), a dp group strides
 by ``tp`` and a pp group strides by ``tp * dp``. ``axis_groups`` returns the same groups as
 megatron-core's ``RankGenerator(...).get_ranks(axis)``.
+
+Expert ranks (megatron-core 0.16.1 ``initialize_model_parallel``): the experts use a second
+``RankGenerator(tp=etp, ep=ep, dp=edp, pp=pp, cp=1)`` over the same world and order, with the
+expert data-parallel size ``edp = world / (etp * ep * pp)``, so::
+
+    rank = etp_rank + etp * (ep_rank + ep * (edp_rank + edp * pp_rank))
+
+Both generators put pp outermost, so the pipeline groups agree (megatron asserts it). Expert
+rank ``ep_rank`` holds global experts ``[ep_rank * E / ep, (ep_rank + 1) * E / ep)``. A rank's
+parameters are fixed by its *shard key* (``shard_key``): ``(tp_rank, pp_rank)`` when the experts
+follow the dense layout (ep = 1, etp = tp), else ``(tp_rank, pp_rank, ep_rank, etp_rank)``. Within
+a stage the key is a function of ``rank mod L``, ``L = lcm(tp, etp * ep)``, so every key is held
+by the same number of replicas, ``world / (pp * L)`` (dp when ep = 1 and etp = tp).
 
 Model rules (megatron-core 0.16, ``TransformerConfig.__post_init__`` and ``Attention``)
 -----------------------------------------------------------------------------------
@@ -54,6 +69,8 @@ _SETTING = {
     "tp": "tensor_model_parallel_size",
     "pp": "pipeline_model_parallel_size",
     "vpp": "virtual_pipeline_model_parallel_size",
+    "ep": "expert_model_parallel_size",
+    "etp": "expert_tensor_parallel_size",
 }
 
 
@@ -96,10 +113,28 @@ class ParallelDims:
     vpp: int | None = None
     """``virtual_pipeline_model_parallel_size``: model chunks per pipeline rank (interleaved 1F1B);
     None for the plain 1F1B schedule. Needs pp > 1 when > 1."""
+    ep: int = 1
+    """``expert_model_parallel_size``: ranks splitting the experts of each MoE layer (each holds
+    E / ep whole experts); carved out of the dp * tp ranks of a stage."""
+    etp: int | None = None
+    """``expert_tensor_parallel_size``: ranks splitting each expert's weights; None: equal to tp
+    (megatron-core's default). ``etp * ep`` must divide ``dp * tp``."""
 
     def __post_init__(self) -> None:
-        for axis in ("dp", "tp", "pp"):
+        for axis in ("dp", "tp", "pp", "ep"):
             _check_positive_int(getattr(self, axis), _SETTING[axis])
+        if self.etp is not None:
+            _check_positive_int(self.etp, _SETTING["etp"])
+        expert = self.expert_tp * self.ep
+        if (self.dp * self.tp) % expert:
+            fits = [e for e in _divisors(self.dp * self.tp) if e % self.expert_tp == 0]
+            raise ValueError(
+                f"expert_model_parallel_size={self.ep} with expert_tensor_parallel_size="
+                f"{self.expert_tp}: etp*ep = {expert} must divide the ranks of a pipeline stage, "
+                f"data_parallel_size*tensor_model_parallel_size = {self.dp}*{self.tp} = "
+                f"{self.dp * self.tp} (megatron-core: world size % (etp*ep*pp) == 0); use "
+                f"expert_model_parallel_size {_or_list([e // self.expert_tp for e in fits])}, or "
+                "raise data_parallel_size")
         if self.vpp is not None:
             _check_positive_int(self.vpp, _SETTING["vpp"])
             if self.vpp > 1 and self.pp == 1:
@@ -111,7 +146,8 @@ class ParallelDims:
 
     @classmethod
     def from_world_size(
-        cls, world_size: int, *, tp: int = 1, pp: int = 1, vpp: int | None = None
+        cls, world_size: int, *, tp: int = 1, pp: int = 1, vpp: int | None = None, ep: int = 1,
+        etp: int | None = None,
     ) -> ParallelDims:
         """Derive dp from the world size, as verl and Megatron do (dp = world / (tp * pp))."""
         _check_positive_int(world_size, "world_size")
@@ -123,12 +159,27 @@ class ParallelDims:
                 f"does not divide the world size {world_size}; valid layouts for {world_size}: "
                 f"{_layout_list(valid_layouts(world_size))}"
             )
-        return cls(dp=world_size // (tp * pp), tp=tp, pp=pp, vpp=vpp)
+        return cls(dp=world_size // (tp * pp), tp=tp, pp=pp, vpp=vpp, ep=ep, etp=etp)
 
     @property
     def world_size(self) -> int:
         """Number of ranks: dp * tp * pp."""
         return self.dp * self.tp * self.pp
+
+    @property
+    def expert_tp(self) -> int:
+        """The expert tensor-parallel size in effect: ``etp``, or tp when it is None."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def edp(self) -> int:
+        """Expert data-parallel size: world / (etp * ep * pp) (megatron-core's)."""
+        return self.world_size // (self.expert_tp * self.ep * self.pp)
+
+    @property
+    def expert_keys(self) -> bool:
+        """Whether shard keys carry expert coordinates: ep > 1 or etp != tp."""
+        return self.ep > 1 or self.expert_tp != self.tp
 
     @property
     def model_parallel_size(self) -> int:
@@ -176,20 +227,108 @@ class ParallelDims:
                 raise ValueError(f"{name}={value!r} must be an integer in [0, {size})")
         return tp_rank + self.tp * (dp_rank + self.dp * pp_rank)
 
+    def expert_coords(self, rank: int) -> tuple[int, int, int, int]:
+        """``(edp_rank, etp_rank, ep_rank, pp_rank)`` of a global rank, as megatron-core's expert
+        ``RankGenerator`` assigns them (etp fastest, then ep, then edp, then pp)."""
+        if not _is_int(rank) or not 0 <= rank < self.world_size:
+            raise ValueError(f"rank={rank!r} must be an integer in [0, {self.world_size})")
+        etp = self.expert_tp
+        return ((rank // (etp * self.ep)) % self.edp, rank % etp, (rank // etp) % self.ep,
+                rank // (etp * self.ep * self.edp))
+
     def axis_groups(self, axis: Axis) -> list[list[int]]:
-        """Every group of ranks along ``axis``, as megatron-core's ``RankGenerator.get_ranks``."""
-        if axis not in ("dp", "tp", "pp"):
-            raise ValueError(f"axis={axis!r} is not a mesh axis; use 'dp', 'tp' or 'pp'")
-        groups: dict[tuple[int, int], list[int]] = {}
+        """Every group of ranks along ``axis``, as megatron-core's ``RankGenerator.get_ranks``:
+        ``dp``, ``tp``, ``pp`` of the dense generator, ``ep``, ``etp``, ``edp`` of the expert one."""
+        if axis in ("ep", "etp", "edp"):
+            names, coords_of = ("edp", "etp", "ep", "pp"), self.expert_coords
+        elif axis in ("dp", "tp", "pp"):
+            names, coords_of = ("dp", "tp", "pp"), self.rank_coords
+        else:
+            raise ValueError(f"axis={axis!r} is not a mesh axis; use 'dp', 'tp', 'pp', 'ep', 'etp' "
+                             "or 'edp'")
+        groups: dict[tuple[int, ...], list[int]] = {}
         for rank in range(self.world_size):
-            coords = dict(zip(("dp", "tp", "pp"), self.rank_coords(rank)))
-            key = tuple(coords[a] for a in ("dp", "tp", "pp") if a != axis)
+            coords = dict(zip(names, coords_of(rank)))
+            key = tuple(coords[a] for a in names if a != axis)
             groups.setdefault(key, []).append(rank)  # ranks arrive in increasing order
         return sorted(groups.values())
 
+    # -- shard keys: which ranks hold the same parameters ----------------------------------------
+
+    @property
+    def key_period(self) -> int:
+        """``L``: within a stage, a rank's shard key is a function of ``rank mod L`` (module doc)."""
+        period = self.__dict__.get("_period")
+        if period is None:
+            period = math.lcm(self.tp, self.expert_tp * self.ep) if self.expert_keys else self.tp
+            object.__setattr__(self, "_period", period)
+        return period
+
+    @property
+    def num_replicas(self) -> int:
+        """Ranks holding each shard key: world / (pp * L) (dp when ep = 1 and etp = tp)."""
+        return self.world_size // (self.pp * self.key_period)
+
+    def _key_at(self, r: int, pp_rank: int) -> tuple[int, ...]:
+        if not self.expert_keys:
+            return (r % self.tp, pp_rank)
+        etp = self.expert_tp
+        return (r % self.tp, pp_rank, (r // etp) % self.ep, r % etp)
+
+    def shard_key(self, rank: int) -> tuple[int, ...]:
+        """The shard key of a global rank (module doc): ranks with one key hold the same tensors."""
+        if not _is_int(rank) or not 0 <= rank < self.world_size:
+            raise ValueError(f"rank={rank!r} must be an integer in [0, {self.world_size})")
+        stage = self.world_size // self.pp
+        return self._key_at(rank % stage, rank // stage)
+
+    def shard_replica(self, rank: int) -> int:
+        """Which replica of its shard key ``rank`` is (0 .. num_replicas - 1, in rank order)."""
+        return (rank % (self.world_size // self.pp)) // self.key_period
+
+    @property
+    def _key_residues(self) -> dict[tuple[int, ...], int]:
+        """Shard key without its pp_rank -> its first rank within a stage (cached)."""
+        cache = self.__dict__.get("_residues")
+        if cache is None:
+            cache = {}
+            for r in range(self.key_period):
+                key = self._key_at(r, 0)
+                cache[key[:1] + key[2:]] = r
+            object.__setattr__(self, "_residues", cache)
+        return cache
+
+    @property
+    def _key_first(self) -> dict[tuple[int, ...], int]:
+        """Shard key -> its first (replica 0) global rank (cached)."""
+        cache = self.__dict__.get("_first")
+        if cache is None:
+            stage = self.world_size // self.pp
+            cache = {self._key_at(r, p): p * stage + r
+                     for p in range(self.pp) for r in range(self.key_period)}
+            object.__setattr__(self, "_first", cache)
+        return cache
+
+    def shard_rank(self, key: tuple[int, ...], replica: int) -> int:
+        """The global rank of replica ``replica`` of shard key ``key`` (inverse of ``shard_key``
+        and ``shard_replica``)."""
+        return self._key_first[key] + replica * self.key_period
+
+    def shard_key_index(self, key: tuple[int, ...]) -> int:
+        """A number per shard key, ``r0 + L * pp_rank`` (``tp_rank + tp * pp_rank`` when the keys
+        carry no expert coordinates), ``r0`` the key's first rank within its stage."""
+        return self._key_first[key] % (self.world_size // self.pp) + self.key_period * key[1]
+
+    def shard_keys(self) -> list[tuple[int, ...]]:
+        """Every shard key, in the order of their first ranks."""
+        stage = self.world_size // self.pp
+        return [self.shard_key(p * stage + r) for p in range(self.pp) for r in range(self.key_period)]
+
     def __str__(self) -> str:
         vpp = f",vpp={self.vpp}" if self.vpp is not None else ""
-        return f"dp={self.dp},tp={self.tp},pp={self.pp}{vpp}"
+        ep = f",ep={self.ep}" if self.ep != 1 else ""
+        etp = f",etp={self.etp}" if self.etp is not None and self.etp != self.tp else ""
+        return f"dp={self.dp},tp={self.tp},pp={self.pp}{vpp}{ep}{etp}"
 
 
 def valid_layouts(
@@ -282,6 +421,24 @@ def _check_tp(tp: int, num_attention_heads: int, num_key_value_heads: int) -> No
         )
 
 
+def _check_experts(dims: ParallelDims, num_experts: int) -> None:
+    """megatron-core: ep needs experts (``TransformerConfig``) and divides them (``BaseMoELayer``)."""
+    if not _is_int(num_experts) or num_experts < 0:
+        raise ValueError(f"num_experts={num_experts!r} must be a whole number >= 0")
+    if num_experts == 0:
+        if dims.ep > 1 or dims.expert_tp != dims.tp:
+            raise ValueError(
+                f"expert_model_parallel_size={dims.ep}, expert_tensor_parallel_size={dims.etp}: the "
+                "model has no experts (a dense model); set expert_model_parallel_size=1 and "
+                "expert_tensor_parallel_size=None")
+        return
+    if num_experts % dims.ep:
+        raise ValueError(
+            f"expert_model_parallel_size={dims.ep} does not divide the model's num_experts="
+            f"{num_experts} (each expert-parallel rank holds num_experts / ep whole experts); use "
+            f"{_or_list(_divisors(num_experts))}")
+
+
 def _check_stages(
     dims: ParallelDims, num_layers: int, layers_per_stage: list[int] | None
 ) -> tuple[int, ...]:
@@ -360,10 +517,13 @@ def validate_model_layout(
     vocab_size: int,
     layers_per_stage: list[int] | None = None,
     make_vocab_size_divisible_by: int = 128,
+    num_experts: int | None = None,
 ) -> ModelLayout:
     """Check that a model splits over ``dims`` as megatron-core requires; return what each rank holds.
 
-    Raises ValueError naming the setting, its value and values that work.
+    ``num_experts``: the routed experts of each MoE layer (0: a dense model, which takes no expert
+    parallelism; None: not checked). Raises ValueError naming the setting, its value and values
+    that work.
     """
     if not isinstance(dims, ParallelDims):
         raise TypeError(f"dims must be a ParallelDims, got {type(dims).__name__}")
@@ -380,6 +540,8 @@ def validate_model_layout(
             f"{num_attention_heads} (each kv head serves a whole group of query heads)"
         )
     _check_tp(dims.tp, num_attention_heads, num_key_value_heads)
+    if num_experts is not None:
+        _check_experts(dims, num_experts)
     stages = _check_stages(dims, num_layers, layers_per_stage)
     tp, kv = dims.tp, num_key_value_heads
     return ModelLayout(

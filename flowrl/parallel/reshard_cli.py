@@ -4,6 +4,11 @@ generation layout (reshard_plan.py), and how that compares with the naive gather
     flowrl reshard-plan --train tp=4,pp=2,dp=1 --gen tp=2,dp=4
     flowrl reshard-plan --train tp=8,pp=16,dp=4 --gen tp=4          # 512 ranks: a summary
     flowrl reshard-plan --train tp=2,pp=2 --gen tp=1 --model /ckpt/Qwen2.5-7B --split --json
+    flowrl reshard-plan --train tp=2,ep=4,pp=2 --gen tp=4,ep=2 --model qwen3-30b-a3b --gen-style hf
+
+Mixture-of-experts models (a Qwen3-MoE / Mixtral config.json, or the presets qwen3-30b-a3b and
+qwen3-235b-a22b) take expert parallelism in either layout: ``ep=N`` (expert_model_parallel_size)
+and ``etp=N`` (expert_tensor_parallel_size, default tp), ranks assigned as megatron-core does.
 
 The summary (totals, per-rank min / median / max, the HybridFlow bound, the schedule of the least,
 median and most loaded processes) is computed without listing any transfer (``plan_summary``), so
@@ -43,25 +48,33 @@ TABLE_UP_TO = 16
 
 
 def parse_layout(text: str, *, world_size: int | None = None, flag: str = "--train") -> ParallelDims:
-    """``"tp=4,pp=2,dp=1"`` -> ParallelDims; a missing dp is world_size / (tp*pp), else 1."""
+    """``"tp=4,pp=2,dp=1"`` (``ep=N``, ``etp=N``, ``vpp=N`` optional) -> ParallelDims; a missing
+    dp is world_size / (tp*pp), else the least that holds the experts (etp*ep / tp, at least 1)."""
     if isinstance(text, ParallelDims):
         return text
-    sizes: dict[str, int | None] = {"tp": 1, "pp": 1, "dp": None, "vpp": None}
+    sizes: dict[str, int | None] = {"tp": 1, "pp": 1, "dp": None, "vpp": None, "ep": 1,
+                                    "etp": None}
     for item in filter(None, (s.strip() for s in str(text).split(","))):
         key, sep, value = item.partition("=")
         key = key.strip().lower()
         if not sep or key not in sizes:
-            raise ValueError(f"{flag} {text!r}: write comma-separated tp=N,pp=N,dp=N (vpp=N optional)")
+            raise ValueError(f"{flag} {text!r}: write comma-separated tp=N,pp=N,dp=N (vpp=N, ep=N, "
+                             "etp=N optional)")
         try:
             sizes[key] = int(value)
         except ValueError:
             raise ValueError(f"{flag} {text!r}: {key}={value!r} is not an integer") from None
-    tp, pp, vpp = sizes["tp"], sizes["pp"], sizes["vpp"]
-    if sizes["dp"] is None:
-        if world_size is None:
-            return ParallelDims(dp=1, tp=tp, pp=pp, vpp=vpp)
-        return ParallelDims.from_world_size(world_size, tp=tp, pp=pp, vpp=vpp)
-    return ParallelDims(dp=sizes["dp"], tp=tp, pp=pp, vpp=vpp)
+    tp, pp, vpp, ep, etp = sizes["tp"], sizes["pp"], sizes["vpp"], sizes["ep"], sizes["etp"]
+    try:
+        if sizes["dp"] is None:
+            if world_size is None:
+                expert = (tp if etp is None else etp) * ep
+                dp = max(1, expert // tp) if expert % tp == 0 else expert
+                return ParallelDims(dp=dp, tp=tp, pp=pp, vpp=vpp, ep=ep, etp=etp)
+            return ParallelDims.from_world_size(world_size, tp=tp, pp=pp, vpp=vpp, ep=ep, etp=etp)
+        return ParallelDims(dp=sizes["dp"], tp=tp, pp=pp, vpp=vpp, ep=ep, etp=etp)
+    except ValueError as exc:
+        raise ValueError(f"{flag} {text!r}: {exc}") from None
 
 
 def _setup(model: Any, train: str | ParallelDims, gen: str | ParallelDims, colocated: bool,
@@ -107,13 +120,15 @@ def reshard_summary_for(model: Any = "7B", *, train: str | ParallelDims = "tp=1,
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``reshard-plan`` options to ``parser``."""
     parser.add_argument("--train", required=True,
-                        help="training (megatron) layout, e.g. tp=4,pp=2,dp=1 (dp defaults to 1)")
+                        help="training (megatron) layout, e.g. tp=4,pp=2,dp=1 or tp=2,ep=4,pp=2 "
+                             "(ep/etp: expert parallel sizes; dp defaults to the least that fits)")
     parser.add_argument("--gen", required=True,
-                        help="generation layout, e.g. tp=2,dp=4 (colocated: dp defaults to fill "
-                             "the training world)")
+                        help="generation layout, e.g. tp=2,dp=4 or tp=4,ep=2 (colocated: dp "
+                             "defaults to fill the training world)")
     parser.add_argument("--model", default="7B",
-                        help="a config.json, its checkpoint directory, or a preset size such as "
-                             "7B or 0.5B (default 7B)")
+                        help="a config.json, its checkpoint directory, a preset size such as "
+                             "7B or 0.5B, or a MoE preset (qwen3-30b-a3b, qwen3-235b-a22b) "
+                             "(default 7B)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--colocated", dest="colocated", action="store_true", default=True,
                        help="generation ranks share the training workers (micro-DP grouping; default)")

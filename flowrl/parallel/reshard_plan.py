@@ -204,8 +204,9 @@ def micro_dp_placement(src: ParallelDims | ShardSpec, dst: ParallelDims | ShardS
     j`` sits on training rank (d, tg*(t/t_g) + j % (t/t_g), pg*(p/p_g) + j // (t/t_g)). Its
     training shard is then a sub-slice of its generation shard, so each rank receives exactly
     ``M/(t_g*p_g) - M/(t*p)``; generation tp groups stride across training ranks (tp=4 -> tp_g=2:
-    groups {0, 2} and {1, 3}). Other layout pairs (given as ShardSpecs) take a greedy assignment:
-    destination ranks in order, each on the free process whose source shard overlaps its own most.
+    groups {0, 2} and {1, 3}). Other layout pairs, and layouts with expert parallelism (given as
+    ShardSpecs), take a greedy assignment: destination ranks in order, each on the lowest free
+    process whose source shard overlaps its own most.
     Raises ValueError unless both layouts have the same world size.
     """
     sd, dd = _as_dims(src), _as_dims(dst)
@@ -215,7 +216,7 @@ def micro_dp_placement(src: ParallelDims | ShardSpec, dst: ParallelDims | ShardS
             f"({sd}) has {sd.world_size} ranks and the generation layout ({dd}) {dd.world_size}; set "
             "the generation data_parallel_size to world / (tp*pp), or use a split placement")
     world = sd.world_size
-    if sd.tp % dd.tp == 0 and sd.pp % dd.pp == 0:
+    if sd.tp % dd.tp == 0 and sd.pp % dd.pp == 0 and not (sd.expert_keys or dd.expert_keys):
         kt, kp = sd.tp // dd.tp, sd.pp // dd.pp
         procs = []
         for rank in range(world):
@@ -225,16 +226,26 @@ def micro_dp_placement(src: ParallelDims | ShardSpec, dst: ParallelDims | ShardS
         return Placement(tuple(range(world)), tuple(procs))
     if not (isinstance(src, ShardSpec) and isinstance(dst, ShardSpec)):
         raise ValueError(
-            f"generation tp={dd.tp}, pp={dd.pp} do not divide training tp={sd.tp}, pp={sd.pp}: pass "
-            "ShardSpecs (not ParallelDims) so the placement can be chosen by overlap")
-    free = set(range(world))
+            f"generation tp={dd.tp}, pp={dd.pp} do not divide training tp={sd.tp}, pp={sd.pp}, or "
+            "a layout has expert parallelism: pass ShardSpecs (not ParallelDims) so the placement "
+            "can be chosen by overlap")
+    # Greedy by overlap, computed per pair of shard keys (overlap depends on nothing else): each
+    # destination rank in order takes the lowest free source rank among the keys overlapping it
+    # most. O(world * source keys) after O(keys^2) overlaps.
+    free: dict[tuple, list[int]] = {}
+    for rank in reversed(range(world)):
+        free.setdefault(sd.shard_key(rank), []).append(rank)  # lowest rank last: pop() takes it
+    overlap: dict[tuple, dict[tuple, int]] = {}
+    cache: dict = {}
     procs = []
     for rank in range(world):
-        dst_key = dd.rank_coords(rank)[1:]
-        best = max(sorted(free), key=lambda s: overlap_numel(src, sd.rank_coords(s)[1:], dst,
-                                                              dst_key))
-        free.remove(best)
-        procs.append(best)
+        dst_key = dd.shard_key(rank)
+        if dst_key not in overlap:
+            overlap[dst_key] = {k: overlap_numel(src, k, dst, dst_key, cache=cache) for k in free}
+        row = overlap[dst_key]
+        best = max((k for k, ranks in free.items() if ranks),
+                   key=lambda k: (row[k], -free[k][-1]))
+        procs.append(free[best].pop())
     return Placement(tuple(range(world)), tuple(procs))
 
 

@@ -5,18 +5,20 @@
 to the whole plan's (``reshard_plan.plan_reshard``) restriction to ``p``, in the same order. Its
 work and memory are O(p's transfers) plus the ``ReshardIndex`` of the two specs, which depends on
 tp and pp (the model's pieces), never on dp: dp replicas hold identical shards (``ShardSpec`` keys
-its shards by ``(tp_rank, pp_rank)``), so which replica sends is arithmetic.
+its shards by ``(tp_rank, pp_rank)``, plus ``(ep_rank, etp_rank)`` under expert parallelism; each
+key has ``num_replicas`` ranks, ``ParallelDims.shard_rank``), so which replica sends is arithmetic.
 
 The rule (the whole plan is this rule applied to every destination rank):
 
 - *Segments*: per parameter, the HF range is cut at every source piece boundary; a segment's
-  holders are the source keys ``K`` (sorted) with a piece covering it, times the ``dp`` source
-  replicas: ``h = dp * |K|`` holder ranks, holder ``j`` is replica ``j // |K|`` of key
-  ``K[j % |K|]``. In every shard style a parameter's source pieces are identical or disjoint, so a
+  holders are the source keys ``K`` (sorted) with a piece covering it, times the ``n`` source
+  replicas of a key (``n = dp`` without expert parallelism): ``h = n * |K|`` holder ranks, holder
+  ``j`` is replica ``j // |K|`` of key ``K[j % |K|]``. In every shard style a parameter's source pieces are identical or disjoint, so a
   segment is one source piece (and its replicas).
-- A destination rank ``R = (d_g, tg, pg)`` cuts each of its pieces at the segments; each cut is
-  a *local copy* when the source rank on R's own process holds the segment, else a *send* from
-  holder ``j = (d_g * h // dp_g + param_index + tg + tp_g * pg) mod h``: the ``dp_g`` destination
+- A destination rank ``R``, replica ``d_g`` of key ``k``, cuts each of its pieces at the segments;
+  each cut is a *local copy* when the source rank on R's own process holds the segment, else a
+  *send* from holder ``j = (d_g * h // dp_g + param_index + index(k)) mod h`` (``index(k) = tg +
+  tp_g * pg`` without expert parallelism, ``ParallelDims.shard_key_index``): the ``dp_g`` destination
   replicas of a cut are dealt to the ``h`` holders in equal blocks (block sizes differ by one at
   most), the block of ``d_g`` shifted by the parameter's place in the model and the destination
   key, so that fewer receivers than holders still spread over the replicas across parameters.
@@ -43,7 +45,7 @@ from flowrl.parallel.shard_spec import Piece, ShardSpec
 __all__ = ["Placement", "RankPlan", "ReshardIndex", "Transfer", "check_plan_args", "local_key",
            "plan_for_rank", "receives_of", "sends_of"]
 
-Key = tuple[int, int]
+Key = tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,9 @@ class Transfer:
     dst_local: str
     dst_offset: int
     nbytes: int
+    src_index: int | None = None
+    """``src_local[src_index]`` is the tensor addressed (one expert of a fused tensor); None: all."""
+    dst_index: int | None = None
 
     @property
     def local(self) -> bool:
@@ -173,6 +178,12 @@ class ReshardIndex:
 
     def __init__(self, src: ShardSpec, dst: ShardSpec) -> None:
         self.src, self.dst = src, dst
+        self.src_replicas, self.dst_replicas = src.dims.num_replicas, dst.dims.num_replicas
+        sd, dd = src.dims, dst.dims
+        self._src_first = {k: sd.shard_rank(k, 0) for k in src.shards}
+        self._dst_first = {k: dd.shard_rank(k, 0) for k in dst.shards}
+        self._src_period, self._dst_period = sd.key_period, dd.key_period
+        self._dst_key_index = {k: dd.shard_key_index(k) for k in dst.shards}
         self.param_index = {name: i for i, name in enumerate(dst.params)}
         self.row_numel = {name: dst.slice_numel(name) for name in dst.params}
         held: dict[str, list[tuple[Key, Piece]]] = {}
@@ -193,29 +204,27 @@ class ReshardIndex:
         self.stops_sorted = {p: all(a <= b for a, b in zip(s, s[1:]))
                              for p, s in self.need_stops.items()}
         self._key_cuts: dict[Key, list[tuple[int, Piece, Segment, int, int]]] = {}
-        for key in dst.shards:  # every process refuses an uncovered model alike, up front
-            self.key_cuts(key)
+        for param, lst in needs.items():  # every process refuses an uncovered model alike, up front
+            _check_covered(param, lst, self.segments.get(param, []), src)
 
     def src_rank(self, replica: int, key: Key) -> int:
-        d = self.src.dims
-        return key[0] + d.tp * (replica + d.dp * key[1])
+        return self._src_first[key] + replica * self._src_period
 
     def dst_rank(self, replica: int, key: Key) -> int:
-        d = self.dst.dims
-        return key[0] + d.tp * (replica + d.dp * key[1])
+        return self._dst_first[key] + replica * self._dst_period
 
     def shift(self, seg: Segment, key: Key) -> int:
         """How far the holders' blocks of ``seg`` turn for destination shard ``key``."""
-        return seg.param_index + key[0] + self.dst.dims.tp * key[1]
+        return seg.param_index + self._dst_key_index[key]
 
     def holder(self, seg: Segment, key: Key, replica: int) -> int:
         """Index ``j`` of the holder that sends ``seg`` to replica ``replica`` of shard ``key``."""
-        h = self.src.dims.dp * len(seg.keys)
-        return (replica * h // self.dst.dims.dp + self.shift(seg, key)) % h
+        h = self.src_replicas * len(seg.keys)
+        return (replica * h // self.dst_replicas + self.shift(seg, key)) % h
 
     def block(self, seg: Segment, key: Key, j: int) -> range:
         """The replicas of destination shard ``key`` that holder ``j`` of ``seg`` serves."""
-        h, dp_g = self.src.dims.dp * len(seg.keys), self.dst.dims.dp
+        h, dp_g = self.src_replicas * len(seg.keys), self.dst_replicas
         q = (j - self.shift(seg, key)) % h
         return range(-(-q * dp_g // h), -(-(q + 1) * dp_g // h))
 
@@ -289,15 +298,36 @@ def check_plan_args(src: ShardSpec, dst: ShardSpec, placement: Placement, bpe: i
     placement.check(src.dims.world_size, dst.dims.world_size)
 
 
+def _check_covered(param: str, needs: list[_Need], segs: list[Segment], src: ShardSpec) -> None:
+    """Raise ValueError where a destination piece of ``param`` has a range no source segment
+    covers (segments are sorted and disjoint)."""
+    starts = [seg.start for seg in segs]
+    for need in needs:
+        at = need.start
+        i = max(0, bisect_right(starts, at) - 1)
+        while at < need.stop:
+            while i < len(segs) and segs[i].stop <= at:
+                i += 1
+            if i == len(segs) or segs[i].start > at:
+                stop = need.stop if i == len(segs) else min(need.stop, segs[i].start)
+                raise ValueError(
+                    f"no source rank holds {param}[{at}:{stop}] (dim {need.piece.dim});"
+                    f" the source layout {src.dims} does not cover the model")
+            at = segs[i].stop
+
+
 def _segments(param_index: int, held: list[tuple[Key, Piece]]) -> list[Segment]:
     """Cut ``param`` at every source piece boundary; each segment lists the keys covering it."""
     classes: dict[tuple[int, int], list[tuple[Key, Piece]]] = {}
-    for key, piece in held:
+    for key, piece in held:  # in key order (held lists the source shards sorted)
         classes.setdefault((piece.start, piece.stop), []).append((key, piece))
+    if len(classes) == 1:
+        ((a, b), cls), = classes.items()
+        return [Segment(param_index, a, b, tuple(k for k, _ in cls), tuple(p for _, p in cls))]
     spans = sorted(classes)
     if all(a[1] <= b[0] for a, b in zip(spans, spans[1:])):  # identical or disjoint: every style
-        return [Segment(param_index, a, b, tuple(k for k, _ in sorted(classes[(a, b)])),
-                        tuple(p for _, p in sorted(classes[(a, b)]))) for a, b in spans]
+        return [Segment(param_index, a, b, tuple(k for k, _ in classes[(a, b)]),
+                        tuple(p for _, p in classes[(a, b)])) for a, b in spans]
     cuts = sorted({x for _, p in held for x in (p.start, p.stop)})
     out = []
     for a, b in zip(cuts, cuts[1:]):
@@ -344,7 +374,8 @@ def _transfer(ix: ReshardIndex, placement: Placement, src_rank: int, dst_rank: i
         src_rank=src_rank, dst_rank=dst_rank, src_process=placement.src[src_rank],
         dst_process=placement.dst[dst_rank], param=piece.param, dim=piece.dim, start=a, stop=b,
         src_local=sp.local, src_offset=sp.offset + a - sp.start, dst_local=piece.local,
-        dst_offset=piece.offset + a - piece.start, nbytes=(b - a) * ix.row_numel[piece.param] * bpe)
+        dst_offset=piece.offset + a - piece.start, nbytes=(b - a) * ix.row_numel[piece.param] * bpe,
+        src_index=sp.index, dst_index=piece.index)
 
 
 def local_key(ix: ReshardIndex, placement: Placement,
@@ -353,15 +384,13 @@ def local_key(ix: ReshardIndex, placement: Placement,
     rank = placement.src_rank_at(placement.dst[dst_rank])
     if rank is None:
         return None, None
-    _, tp_rank, pp_rank = ix.src.dims.rank_coords(rank)
-    return rank, (tp_rank, pp_rank)
+    return rank, ix.src.dims.shard_key(rank)
 
 
 def receives_of(ix: ReshardIndex, placement: Placement, dst_rank: int,
                 bpe: int) -> list[Transfer]:
     """What destination rank ``dst_rank`` receives or copies locally, in piece order."""
-    d_g, tg, pg = ix.dst.dims.rank_coords(dst_rank)
-    key = (tg, pg)
+    key, d_g = ix.dst.dims.shard_key(dst_rank), ix.dst.dims.shard_replica(dst_rank)
     mine, mkey = local_key(ix, placement, dst_rank)
     out = []
     for _, piece, seg, a, b in ix.key_cuts(key):
@@ -378,8 +407,7 @@ def receives_of(ix: ReshardIndex, placement: Placement, dst_rank: int,
 def sends_of(ix: ReshardIndex, placement: Placement, src_rank: int,
              bpe: int) -> list[tuple[tuple[int, int, int], Transfer]]:
     """What source rank ``src_rank`` sends, each with its order key (dst rank, piece, start)."""
-    replica, tp_rank, pp_rank = ix.src.dims.rank_coords(src_rank)
-    key = (tp_rank, pp_rank)
+    key, replica = ix.src.dims.shard_key(src_rank), ix.src.dims.shard_replica(src_rank)
     out = []
     for sp in ix.src.shards[key].pieces:
         for seg in ix.segments_in(sp.param, sp.start, sp.stop):
@@ -406,7 +434,7 @@ def plan_for_rank(src: ShardSpec, dst: ShardSpec, *, placement: Placement, proce
     keyed = sends_of(ix, placement, src_rank, bytes_per_element) if src_rank is not None else []
     if dst_rank is not None:
         mine = receives_of(ix, placement, dst_rank, bytes_per_element)
-        pieces = [i for i, *_ in ix.key_cuts(ix.dst.dims.rank_coords(dst_rank)[1:])]
+        pieces = [i for i, *_ in ix.key_cuts(ix.dst.dims.shard_key(dst_rank))]
         keyed += [((dst_rank, i, t.start), t) for i, t in zip(pieces, mine)]
     keyed.sort(key=lambda kt: kt[0])
     return RankPlan(process=process, src_rank=src_rank, dst_rank=dst_rank,

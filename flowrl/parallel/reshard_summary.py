@@ -129,7 +129,7 @@ def _intersect(xs: list[Interval], ys: list[Interval]) -> int:
     return total
 
 
-def holdings(spec: ShardSpec, key: tuple[int, int]) -> dict[str, list[Interval]]:
+def holdings(spec: ShardSpec, key: tuple[int, ...]) -> dict[str, list[Interval]]:
     """Merged HF intervals of each parameter that shard ``key`` holds."""
     out: dict[str, list[Interval]] = {}
     for param, pieces in spec.shards[key].by_param().items():
@@ -137,15 +137,21 @@ def holdings(spec: ShardSpec, key: tuple[int, int]) -> dict[str, list[Interval]]
     return out
 
 
-def overlap_numel(src: ShardSpec, src_key: tuple[int, int], dst: ShardSpec,
-                   dst_key: tuple[int, int]) -> int:
-    """Elements the destination shard needs that the source shard holds."""
-    held = holdings(src, src_key)
+def overlap_numel(src: ShardSpec, src_key: tuple[int, ...], dst: ShardSpec,
+                  dst_key: tuple[int, ...], *, cache: dict | None = None) -> int:
+    """Elements the destination shard needs that the source shard holds (``cache``: a dict
+    reused across calls keeps each shard's holdings)."""
+    cache = {} if cache is None else cache
+    if ("src", src_key) not in cache:
+        cache[("src", src_key)] = holdings(src, src_key)
+    if ("dst", dst_key) not in cache:
+        cache[("dst", dst_key)] = holdings(dst, dst_key)
+    held = cache[("src", src_key)]
     return sum(_intersect(held.get(param, []), need) * dst.slice_numel(param)
-               for param, need in holdings(dst, dst_key).items())
+               for param, need in cache[("dst", dst_key)].items())
 
 
-Group = tuple[tuple[int, int], "tuple[int, int] | None"]
+Group = tuple[tuple[int, ...], "tuple[int, ...] | None"]
 
 
 def _groups(ix: ReshardIndex, placement: Placement) -> dict[Group, list[int]]:
@@ -155,12 +161,12 @@ def _groups(ix: ReshardIndex, placement: Placement) -> dict[Group, list[int]]:
     out: dict[Group, list[int]] = {}
     for rank, proc in enumerate(placement.dst):
         mine = placement.src_rank_at(proc)
-        mkey = None if mine is None else (mine % sd.tp, mine // (sd.tp * sd.dp))
-        out.setdefault(((rank % dd.tp, rank // (dd.tp * dd.dp)), mkey), []).append(rank)
+        mkey = None if mine is None else sd.shard_key(mine)
+        out.setdefault((dd.shard_key(rank), mkey), []).append(rank)
     return out
 
 
-def _key_costs(ix: ReshardIndex, key: tuple[int, int], bpe: int) -> dict[str, Any]:
+def _key_costs(ix: ReshardIndex, key: tuple[int, ...], bpe: int) -> dict[str, Any]:
     """Destination shard ``key``: what it needs (merged intervals, elements), the bytes and count
     of its cuts, and of those each source key holds (its local copies when colocated with it)."""
     dst = ix.dst
@@ -212,16 +218,16 @@ def _colocated_dst(ix: ReshardIndex, placement: Placement) -> dict[int, tuple[in
     for rank, proc in enumerate(placement.src):
         there = placement.dst_rank_at(proc)
         if there is not None:
-            out[rank] = (there // dd.tp % dd.dp, (there % dd.tp, there // (dd.tp * dd.dp)))
+            out[rank] = (dd.shard_replica(there), dd.shard_key(there))
     return out
 
 
 def _send_counts(ix: ReshardIndex, colocated: dict[int, tuple[int, tuple]],
-                 key: tuple[int, int], seg: Any) -> list[int]:
+                 key: tuple[int, ...], seg: Any) -> list[int]:
     """How many destination ranks of shard ``key`` each holder ``j`` of ``seg`` sends a cut to:
     the blocks of reshard_rank.py, less the receivers that copy it locally."""
     nk = len(seg.keys)
-    h = ix.src.dims.dp * nk
+    h = ix.src_replicas * nk
     counts = [len(ix.block(seg, key, j)) for j in range(h)]
     for j in range(h):  # each holder's process hosts at most one destination rank
         there = colocated.get(ix.src_rank(j // nk, seg.keys[j % nk]))
@@ -236,7 +242,7 @@ def process_min_bytes(ix: ReshardIndex, placement: Placement, process: int, bpe:
     rank = placement.dst_rank_at(process)
     if rank is None:
         return 0
-    key = ix.dst.dims.rank_coords(rank)[1:]
+    key = ix.dst.dims.shard_key(rank)
     return _group_costs(ix, (key, local_key(ix, placement, rank)[1]), bpe, {})["min"]
 
 
@@ -262,14 +268,20 @@ def plan_summary(src: ShardSpec, dst: ShardSpec, *, placement: Placement,
         hybridflow += cost["hybridflow"] * len(ranks)
     colocated = _colocated_dst(ix, placement)
     for key in dst.shards:
+        # cuts whose holders and shift agree are dealt alike: add them up, deal each class once
+        classes: dict[tuple, list[int]] = {}
         for _, piece, seg, a, b in ix.key_cuts(key):
-            nbytes = (b - a) * ix.row_numel[piece.param] * bpe
-            nk = len(seg.keys)
+            h = ix.src_replicas * len(seg.keys)
+            cls = classes.setdefault((seg.keys, ix.shift(seg, key) % h), [0, 0, seg])
+            cls[0] += (b - a) * ix.row_numel[piece.param] * bpe
+            cls[1] += 1
+        for (keys, _), (nbytes, count, seg) in classes.items():
+            nk = len(keys)
             for j, n in enumerate(_send_counts(ix, colocated, key, seg)):
                 if n:
-                    row = rows[placement.src[ix.src_rank(j // nk, seg.keys[j % nk])]]
+                    row = rows[placement.src[ix.src_rank(j // nk, keys[j % nk])]]
                     row["send_bytes"] += n * nbytes
-                    row["num_sends"] += n
+                    row["num_sends"] += n * count
     stats = PlanStats(src=src, dst=dst, placement=placement, bytes_per_element=bpe,
                       model_bytes=dst.num_params * bpe, rows=rows,
                       bytes_min=sum(min_per_proc.values()), bytes_naive=naive,

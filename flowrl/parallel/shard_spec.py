@@ -18,12 +18,33 @@ A ``ShardSpec`` describes one model (``ModelShape``) split over one layout (``Pa
   tensor is the HF parameter itself (no vocabulary padding). tp > 1 splits each tensor as vLLM
   does (kv heads replicated when tp > kv heads), vocabulary padded to a multiple of tp.
 
+Mixture-of-experts models (``ModelShape.num_experts`` > 0; Qwen3-MoE, Mixtral: every layer
+sparse, no shared expert) have per-expert logical parameters, the names ``save_pretrained``
+writes: ``model.layers.{i}.mlp.experts.{e}.{gate,up,down}_proj.weight`` (F_e, h) / (h, F_e), the
+router ``model.layers.{i}.mlp.gate.weight`` (E, h) and Qwen3's ``self_attn.{q,k}_norm.weight``
+(d,). Expert-parallel rank ``ep_rank`` holds experts ``[ep_rank * E / ep, (ep_rank + 1) * E / ep)``
+(local ``k = e - ep_rank * E / ep``), each expert's weights split over the expert tensor-parallel
+ranks (``etp``, default tp) as a dense MLP's over tp; router and q/k norms are replicated:
+
+- ``"megatron"`` (local spec, SequentialMLP): ``mlp.router.weight``,
+  ``mlp.experts.local_experts.{k}.linear_fc1.weight = [gate_r; up_r]`` (2 F_e / etp, h),
+  ``...linear_fc2.weight`` (h, F_e / etp), ``self_attention.{q,k}_layernorm.weight``.
+- ``"hf"``: transformers 5's fused in-memory tensors ``mlp.experts.gate_up_proj`` (E / ep,
+  2 F_e / etp, h), per expert ``[gate_r; up_r]``, and ``mlp.experts.down_proj`` (E / ep, h,
+  F_e / etp); a piece addresses one expert of them by its leading ``index``.
+- ``"vllm"``: FusedMoE's ``mlp.experts.w13_weight`` (E / ep, 2 F_e / etp, h) and ``w2_weight``
+  (E / ep, h, F_e / etp), likewise indexed. vLLM splits experts over tp without expert parallelism
+  (ep = 1, etp = tp), or holds whole ones with it (etp = 1; its EP group spans tp x its
+  data-parallel attention ranks, megatron's generator with etp = 1).
+
 Every parameter is split along at most one dimension (``split_dim``): dim 0 for column-parallel
 weights, biases, embeddings and replicated norms, dim 1 for row-parallel ``o_proj``/``down_proj``.
 So a rank's holding is a list of ``Piece``: HF rows/columns ``[start, stop)`` of ``param`` along
 ``dim`` sit at ``[offset, offset + stop - start)`` of local tensor ``local`` along the same dim, all
-other dims whole. Local elements that no piece covers are vocabulary padding (zero, no logical
-element). dp replicas hold identical shards, so shards are keyed ``(tp_rank, pp_rank)``.
+other dims whole (with ``index`` set: of ``local[index]``, one expert of a fused 3-D tensor).
+Local elements that no piece covers are vocabulary padding (zero, no logical element). dp
+replicas hold identical shards, so shards are keyed ``(tp_rank, pp_rank)``, or ``(tp_rank,
+pp_rank, ep_rank, etp_rank)`` when the layout has expert parallelism (``ParallelDims.shard_key``).
 
 Letters: V vocab, Vp padded vocab, h hidden, F ffn, L layers, nh / nkv heads, d head_dim.
 Pure code: no torch, no I/O (except ``ModelShape.from_hf_config`` reading a config.json path).
@@ -46,6 +67,7 @@ __all__ = [
     "Piece",
     "RankShard",
     "ShardSpec",
+    "local_view",
     "model_shape",
     "shard_arrays",
     "shard_spec",
@@ -72,6 +94,14 @@ class ModelShape:
     """q/k/v projections carry biases (Qwen2)."""
     tied_embeddings: bool = False
     """``lm_head`` shares ``model.embed_tokens.weight`` (no ``lm_head.weight`` parameter)."""
+    num_experts: int = 0
+    """Routed experts of every (sparse) layer; 0 for a dense model."""
+    experts_per_token: int = 0
+    """Experts each token is routed to (top-k)."""
+    moe_ffn_hidden_size: int = 0
+    """One expert's MLP width F_e (Qwen3-MoE ``moe_intermediate_size``, Mixtral ``intermediate_size``)."""
+    qk_norm: bool = False
+    """Per-head RMSNorm of queries and keys (Qwen3's ``q_norm`` / ``k_norm``, (head_dim,) each)."""
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "ffn_hidden_size", "num_layers", "num_heads",
@@ -79,9 +109,24 @@ class ModelShape:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"ModelShape.{name}={value!r} must be a positive integer")
+        for name in ("num_experts", "experts_per_token", "moe_ffn_hidden_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"ModelShape.{name}={value!r} must be a whole number >= 0")
+        if self.num_experts and not (1 <= self.experts_per_token <= self.num_experts
+                                     and self.moe_ffn_hidden_size):
+            raise ValueError(
+                f"ModelShape: a mixture-of-experts model needs 1 <= experts_per_token <= "
+                f"num_experts and moe_ffn_hidden_size > 0, got experts_per_token="
+                f"{self.experts_per_token}, num_experts={self.num_experts}, moe_ffn_hidden_size="
+                f"{self.moe_ffn_hidden_size}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"ModelShape: num_kv_heads={self.num_kv_heads} must divide "
                              f"num_heads={self.num_heads}")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     @classmethod
     def from_hf_config(cls, config: Any) -> ModelShape:
@@ -106,7 +151,15 @@ class ModelShape:
             head_dim=get("head_dim") or get("hidden_size") // heads,
             qkv_bias=get("model_type") == "qwen2" or bool(get("attention_bias", False)),
             tied_embeddings=bool(get("tie_word_embeddings", False)),
+            qk_norm=get("model_type") in ("qwen3", "qwen3_moe"),
+            **_moe_config(get),
         )
+
+    @property
+    def expert_names(self) -> tuple[str, str, str]:
+        """The HF names of one expert's three weights, ``{i}`` layer and ``{e}`` expert."""
+        x = "model.layers.{i}.mlp.experts.{e}."
+        return x + "gate_proj.weight", x + "up_proj.weight", x + "down_proj.weight"
 
     @property
     def q_per_group(self) -> int:
@@ -128,9 +181,21 @@ class ModelShape:
                 shapes[p + "self_attn.k_proj.bias"] = (kv,)
                 shapes[p + "self_attn.v_proj.bias"] = (kv,)
             shapes[p + "self_attn.o_proj.weight"] = (h, q)
-            shapes[p + "mlp.gate_proj.weight"] = (f, h)
-            shapes[p + "mlp.up_proj.weight"] = (f, h)
-            shapes[p + "mlp.down_proj.weight"] = (h, f)
+            if self.qk_norm:
+                shapes[p + "self_attn.q_norm.weight"] = (d,)
+                shapes[p + "self_attn.k_norm.weight"] = (d,)
+            if self.is_moe:
+                fe = self.moe_ffn_hidden_size
+                shapes[p + "mlp.gate.weight"] = (self.num_experts, h)
+                for e in range(self.num_experts):
+                    x = f"{p}mlp.experts.{e}."
+                    shapes[x + "gate_proj.weight"] = (fe, h)
+                    shapes[x + "up_proj.weight"] = (fe, h)
+                    shapes[x + "down_proj.weight"] = (h, fe)
+            else:
+                shapes[p + "mlp.gate_proj.weight"] = (f, h)
+                shapes[p + "mlp.up_proj.weight"] = (f, h)
+                shapes[p + "mlp.down_proj.weight"] = (h, f)
             shapes[p + "input_layernorm.weight"] = (h,)
             shapes[p + "post_attention_layernorm.weight"] = (h,)
         shapes["model.norm.weight"] = (h,)
@@ -139,35 +204,81 @@ class ModelShape:
         return shapes
 
 
+def _moe_config(get: Callable[..., Any]) -> dict[str, Any]:
+    """The MoE fields of a transformers config (Qwen3-MoE, Mixtral); {} for a dense model.
+    Refuses what the shard styles cannot describe, naming the key."""
+    experts = get("num_experts") or get("num_local_experts") or get("n_routed_experts") or 0
+    if not experts:
+        return {}
+    model_type = get("model_type")
+    for key, ok in (("kv_lora_rank", None), ("n_shared_experts", None),
+                    ("shared_expert_intermediate_size", None), ("first_k_dense_replace", None)):
+        if get(key):
+            raise ValueError(
+                f"model config {model_type}: {key}={get(key)!r} is not supported by the shard specs "
+                "(multi-head latent attention, shared experts and leading dense layers have no "
+                "megatron local-spec layout here); give a Qwen3-MoE or Mixtral-style config (every "
+                "layer sparse, no shared expert)")
+    if get("mlp_only_layers") or (get("decoder_sparse_step") or 1) != 1:
+        raise ValueError(
+            f"model config {model_type}: mlp_only_layers={get('mlp_only_layers')!r}, "
+            f"decoder_sparse_step={get('decoder_sparse_step')!r}: only models whose every layer is "
+            "sparse are supported; set mlp_only_layers=[] and decoder_sparse_step=1")
+    width = get("moe_intermediate_size") or get("intermediate_size")
+    return {"num_experts": int(experts), "experts_per_token": int(get("num_experts_per_tok") or 1),
+            "moe_ffn_hidden_size": int(width)}
+
+
 def model_shape(model: Any) -> ModelShape:
     """A ModelShape from a ModelShape, a transformers config / ``ArchSpec`` / dict, a config path,
-    or a parameter count preset (``"7B"``, ``7e9``: ``model_spec``'s standard shapes)."""
-    if isinstance(model, ModelShape):
+    a parameter count preset (``"7B"``, ``7e9``: ``model_spec``'s standard shapes) or a MoE
+    preset name (``"qwen3-30b-a3b"``, ``"qwen3-235b-a22b"``)."""
+    if type(model) is ModelShape:
         return model
     if hasattr(model, "ffn_hidden_size") and hasattr(model, "num_kv_heads"):  # convert.ArchSpec
+        moe = getattr(model, "moe", None)
+        extra = {} if moe is None else {
+            "num_experts": moe.num_experts, "experts_per_token": getattr(moe, "topk", 1),
+            "moe_ffn_hidden_size": moe.ffn_hidden_size}
+        if moe is None and getattr(model, "num_experts", 0):
+            extra = {"num_experts": model.num_experts, "experts_per_token": model.experts_per_token,
+                     "moe_ffn_hidden_size": model.moe_ffn_hidden_size}
         return ModelShape(vocab_size=model.vocab_size, hidden_size=model.hidden_size,
                           ffn_hidden_size=model.ffn_hidden_size, num_layers=model.num_layers,
                           num_heads=model.num_heads, num_kv_heads=model.num_kv_heads,
                           head_dim=model.head_dim, qkv_bias=model.qkv_bias,
-                          tied_embeddings=model.tied_embeddings)
+                          tied_embeddings=model.tied_embeddings,
+                          qk_norm=bool(getattr(model, "qk_norm", False)), **extra)
     if isinstance(model, (str, os.PathLike)) and os.path.exists(os.fspath(model)):
         return ModelShape.from_hf_config(model)
     if isinstance(model, (str, int, float)) and not isinstance(model, bool):
         from flowrl.parallel.model_spec import parse_model  # a preset such as "7B"
 
         spec = parse_model(model)
+        extra: dict[str, Any] = {}
+        if getattr(spec, "num_experts", 0):
+            for key in ("kv_lora_rank", "shared_expert_ffn_hidden_size", "num_dense_layers"):
+                if getattr(spec, key, 0):
+                    raise ValueError(
+                        f"model {model!r}: {key}={getattr(spec, key)} (multi-head latent attention, "
+                        "shared experts or leading dense layers) has no shard layout here; use "
+                        "qwen3-30b-a3b, qwen3-235b-a22b or a Qwen3-MoE / Mixtral config.json")
+            extra = {"num_experts": spec.num_experts, "experts_per_token": spec.experts_per_token,
+                     "moe_ffn_hidden_size": spec.moe_ffn_hidden_size,
+                     "qk_norm": spec.name.startswith("qwen3")}
         return ModelShape(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
                           ffn_hidden_size=spec.ffn_hidden_size, num_layers=spec.num_layers,
                           num_heads=spec.num_attention_heads,
                           num_kv_heads=spec.num_key_value_heads, head_dim=spec.dh,
-                          qkv_bias=spec.name.startswith("qwen"),
-                          tied_embeddings=spec.tie_word_embeddings)
+                          qkv_bias=spec.name.startswith("qwen") and not extra,
+                          tied_embeddings=spec.tie_word_embeddings, **extra)
     return ModelShape.from_hf_config(model)
 
 
 @dataclass(frozen=True)
 class Piece:
-    """HF indices ``[start, stop)`` of ``param`` along ``dim`` sit at ``[offset, ...)`` of ``local``."""
+    """HF indices ``[start, stop)`` of ``param`` along ``dim`` sit at ``[offset, ...)`` of ``local``
+    (of ``local[index]`` when ``index`` is set: one expert of a fused 3-D tensor)."""
 
     param: str
     dim: int
@@ -175,6 +286,7 @@ class Piece:
     stop: int
     local: str
     offset: int
+    index: int | None = None
 
     @property
     def length(self) -> int:
@@ -183,13 +295,23 @@ class Piece:
 
 @dataclass(frozen=True)
 class RankShard:
-    """What one (tp_rank, pp_rank) holds: its local tensors (with padding) and the pieces in them."""
+    """What one shard key holds: its local tensors (with padding) and the pieces in them."""
 
     tp_rank: int
     pp_rank: int
     tensors: dict[str, tuple[int, ...]]
     """Local tensor name -> shape (padded vocabulary rows included)."""
     pieces: tuple[Piece, ...]
+    ep_rank: int = 0
+    etp_rank: int | None = None
+    """Set (with ``ep_rank``) when the layout's keys carry expert coordinates."""
+
+    @property
+    def key(self) -> tuple[int, ...]:
+        """``(tp_rank, pp_rank)``, or ``(tp_rank, pp_rank, ep_rank, etp_rank)`` (module doc)."""
+        if self.etp_rank is None:
+            return (self.tp_rank, self.pp_rank)
+        return (self.tp_rank, self.pp_rank, self.ep_rank, self.etp_rank)
 
     def by_param(self) -> dict[str, list[Piece]]:
         out: dict[str, list[Piece]] = {}
@@ -209,12 +331,15 @@ class ShardSpec:
     padded_vocab_size: int
     params: dict[str, tuple[int, ...]]
     split_dim: dict[str, int]
-    shards: dict[tuple[int, int], RankShard] = field(repr=False)
+    shards: dict[tuple[int, ...], RankShard] = field(repr=False)
+
+    def key_of(self, rank: int) -> tuple[int, ...]:
+        """The shard key of a global rank (``ParallelDims.shard_key``)."""
+        return self.dims.shard_key(rank)
 
     def shard_of(self, rank: int) -> RankShard:
         """The shard held by a global rank (dp replicas hold the same shard)."""
-        _, tp_rank, pp_rank = self.dims.rank_coords(rank)
-        return self.shards[(tp_rank, pp_rank)]
+        return self.shards[self.dims.shard_key(rank)]
 
     def slice_numel(self, param: str) -> int:
         """Elements in one index of ``param`` along its split dim (a row, or a column)."""
@@ -226,7 +351,7 @@ class ShardSpec:
         """Logical elements of the model (unpadded vocabulary, tied embeddings counted once)."""
         return sum(math.prod(s) for s in self.params.values())
 
-    def shard_numel(self, key: tuple[int, int]) -> int:
+    def shard_numel(self, key: tuple[int, ...]) -> int:
         """Elements allocated on one shard, padding included."""
         return sum(math.prod(s) for s in self.shards[key].tensors.values())
 
@@ -246,9 +371,10 @@ class _Builder:
         assert local not in self.tensors, local
         self.tensors[local] = shape
 
-    def piece(self, param: str, start: int, stop: int, local: str, offset: int) -> None:
+    def piece(self, param: str, start: int, stop: int, local: str, offset: int,
+              index: int | None = None) -> None:
         if stop > start:
-            self.pieces.append(Piece(param, _split_dim(param), start, stop, local, offset))
+            self.pieces.append(Piece(param, _split_dim(param), start, stop, local, offset, index))
 
     def whole(self, param: str, local: str, shape: tuple[int, ...]) -> None:
         """A replicated (or unsplit) parameter stored as is."""
@@ -345,10 +471,52 @@ def _layer_hf(b: _Builder, model: ModelShape, layer: int, rank: int, tp: int) ->
             b.piece(name, start, start + rows, name, 0)
     b.block(hf + "self_attn.o_proj.weight", hf + "self_attn.o_proj.weight",
             (h, model.num_heads * d), rank, tp)
+    _qk_norms(b, model, layer, hf + "self_attn.{p}_norm.weight")
     b.whole(hf + "post_attention_layernorm.weight", hf + "post_attention_layernorm.weight", (h,))
+    if model.is_moe:
+        return
     for proj in ("gate", "up"):
         b.block(f"{hf}mlp.{proj}_proj.weight", f"{hf}mlp.{proj}_proj.weight", (f, h), rank, tp)
     b.block(hf + "mlp.down_proj.weight", hf + "mlp.down_proj.weight", (h, f), rank, tp)
+
+
+def _qk_norms(b: _Builder, model: ModelShape, layer: int, local: str) -> None:
+    """Qwen3's per-head q/k RMSNorm weights, replicated (``local`` with ``{p}`` for q / k)."""
+    if model.qk_norm:
+        for p in "qk":
+            b.whole(f"model.layers.{layer}.self_attn.{p}_norm.weight", local.format(p=p),
+                    (model.head_dim,))
+
+
+def _experts(b: _Builder, model: ModelShape, style: ShardStyle, layer: int, prefix: str,
+             ep_rank: int, ep: int, etp_rank: int, etp: int) -> None:
+    """One MoE layer's router (replicated) and this expert rank's experts (module doc)."""
+    h, fe, num = model.hidden_size, model.moe_ffn_hidden_size, model.num_experts // ep
+    rows = fe // etp
+    lo, hi = etp_rank * rows, (etp_rank + 1) * rows
+    gate, up, down = (n.replace("{i}", str(layer)) for n in model.expert_names)
+    hf = f"model.layers.{layer}.mlp."
+    if style is ShardStyle.MEGATRON:
+        b.whole(hf + "gate.weight", prefix + "mlp.router.weight", (model.num_experts, h))
+        for k in range(num):
+            e, x = ep_rank * num + k, f"{prefix}mlp.experts.local_experts.{k}."
+            b.tensor(x + "linear_fc1.weight", (2 * rows, h))
+            b.piece(gate.format(e=e), lo, hi, x + "linear_fc1.weight", 0)
+            b.piece(up.format(e=e), lo, hi, x + "linear_fc1.weight", rows)
+            b.tensor(x + "linear_fc2.weight", (h, rows))
+            b.piece(down.format(e=e), lo, hi, x + "linear_fc2.weight", 0)
+        return
+    b.whole(hf + "gate.weight", hf + "gate.weight", (model.num_experts, h))
+    fc1, fc2 = (("gate_up_proj", "down_proj") if style is ShardStyle.HF
+                else ("w13_weight", "w2_weight"))
+    fc1, fc2 = hf + "experts." + fc1, hf + "experts." + fc2
+    b.tensor(fc1, (num, 2 * rows, h))
+    b.tensor(fc2, (num, h, rows))
+    for k in range(num):
+        e = ep_rank * num + k
+        b.piece(gate.format(e=e), lo, hi, fc1, 0, index=k)
+        b.piece(up.format(e=e), lo, hi, fc1, rows, index=k)
+        b.piece(down.format(e=e), lo, hi, fc2, 0, index=k)
 
 
 def _layer(b: _Builder, model: ModelShape, style: ShardStyle, layer: int, prefix: str, rank: int,
@@ -375,7 +543,11 @@ def _layer(b: _Builder, model: ModelShape, style: ShardStyle, layer: int, prefix
     for suffix in ("weight", "bias") if model.qkv_bias else ("weight",):
         qkv(b, model, layer, names["qkv"] + suffix, suffix, rank, tp)
     b.block(hf + "self_attn.o_proj.weight", names["o"], (h, q), rank, tp)
+    _qk_norms(b, model, layer, prefix + "self_attention.{p}_layernorm.weight" if megatron
+              else hf + "self_attn.{p}_norm.weight")
     b.whole(hf + "post_attention_layernorm.weight", names["post_norm"], (h,))
+    if model.is_moe:
+        return
     rows = f // tp
     b.tensor(names["fc1"], (2 * rows, h))
     b.piece(hf + "mlp.gate_proj.weight", rank * rows, (rank + 1) * rows, names["fc1"], 0)
@@ -390,9 +562,21 @@ def _check(model: ModelShape, dims: ParallelDims, style: ShardStyle,
         dims, num_attention_heads=model.num_heads, num_key_value_heads=model.num_kv_heads,
         num_layers=model.num_layers, vocab_size=model.vocab_size,
         layers_per_stage=layers_per_stage,
-        make_vocab_size_divisible_by=make_vocab_size_divisible_by)
+        make_vocab_size_divisible_by=make_vocab_size_divisible_by, num_experts=model.num_experts)
     tp = dims.tp
-    if model.ffn_hidden_size % tp:
+    if model.is_moe and model.moe_ffn_hidden_size % dims.expert_tp:
+        raise ValueError(f"expert_tensor_parallel_size={dims.expert_tp} does not divide the experts' "
+                         f"width moe_intermediate_size={model.moe_ffn_hidden_size}; pick an etp "
+                         "that divides it")
+    if style is ShardStyle.VLLM and model.is_moe and not (
+            (dims.ep == 1 and dims.expert_tp == tp) or (dims.expert_tp == 1 and dims.ep % tp == 0)):
+        raise ValueError(
+            f"expert_model_parallel_size={dims.ep}, expert_tensor_parallel_size={dims.expert_tp} "
+            f"with tensor_model_parallel_size={tp}: vLLM's FusedMoE either splits every expert over "
+            "tp (ep=1, etp=tp) or, with expert parallelism, holds whole experts (etp=1) over an EP "
+            f"group of tp x data-parallel ranks (ep a multiple of tp={tp}); use ep=1, or ep={tp},"
+            "etp=1 (enable_expert_parallel in one engine), or the hf generation style")
+    if not model.is_moe and model.ffn_hidden_size % tp:
         raise ValueError(f"tensor_model_parallel_size={tp} does not divide intermediate_size="
                          f"{model.ffn_hidden_size}; pick a tp that divides it")
     if style is ShardStyle.MEGATRON and ((model.num_heads + 2 * model.num_kv_heads) * model.head_dim) % tp:
@@ -420,7 +604,7 @@ def _check(model: ModelShape, dims: ParallelDims, style: ShardStyle,
 def shard_spec(model: Any, dims: ParallelDims, *, style: ShardStyle | str = ShardStyle.MEGATRON,
                layers_per_stage: list[int] | None = None,
                make_vocab_size_divisible_by: int = 128) -> ShardSpec:
-    """Describe what every (tp_rank, pp_rank) of ``dims`` holds of ``model`` (see the module doc).
+    """Describe what every shard key of ``dims`` holds of ``model`` (see the module doc).
 
     Raises ValueError (naming the setting and the fix) when the model does not split over ``dims``.
     """
@@ -433,41 +617,54 @@ def shard_spec(model: Any, dims: ParallelDims, *, style: ShardStyle | str = Shar
     stages, vocab = _check(model, dims, style, layers_per_stage, make_vocab_size_divisible_by)
     tp, pp = dims.tp, dims.pp
     shards = {}
-    for pp_rank in range(pp):
-        for tp_rank in range(tp):
-            b = _Builder()
-            groups = _layer_groups(model, dims, stages, pp_rank, style)
-            first, last = pp_rank == 0, pp_rank == pp - 1
-            embed = "model.embed_tokens.weight"
-            if first:
-                local = (groups[0][0] + "embedding.word_embeddings.weight"
-                         if style is ShardStyle.MEGATRON else embed)
+    for key in dims.shard_keys():
+        tp_rank, pp_rank = key[:2]
+        ep_rank, etp_rank = key[2:] if dims.expert_keys else (0, tp_rank)
+        b = _Builder()
+        groups = _layer_groups(model, dims, stages, pp_rank, style)
+        first, last = pp_rank == 0, pp_rank == pp - 1
+        embed = "model.embed_tokens.weight"
+        if first:
+            local = (groups[0][0] + "embedding.word_embeddings.weight"
+                     if style is ShardStyle.MEGATRON else embed)
+            b.vocab(embed, local, model, vocab, tp_rank, tp)
+        for prefix, layers in groups:
+            for j, i in enumerate(layers):
+                mprefix = f"{prefix}decoder.layers.{j}."
+                _layer(b, model, style, i, mprefix, tp_rank, tp)
+                if model.is_moe:
+                    _experts(b, model, style, i, mprefix, ep_rank, dims.ep, etp_rank,
+                             dims.expert_tp)
+        if last:
+            prefix = groups[-1][0]
+            b.whole("model.norm.weight", prefix + "decoder.final_layernorm.weight"
+                    if style is ShardStyle.MEGATRON else "model.norm.weight", (model.hidden_size,))
+            if not model.tied_embeddings:
+                local = prefix + "output_layer.weight" if style is ShardStyle.MEGATRON else "lm_head.weight"
+                b.vocab("lm_head.weight", local, model, vocab, tp_rank, tp)
+            elif not first:  # tied, pp > 1: the last stage keeps its own copy of the embedding
+                local = prefix + "output_layer.weight" if style is ShardStyle.MEGATRON else embed
                 b.vocab(embed, local, model, vocab, tp_rank, tp)
-            for prefix, layers in groups:
-                for j, i in enumerate(layers):
-                    mprefix = f"{prefix}decoder.layers.{j}."
-                    _layer(b, model, style, i, mprefix, tp_rank, tp)
-            if last:
-                prefix = groups[-1][0]
-                b.whole("model.norm.weight", prefix + "decoder.final_layernorm.weight"
-                        if style is ShardStyle.MEGATRON else "model.norm.weight", (model.hidden_size,))
-                if not model.tied_embeddings:
-                    local = prefix + "output_layer.weight" if style is ShardStyle.MEGATRON else "lm_head.weight"
-                    b.vocab("lm_head.weight", local, model, vocab, tp_rank, tp)
-                elif not first:  # tied, pp > 1: the last stage keeps its own copy of the embedding
-                    local = prefix + "output_layer.weight" if style is ShardStyle.MEGATRON else embed
-                    b.vocab(embed, local, model, vocab, tp_rank, tp)
-            shards[(tp_rank, pp_rank)] = RankShard(tp_rank, pp_rank, b.tensors, tuple(b.pieces))
+        shards[key] = RankShard(tp_rank, pp_rank, b.tensors, tuple(b.pieces), ep_rank,
+                                etp_rank if dims.expert_keys else None)
     params = model.param_shapes()
     return ShardSpec(model=model, dims=dims, style=style, padded_vocab_size=vocab, params=params,
                      split_dim={name: _split_dim(name) for name in params}, shards=shards)
 
 
-def piece_index(piece: Piece, *, local: bool, ndim: int) -> tuple[slice, ...]:
-    """The index of a piece in the HF tensor (``local=False``) or in its local tensor."""
+def piece_index(piece: Piece, *, local: bool, ndim: int) -> tuple[Any, ...]:
+    """The index of a piece in the HF tensor (``local=False``) or in its local tensor (led by
+    the piece's ``index`` when it addresses one expert of a fused tensor)."""
     start = piece.offset if local else piece.start
-    return (slice(None),) * piece.dim + (slice(start, start + piece.length),) + \
+    lead = (piece.index,) if local and piece.index is not None else ()
+    return lead + (slice(None),) * piece.dim + (slice(start, start + piece.length),) + \
         (slice(None),) * (ndim - piece.dim - 1)
+
+
+def local_view(piece: Piece, tensor: Any) -> Any:
+    """The 2-D (or 1-D) view of a local tensor that ``piece``'s dims address: ``tensor[index]``
+    for one expert of a fused tensor, else the tensor itself."""
+    return tensor if piece.index is None else tensor[piece.index]
 
 
 def _default_zeros(like: Any) -> Callable[[tuple[int, ...]], Any]:
@@ -478,9 +675,10 @@ def _default_zeros(like: Any) -> Callable[[tuple[int, ...]], Any]:
     return lambda shape: np.zeros(shape, dtype=like.dtype)
 
 
-def shard_arrays(spec: ShardSpec, full: Mapping[str, Any], key: tuple[int, int], *,
+def shard_arrays(spec: ShardSpec, full: Mapping[str, Any], key: tuple[int, ...], *,
                  zeros: Callable[[tuple[int, ...]], Any] | None = None) -> dict[str, Any]:
-    """Cut shard ``key = (tp_rank, pp_rank)`` out of a full HF state (numpy or torch arrays);
+    """Cut shard ``key`` (``(tp_rank, pp_rank)``, with expert coordinates when the layout has
+    them: ``spec.key_of(rank)``) out of a full HF state (numpy or torch arrays);
     padding is zero. The reference the planner's output is checked against."""
     zeros = zeros or _default_zeros(next(iter(full.values())))
     shard = spec.shards[key]
@@ -492,7 +690,7 @@ def shard_arrays(spec: ShardSpec, full: Mapping[str, Any], key: tuple[int, int],
     return out
 
 
-def iter_pieces(spec: ShardSpec) -> Iterator[tuple[tuple[int, int], Piece]]:
+def iter_pieces(spec: ShardSpec) -> Iterator[tuple[tuple[int, ...], Piece]]:
     """Every (shard key, piece) of a spec."""
     for key, shard in spec.shards.items():
         for piece in shard.pieces:

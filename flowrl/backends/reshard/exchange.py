@@ -94,16 +94,18 @@ def check_tensors(spec: ShardSpec, rank: int, tensors: Tensors, side: str) -> No
                 "the model both groups loaded (model.path)")
 
 
-def _view(tensors: Tensors, local: str, dim: int, offset: int, length: int) -> torch.Tensor:
-    return tensors[local].narrow(dim, offset, length)
+def _view(tensors: Tensors, local: str, index: int | None, dim: int, offset: int,
+          length: int) -> torch.Tensor:
+    tensor = tensors[local] if index is None else tensors[local][index]  # one fused expert
+    return tensor.narrow(dim, offset, length)
 
 
 def _src_view(t: Transfer, src: Tensors) -> torch.Tensor:
-    return _view(src, t.src_local, t.dim, t.src_offset, t.length)
+    return _view(src, t.src_local, t.src_index, t.dim, t.src_offset, t.length)
 
 
 def _dst_view(t: Transfer, dst: Tensors) -> torch.Tensor:
-    return _view(dst, t.dst_local, t.dim, t.dst_offset, t.length)
+    return _view(dst, t.dst_local, t.dst_index, t.dim, t.dst_offset, t.length)
 
 
 def _as_is(view: torch.Tensor, wire: torch.dtype) -> bool:
