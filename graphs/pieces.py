@@ -135,7 +135,11 @@ def logprob_columns(ctx: BuildContext, scored: Any, *, step: int) -> list[Any]:
         group, method = reference_call(cfg)
         columns.append(node("ref", nodes.logprobs, ctx.groups[group].bind(), scored, "ref_logprobs", method=method,
                             step=step))
-    if cfg.needs_old_logprobs:
+    if cfg.algorithm.rollout_is_bypass:  # bypass mode: pi_old := pi_rollout, no pass (flowrl.nodes.bypass)
+        from flowrl.nodes.bypass import rollout_as_old_logprobs
+
+        columns.append(node("old_log_prob", rollout_as_old_logprobs, scored, step=step))
+    elif cfg.needs_old_logprobs:
         columns.append(node("old_log_prob", nodes.logprobs, ctx.groups["actor"].bind(), scored, "old_logprobs", step=step))
     return columns
 
@@ -222,7 +226,7 @@ def rollout_correction(ctx: BuildContext, batch: Any, *, step: int) -> Any:
     (``algorithm.rollout_is*``, ``flowrl.algos.rollout_correction``), applied to the batch the
     actor trains on when ``algorithm.rollout_is``; ``batch`` itself when the correction is off."""
     algo = ctx.cfg.algorithm
-    if algo.rollout_is_threshold is None:
+    if algo.rollout_is_threshold is None or algo.rollout_is_bypass:  # bypass: in the actor's loss
         return batch
     return node("rollout_corr", nodes.rollout_correction, batch, threshold=algo.rollout_is_threshold,
                 threshold_lower=algo.rollout_is_threshold_lower, level=algo.rollout_is_level, mode=algo.rollout_is_mode,

@@ -190,7 +190,10 @@ def compute(what: str) -> str:
 
 def update_stat(prefix: str, stat: str) -> str:
     """One stat of an update, averaged over its optimizer steps: ``<prefix>/<stat>``
-    (``prefix`` is :data:`ACTOR` or :data:`CRITIC`)."""
+    (``prefix`` is :data:`ACTOR` or :data:`CRITIC`). The rollout correction's ``rollout_corr/*``,
+    computed in the loss in bypass mode, stay as they are (verl's names)."""
+    if stat.startswith(ROLLOUT_CORR_PREFIX):
+        return stat
     return f"{prefix}/{stat}"
 
 

@@ -159,6 +159,22 @@ class AlgorithmConfig:
     responses at the sequence levels, outside [lower, upper] leave the loss's response mask)."""
     rollout_is_veto_threshold: float | None = None
     """A response with any token ratio below this leaves the loss (verl's veto); None: off."""
+    rollout_is_bypass: bool = False
+    """verl's bypass mode (``rollout_correction.bypass_mode``): no pre-update log-prob pass,
+    ``pi_old := pi_rollout``; the policy loss is ``rollout_is_loss_type`` with the weights and the
+    rejection sampling computed in each micro-batch against the current policy
+    (``flowrl.algos.rollout_correction.bypass_policy_loss``)."""
+    rollout_is_loss_type: str = "ppo_clip"
+    """Bypass mode's loss: ``ppo_clip`` (PPO clip with ratio pi / pi_rollout; the weights as
+    metrics only) or ``reinforce`` (``-A * log pi * w``)."""
+    rollout_is_batch_normalize: bool = False
+    """Bypass mode: the importance weights divided by their mean (verl's key)."""
+    rollout_rs: str | None = None
+    """Bypass mode's rejection sampling (verl's key): a comma list of token_k1..3,
+    seq_sum_k1..3, seq_mean_k1..3, seq_max_k2..3; tokens or rows outside the bounds leave the loss."""
+    rollout_rs_threshold: str | None = None
+    """The bounds of ``rollout_rs``: one spec for all options or one each, comma separated (k1:
+    ``lower_upper`` ratio bounds or one upper; the others: one upper bound)."""
 
     def __post_init__(self) -> None:
         if self.kl_penalty == "kl":  # verl's name for k1
@@ -178,3 +194,6 @@ class AlgorithmConfig:
         low = self.rollout_is_threshold_lower
         check(low is None or (t is not None and 0 < low <= t), "rollout_is_threshold_lower", low,
               "must be in (0, rollout_is_threshold]", "use null (1 / rollout_is_threshold)")
+        from flowrl.config.rollout_bypass import check_bypass
+
+        check_bypass(self)

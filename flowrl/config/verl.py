@@ -353,23 +353,54 @@ def derive(flat: dict[str, Any]) -> dict[str, Any]:
 
 
 def _rollout_correction(flat: dict[str, Any]) -> dict[str, Any]:
-    """verl's ``algorithm.rollout_correction.rollout_is`` (token | sequence | null) and its
-    ``rollout_is_threshold`` (a float, or a float-like string: TIS's upper bound; verl's default
-    2.0) as flowrl's ``algorithm.rollout_is*``. A ``lower_upper`` threshold (IcePop: weights
-    outside the bounds zeroed, the tokens kept in the loss's denominator) is refused by name."""
-    level = flat.get("algorithm.rollout_correction.rollout_is")
-    if level in (None, "", "null", "none"):
-        return {}
-    key = "algorithm.rollout_correction.rollout_is_threshold"
-    threshold = flat.get(key, 2.0)
+    """verl's ``algorithm.rollout_correction.*`` as flowrl's ``algorithm.rollout_is*`` /
+    ``rollout_rs*``: ``rollout_is`` (token | sequence | null) and ``rollout_is_threshold`` (a float or
+    float-like string: TIS's upper bound; verl's default 2.0); bypass mode (``bypass_mode``,
+    ``loss_type``, ``rollout_is_batch_normalize``, ``rollout_rs``, ``rollout_rs_threshold``); in bypass
+    mode a ``lower_upper`` threshold is IcePop (``rollout_is_mode=mask`` with the lower bound). In
+    decoupled mode IcePop and rejection sampling are refused by name."""
+    prefix = "algorithm.rollout_correction."
+    get = lambda name, default=None: flat.get(prefix + name, default)  # noqa: E731
+    off = (None, "", "null", "none", "None")
+    bypass = str(get("bypass_mode", False)).lower() == "true"
+    out: dict[str, Any] = {}
+    # outside bypass mode these are refused by flowrl's check (decoupled mode's are not built)
+    if bypass:
+        out["algorithm.rollout_is_bypass"] = True
+    loss_type = get("loss_type", "ppo_clip")
+    if loss_type not in off and (bypass or loss_type != "ppo_clip"):
+        out["algorithm.rollout_is_loss_type"] = str(loss_type)
+    if str(get("rollout_is_batch_normalize", False)).lower() == "true":
+        out["algorithm.rollout_is_batch_normalize"] = True
+    rs = get("rollout_rs")
+    if rs not in off:
+        threshold = get("rollout_rs_threshold")
+        out["algorithm.rollout_rs"] = str(rs)
+        out["algorithm.rollout_rs_threshold"] = None if threshold in off else str(threshold)
+    level = get("rollout_is")
+    if level in off:
+        return out
+    key = prefix + "rollout_is_threshold"
+    threshold = get("rollout_is_threshold", 2.0)
     try:
-        upper = float(threshold)
+        upper, lower = float(threshold), None
     except (TypeError, ValueError):
-        raise ConfigError(key, threshold, "in verl: IcePop's lower_upper bounds (weights outside them zeroed); "
-                          "flowrl has no equivalent", "use one float (truncation), or flowrl's "
-                          "algorithm.rollout_is_mode=mask with rollout_is_threshold_lower") from None
-    return {"algorithm.rollout_is": True, "algorithm.rollout_is_level": str(level),
-            "algorithm.rollout_is_threshold": upper}
+        from flowrl.algos.rollout_thresholds import parse_is_threshold
+
+        if not bypass:
+            raise ConfigError(key, threshold, "in verl: IcePop's lower_upper bounds (weights outside them zeroed); "
+                              "flowrl has no equivalent in decoupled mode", "use one float (truncation), "
+                              "bypass_mode=true (IcePop built there), or flowrl's algorithm.rollout_is_mode=mask "
+                              "with rollout_is_threshold_lower") from None
+        try:
+            upper, lower = parse_is_threshold(threshold)
+        except ValueError as exc:
+            raise ConfigError(key, threshold, str(exc), "use a float, or 'lower_upper' (e.g. 0.5_2.0)") from None
+    out.update({"algorithm.rollout_is": True, "algorithm.rollout_is_level": str(level),
+                "algorithm.rollout_is_threshold": upper})
+    if lower is not None:
+        out.update({"algorithm.rollout_is_mode": "mask", "algorithm.rollout_is_threshold_lower": lower})
+    return out
 
 
 def _data_parallel_sizes(flat: dict[str, Any], world: int) -> dict[str, Any]:

@@ -33,6 +33,16 @@ if TYPE_CHECKING:
     from flowrl.backends.reshard import AdapterJob, ReshardJob
 
 
+def _policy_loss(name: str, bypass: dict | None):
+    """The registered policy loss ``name``, or bypass mode's (``algorithm.rollout_is_bypass``:
+    ``flowrl.algos.rollout_correction.bypass_policy_loss`` with ``bypass``'s settings)."""
+    if bypass is None:
+        return POLICY_LOSSES.get(name)
+    from flowrl.algos.rollout_correction import bypass_loss_fn
+
+    return bypass_loss_fn(bypass)
+
+
 class PolicyRole:
     def __init__(
         self,
@@ -50,6 +60,7 @@ class PolicyRole:
         engine_kwargs: dict | None = None,
         ref_micro_batch_size: int | None = None,
         total_steps: int = 0,
+        bypass: dict | None = None,
     ) -> None:
         """``device``: the rank's (``cuda:0`` on a GPU rank, from its device plan entry);
         ``dtype``: ``model.dtype``, the compute dtype (``auto``: bf16 on a GPU, fp32 on the CPU)."""
@@ -80,7 +91,7 @@ class PolicyRole:
         # perf/mfu/actor on a GPU of known peak; a replica spans tp x pp of the group's ranks
         self.mfu = update_mfu(model_dir, device, num_devices=max(1, world_size // max(1, actor.data_parallel_size)))
         self.loss = ActorLoss(
-            policy_loss=POLICY_LOSSES.get(actor.policy_loss), kl_estimator=KL_ESTIMATORS.get(actor.kl_loss_type),
+            policy_loss=_policy_loss(actor.policy_loss, bypass), kl_estimator=KL_ESTIMATORS.get(actor.kl_loss_type),
             mode=actor.loss_agg_mode, max_response_length=response_length, use_old_logprobs=use_old_logprobs,
             clip_ratio_low=actor.clip_ratio_low, clip_ratio_high=actor.clip_ratio_high, clip_ratio_c=actor.clip_ratio_c,
             entropy_coeff=actor.entropy_coeff, use_kl_loss=actor.use_kl_loss, kl_loss_coef=actor.kl_loss_coef,

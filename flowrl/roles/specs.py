@@ -92,12 +92,21 @@ def actor_spec(cfg: Any) -> GroupSpec:
         "actor", "flowrl.roles.policy:PolicyRole",
         {"model_dir": cfg.model.path, "actor": a, "dtype": cfg.model.dtype, "temperature": r.logprob_temperature,
          "response_length": r.response_length, "use_old_logprobs": cfg.needs_old_logprobs,
+         **_bypass_kwargs(cfg),
          "seed": cfg.trainer.seed, "ref_micro_batch_size": cfg.ref.log_prob_micro_batch_size_per_gpu,
          "total_steps": cfg.trainer.total_training_steps,
          "engine_kwargs": {**_train_engine_kwargs(a, a.strategy), **_model_engine_kwargs(cfg.model, a.strategy),
                            **lora_engine_kwargs(cfg.model)}},
         _mesh(a),
     )
+
+
+def _bypass_kwargs(cfg: Any) -> dict:
+    """The rollout correction's bypass mode: its policy-loss settings for the actor (none outside it)."""
+    from flowrl.config.rollout_bypass import bypass_settings
+
+    settings = bypass_settings(cfg.algorithm)
+    return {"bypass": settings} if settings is not None else {}
 
 
 def ref_spec(cfg: Any) -> GroupSpec:

@@ -140,7 +140,9 @@ def test_the_catalogue_counts(tmp_path):
     gmpo_trainer/run_qwen2_5-7b_math.sh; its two DAPO lists are still refused for Ulysses and verl's
     dapo reward manager) are built; verl's rollout_correction.rollout_is (decoupled mode) maps to
     flowrl's rollout correction, and its two example lists stay refused by name for bypass mode,
-    rejection sampling (rollout_rs) and batch-normalized weights."""
+    rejection sampling (rollout_rs) and batch-normalized weights. Now 44 / 32 / 0: verl's bypass mode
+    (REINFORCE or PPO clip against the rollout's log-probs, batch-normalized weights, rejection sampling
+    with verl's k1/k2/k3 options: flowrl.algos.rollout_correction) takes both rollout_correction lists."""
     counts, _ = measure(tmp_path)
     assert counts["unknown"] == 0 and counts["hydra"] == 0 and counts["preflight"] == 0
-    assert (counts["accepted"], counts["named"], counts["value"]) == (42, 34, 0)
+    assert (counts["accepted"], counts["named"], counts["value"]) == (44, 32, 0)
