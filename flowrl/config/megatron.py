@@ -1,10 +1,11 @@
 """``megatron`` of the actor and reference groups (verl's ``actor_rollout_ref.actor.megatron.*``
-offload switches), read by the backends whose spec owns the ``megatron`` section
-(``flowrl.backends.train.megatron.options.offload_kwargs``); a switch on under another
-``actor.strategy`` is refused, naming the owners."""
+offload switches, expert-parallel sizes and MoE router-loss coefficients), read by the backends
+whose spec owns the ``megatron`` section (``flowrl.backends.train.megatron.options``); a switch on
+(or a MoE setting off its default) under another ``actor.strategy`` is refused, naming the owners."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,14 +30,47 @@ class MegatronConfig:
     """The optimizer's state (and, with bf16, its fp32 main parameters) in host memory outside the
     update (verl's ``optimizer_offload``). On CPU: nothing moves."""
 
+    expert_model_parallel_size: int = 1
+    """Expert-parallel ranks of a mixture-of-experts model (verl's and Megatron's name): each holds
+    ``num_experts / ep`` experts, and tokens reach them by all-to-all. Carved out of the
+    data- x tensor-parallel ranks: ``ep * expert_tensor_parallel_size`` must divide
+    ``data_parallel_size * tensor_model_parallel_size``."""
+    expert_tensor_parallel_size: int | None = None
+    """Tensor-parallel ranks inside each expert; null: ``tensor_model_parallel_size`` (Megatron's
+    and verl's default)."""
+    moe_aux_loss_coeff: float = 0.0
+    """Megatron's load-balancing (switch ``aux_loss``) coefficient: > 0 adds ``coeff`` times each
+    layer's load-balancing loss (its mean over the step's micro-batches) to the gradient and logs
+    ``actor/moe/load_balancing_loss`` (verl: ``megatron.override_transformer_config.moe_aux_loss_coeff``)."""
+    moe_z_loss_coeff: float | None = None
+    """Megatron's router z-loss coefficient (ST-MoE); null: off. Logs ``actor/moe/z_loss``."""
+
     def __post_init__(self) -> None:
         for name in ("param_offload", "grad_offload", "optimizer_offload"):
             value = getattr(self, name)
             check(isinstance(value, bool), name, value, "must be true or false", f"use {name}=true")
+        ep, etp = self.expert_model_parallel_size, self.expert_tensor_parallel_size
+        check(isinstance(ep, int) and not isinstance(ep, bool) and ep >= 1, "expert_model_parallel_size", ep,
+              "must be an integer >= 1", "use 1 (no expert parallelism) or a divisor of the model's experts")
+        check(etp is None or (isinstance(etp, int) and not isinstance(etp, bool) and etp >= 1),
+              "expert_tensor_parallel_size", etp, "must be null or an integer >= 1",
+              "use null (the tensor-parallel size) or 1")
+        for name in ("moe_aux_loss_coeff", "moe_z_loss_coeff"):
+            value = getattr(self, name)
+            if name == "moe_z_loss_coeff" and value is None:
+                continue
+            check(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                  and value >= 0, name, value, "must be a finite number >= 0", f"use e.g. {name}=0.001")
 
     @property
     def switched_on(self) -> list[str]:
-        return [n for n in ("param_offload", "grad_offload", "optimizer_offload") if getattr(self, n)]
+        """The switches on and the MoE settings off their defaults (megatron-only options)."""
+        on = [n for n in ("param_offload", "grad_offload", "optimizer_offload") if getattr(self, n)]
+        return on + [n for n, default in _MOE_DEFAULTS.items() if getattr(self, n) != default]
+
+
+_MOE_DEFAULTS = {"expert_model_parallel_size": 1, "expert_tensor_parallel_size": None, "moe_aux_loss_coeff": 0.0,
+                 "moe_z_loss_coeff": None}
 
 
 def check_megatron_owner(section: str, megatron: MegatronConfig, spec: Any, strategy: str, owners: str, *,
@@ -46,5 +80,9 @@ def check_megatron_owner(section: str, megatron: MegatronConfig, spec: Any, stra
     on = megatron.switched_on
     check(not on or spec.owns(MEGATRON_SECTION), f"{key_prefix}megatron.{on[0] if on else ''}", True,
           f"is not an actor.strategy={strategy} option" + (f" (the {section} runs on actor.strategy)" if section != "actor" else ""),
-          f"set actor.strategy={owners}, or {section}.megatron.{on[0] if on else ''}=false "
-          "(fsdp: fsdp_config.param_offload / optimizer_offload)")
+          f"set actor.strategy={owners}, or {section}.megatron.{on[0] if on else ''}="
+          f"{_off(on[0]) if on else 'false'} (fsdp: fsdp_config.param_offload / optimizer_offload)")
+
+
+def _off(key: str) -> str:
+    return {None: "null", 1: "1", 0.0: "0"}[_MOE_DEFAULTS[key]] if key in _MOE_DEFAULTS else "false"

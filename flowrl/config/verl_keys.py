@@ -223,10 +223,22 @@ VERL_KEYS: tuple[VerlKey, ...] = (
            "MoE / context-parallel issue)", nearest=f"{to}.tensor_model_parallel_size", accept=(1, None)),
         _k(f"{role}.megatron.dynamic_context_parallel", "refuse", does="dynamic context parallelism",
            nearest=f"{to}.tensor_model_parallel_size", accept=_OFF),
-        _k(f"{role}.megatron.expert_model_parallel_size", "refuse", does="Megatron expert parallelism for MoE models "
-           "(lands with the MoE issue)", nearest=f"{to}.tensor_model_parallel_size", accept=(1, None)),
-        _k(f"{role}.megatron.expert_tensor_parallel_size", "refuse", does="tensor parallelism inside MoE experts",
-           nearest=f"{to}.tensor_model_parallel_size", accept=(1, None)),
+        # MoE (issue 31): the actor's and reference's expert mesh and the actor's router losses map; the critic
+        # (a value model) has no MoE path yet
+        _k(f"{role}.megatron.expert_model_parallel_size", "map" if to != "critic" else "refuse",
+           f"{to}.megatron.expert_model_parallel_size" if to != "critic" else "",
+           does="Megatron expert parallelism for MoE models", nearest=f"{to}.tensor_model_parallel_size",
+           accept=(1, None)),
+        _k(f"{role}.megatron.expert_tensor_parallel_size", "map" if to != "critic" else "refuse",
+           f"{to}.megatron.expert_tensor_parallel_size" if to != "critic" else "",
+           does="tensor parallelism inside MoE experts", nearest=f"{to}.tensor_model_parallel_size",
+           accept=(1, None)),
+        *(_k(f"{role}.megatron.override_transformer_config.{coeff}",
+             "map" if to == "actor" else ("noop" if to == "ref" else "refuse"),
+             f"actor.megatron.{coeff}" if to == "actor" else "",
+             does=f"Megatron's MoE {what} coefficient", nearest=f"actor.megatron.{coeff}" if to != "actor" else
+             "", accept=_OFF)
+          for coeff, what in (("moe_aux_loss_coeff", "load-balancing loss"), ("moe_z_loss_coeff", "router z-loss"))),
         # actor and ref: flowrl's megatron offload switches (issue 28); the critic's role does not move them yet
         *(_k(f"{role}.megatron.{switch}", "map" if to != "critic" else "refuse",
              f"{to}.megatron.{switch}" if to != "critic" else "", does=f"CPU offload of Megatron's {what}",

@@ -51,8 +51,10 @@ def _check_item(i: int, item: dict[str, Any]) -> None:
 
 
 def make_micro_batches(batch: Sequence[dict[str, Any]], *, micro_batch_size: int,
-                       num_microbatches_multiple: int = 1) -> tuple[list[MicroBatch], int]:
-    """Split ``batch`` into padded micro-batches; returns them and the padded sequence length S."""
+                       num_microbatches_multiple: int = 1,
+                       seq_len_multiple: int = 1) -> tuple[list[MicroBatch], int]:
+    """Split ``batch`` into padded micro-batches; returns them and the padded sequence length S
+    (a multiple of ``seq_len_multiple``: sequence parallelism splits S over tp ranks)."""
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size={micro_batch_size} must be >= 1")
     if not batch:
@@ -60,6 +62,7 @@ def make_micro_batches(batch: Sequence[dict[str, Any]], *, micro_batch_size: int
     for i, item in enumerate(batch):
         _check_item(i, item)
     seq_len = max(1, *(len(it["prompt_ids"]) + len(it["response_ids"]) - 1 for it in batch))
+    seq_len = -(-seq_len // seq_len_multiple) * seq_len_multiple
     num_mb = -(-len(batch) // micro_batch_size)
     num_mb = -(-num_mb // num_microbatches_multiple) * num_microbatches_multiple
     micro_batches = []

@@ -50,6 +50,71 @@ _TORCH_ON_CPU = _Overlay(
 )
 
 
+class _HostStream:
+    """A CUDA stream's interface for host-side code: work on the CPU is already ordered, so waits,
+    events and synchronisations are immediate."""
+
+    def wait_stream(self, other) -> None:
+        pass
+
+    def record_event(self, event=None) -> "_HostStream":
+        return self
+
+    def synchronize(self) -> None:
+        pass
+
+    def __enter__(self) -> "_HostStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+_HOST_STREAM = _HostStream()
+# `torch` for the MoE all-to-all dispatcher: its device-to-host side stream is the host stream
+_TORCH_HOST_STREAMS = _Overlay(
+    _TORCH_ON_CPU,
+    cuda=_Overlay(_TORCH_ON_CPU.cuda, Stream=_HostStream, current_stream=lambda device=None: _HOST_STREAM,
+                  stream=lambda stream=None: _HOST_STREAM),
+)
+
+
+def _uneven_collectives(mappings: types.ModuleType) -> tuple:
+    """mappings.py's gather / reduce-scatter along the first dimension with per-rank split sizes
+    (:145-149, :183-191), which gloo lacks (its allgather needs equal sizes, it has no
+    reduce_scatter): the gather pads every rank's part to the largest and trims, the reduce-scatter
+    all-reduces the whole tensor and keeps this rank's rows. Even splits keep megatron's path."""
+    gather, reduce_scatter = mappings._gather_along_first_dim, mappings._reduce_scatter_along_first_dim
+
+    def gather_uneven(input_, group, output_split_sizes=None, use_global_buffer=False):
+        if output_split_sizes is None or group.size() == 1:
+            return gather(input_, group, output_split_sizes, use_global_buffer)
+        sizes = [int(n) for n in output_split_sizes]
+        padded = input_.new_zeros(max(sizes), *input_.shape[1:])
+        padded[: input_.shape[0]] = input_
+        parts = [torch.empty_like(padded) for _ in sizes]
+        torch.distributed.all_gather(parts, padded, group=group)
+        return torch.cat([part[:n] for part, n in zip(parts, sizes)])
+
+    def reduce_scatter_uneven(input_, group, input_split_sizes=None, use_global_buffer=False):
+        if input_split_sizes is None or group.size() == 1:
+            return reduce_scatter(input_, group, input_split_sizes, use_global_buffer)
+        sizes = [int(n) for n in input_split_sizes]
+        total = input_.contiguous().clone()
+        torch.distributed.all_reduce(total, group=group)
+        start = sum(sizes[: group.rank()])
+        return total[start: start + sizes[group.rank()]].clone()
+
+    return gather_uneven, reduce_scatter_uneven
+
+
+def _host_split_sizes(tensor, as_numpy: bool = False, record_stream: bool = False):
+    """moe_utils.maybe_move_tensor_to_cpu for tensors already on the host: numpy when asked."""
+    if torch.is_tensor(tensor) and as_numpy:
+        return tensor.cpu().numpy()
+    return tensor
+
+
 def _looking_like_cuda(fn):
     """Run ``fn`` with CPU tensors reporting ``torch.cuda.*`` type strings, ``.cuda()`` a no-op."""
     plain_type = torch.Tensor.type
@@ -69,6 +134,16 @@ def _looking_like_cuda(fn):
             torch.Tensor.type, torch.Tensor.cuda = saved
 
     return wrapper
+
+
+def define_missing_te_names() -> None:
+    """Without Transformer Engine, megatron-core 0.16.1's moe_utils.py imports ``te_general_gemm``
+    only inside ``try: import transformer_engine`` (:22-39) yet reads it unguarded in the router's
+    gating linear (:1192, :1225): a NameError on every MoE forward. Define it as None (the plain
+    torch.mm path), on any device; a no-op where Transformer Engine is installed."""
+    moe_utils = importlib.import_module("megatron.core.transformer.moe.moe_utils")
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
 
 
 def apply_cpu_compat() -> bool:
@@ -92,7 +167,8 @@ def apply_cpu_compat() -> bool:
         for name in (
             "pipeline_parallel.schedules", "optimizer.optimizer", "optimizer.clip_grads", "utils",
             "transformer.utils", "tensor_parallel.random", "optimizer.distrib_optimizer",
-            "models.common.language_module.language_module",
+            "models.common.language_module.language_module", "transformer.moe.token_dispatcher",
+            "transformer.moe.moe_utils",
         )
     }
     # 1. `device=torch.cuda.current_device()` in p2p_communication.py:190-321,
@@ -104,9 +180,21 @@ def apply_cpu_compat() -> bool:
     # 3. Literal device="cuda" factories: schedules.py:596/983/2138 (token counters),
     #    optimizer.py:473/481/485/907 (scale, overflow buffers), clip_grads.py:90/103/115/174/207,
     #    utils.py:1207 (local l2-norm), transformer/utils.py:35/40 (default causal masks).
+    #    moe_utils.py:998 (the MoE aux-loss tracker's per-layer values).
     for name in ("pipeline_parallel.schedules", "optimizer.optimizer", "optimizer.clip_grads",
-                 "utils", "transformer.utils", "tensor_parallel.random"):
+                 "utils", "transformer.utils", "tensor_parallel.random", "transformer.moe.moe_utils"):
         m[name].torch = _TORCH_ON_CPU
+    # 6. The MoE all-to-all dispatcher creates a device-to-host side stream (token_dispatcher.py:445)
+    #    and copies the split sizes on it (:871-899): on the CPU the copies are plain and in order.
+    #    Its split sizes become numpy arrays only when they were on a GPU (moe_utils.py:1093); the
+    #    all-to-all's split sizes must be a sequence of ints, not a tensor: convert host ones too.
+    dispatcher = m["transformer.moe.token_dispatcher"]
+    dispatcher.torch = _TORCH_HOST_STREAMS
+    dispatcher.maybe_move_tensor_to_cpu = _host_split_sizes
+    # 7. With expert tensor parallelism the dispatcher gathers and reduce-scatters tokens over the
+    #    expert-tp ranks in uneven parts (token_dispatcher.py:696 and :787): gloo has neither.
+    mappings = importlib.import_module("megatron.core.tensor_parallel.mappings")
+    mappings._gather_along_first_dim, mappings._reduce_scatter_along_first_dim = _uneven_collectives(mappings)
     # 4. The CUDA RNG tracker (tensor_parallel/random.py:41 and :72 read/write the CUDA generator,
     #    :235-238 and :422 seed it): the tracked "cuda" state is the CPU generator's state.
     rnd = m["tensor_parallel.random"]

@@ -1,4 +1,5 @@
-"""MegatronEngine: one rank of a megatron-core (dp x tp x pp) policy, loaded from an HF directory.
+"""MegatronEngine: one rank of a megatron-core (dp x tp x pp, and ep x etp for the experts of a
+mixture-of-experts model) policy, loaded from an HF directory.
 
 Constructed inside an initialised torch.distributed process (gloo on CPU, nccl on GPU) on every
 rank of the world. Order of construction, as in torchtitan's parallelize: model-parallel groups
@@ -39,10 +40,12 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from flowrl.backends.train.megatron.batching import MicroBatch, make_micro_batches
-from flowrl.backends.train.megatron.compat import apply_cpu_compat
+from flowrl.backends.train.megatron.compat import apply_cpu_compat, define_missing_te_names
 from flowrl.backends.train.megatron.convert import (
-    arch_spec, chunk_role, hf_to_megatron, megatron_to_hf)
+    arch_spec, check_expert_layout, chunk_role, experts_to_global, fuse_experts, hf_to_megatron,
+    is_expert_param, megatron_to_hf)
 from flowrl.backends.train.megatron.model import build_gpt_model, transformer_config_from_hf
+from flowrl.backends.train.megatron.moe_stats import MoeStats
 from flowrl.backends.train.megatron.offload import MegatronOffload
 from flowrl.backends.train.megatron.vocab_parallel import vocab_parallel_logprobs
 from flowrl.metrics import names
@@ -56,17 +59,32 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_m
                     "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
 
 
+def check_expert_mesh(*, world: int, tp: int, pp: int, ep: int, etp: int, arch) -> None:
+    """The experts' mesh: ``ep`` divides the experts, ``etp`` their width, and ``etp * ep * pp``
+    the world (megatron's expert RankGenerator: expert-data-parallel ranks are what remains)."""
+    for name, value in (("expert_model_parallel_size", ep), ("expert_tensor_parallel_size", etp)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name}={value!r} must be an integer >= 1")
+    check_expert_layout(arch, ep=ep, etp=etp)
+    if world % (etp * ep * pp):
+        raise ValueError(f"expert_tensor_parallel_size={etp} x expert_model_parallel_size={ep} x "
+                         f"pipeline_model_parallel_size={pp} = {etp * ep * pp} does not divide the "
+                         f"world of {world} ranks; make ep * etp divide the data- x tensor-parallel "
+                         f"ranks ({world // pp})")
+
+
 def _check_layout(*, world: int, dp: int, tp: int, pp: int, vpp: int | None, arch,
-                  make_vocab_size_divisible_by: int) -> None:
+                  make_vocab_size_divisible_by: int, ep: int = 1, etp: int | None = None) -> None:
     dims = ParallelDims(dp=dp, tp=tp, pp=pp, vpp=vpp)
     dims.check_world_size(world, group="MegatronEngine")
     validate_model_layout(dims, num_attention_heads=arch.num_heads,
                           num_key_value_heads=arch.num_kv_heads, num_layers=arch.num_layers,
                           vocab_size=arch.vocab_size,
                           make_vocab_size_divisible_by=make_vocab_size_divisible_by)
-    if arch.ffn_hidden_size % tp:
+    if arch.moe is None and arch.ffn_hidden_size % tp:
         raise ValueError(f"tensor_model_parallel_size={tp} does not divide intermediate_size="
                          f"{arch.ffn_hidden_size}")
+    check_expert_mesh(world=world, tp=tp, pp=pp, ep=ep, etp=tp if etp is None else etp, arch=arch)
 
 
 def _engine_device(device: str | None) -> torch.device:
@@ -92,13 +110,18 @@ class MegatronEngine:
                  eps: float = 1e-8, grad_clip: float = 1.0, use_distributed_optimizer: bool = False,
                  bf16: bool = False, seed: int = 0, make_vocab_size_divisible_by: int = 128,
                  device: str | None = None, param_offload: bool = False, grad_offload: bool = False,
-                 optimizer_offload: bool = False):
+                 optimizer_offload: bool = False, ep: int = 1, etp: int | None = None,
+                 moe_aux_loss_coeff: float = 0.0, moe_z_loss_coeff: float | None = None):
         """``device``: the rank's (``cuda:0``: the GPU its process was given and set current;
         ``cpu``: gloo with the CPU shims of ``compat``); None: the current CUDA device where
         CUDA is available, else the CPU (the multi-process test harnesses). ``bf16``: bf16
         weights and compute, fp32 main parameters in the optimizer and fp32 gradient reduction
         (``flowrl.parallel.dtypes.megatron_bf16``). ``*_offload``: that state in host memory
-        between phases (:meth:`offload_state`, ``flowrl.backends.train.megatron.offload``)."""
+        between phases (:meth:`offload_state`, ``flowrl.backends.train.megatron.offload``).
+        ``ep`` / ``etp``: the experts' expert- and tensor-parallel sizes of a mixture-of-experts
+        model (``etp`` None: ``tp``, megatron's default); ``moe_aux_loss_coeff`` /
+        ``moe_z_loss_coeff``: megatron's load-balancing and router z-losses, added to every step's
+        gradient (``moe_stats``)."""
         from transformers import AutoConfig
 
         if not dist.is_initialized():
@@ -110,23 +133,31 @@ class MegatronEngine:
         self.hf_config = AutoConfig.from_pretrained(model_dir)
         self.arch = arch_spec(self.hf_config)
         vpp = None if vpp == 1 else vpp
+        etp = tp if etp is None else etp
         _check_layout(world=dist.get_world_size(), dp=dp, tp=tp, pp=pp, vpp=vpp, arch=self.arch,
-                      make_vocab_size_divisible_by=make_vocab_size_divisible_by)
+                      make_vocab_size_divisible_by=make_vocab_size_divisible_by, ep=ep, etp=etp)
         self.tp, self.pp, self.vpp, self.dp = tp, pp, vpp, dp
+        self.ep, self.etp = ep, etp
         self.lr, self.weight_decay = lr, weight_decay
         self.make_vocab_size_divisible_by = make_vocab_size_divisible_by
         self.dtype = torch.bfloat16 if bf16 else torch.float32
         self.device = _engine_device(device)
         if self.device.type == "cpu":
             apply_cpu_compat()
+        if self.arch.moe is not None:
+            define_missing_te_names()
         ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                     virtual_pipeline_model_parallel_size=vpp)
+                                     virtual_pipeline_model_parallel_size=vpp,
+                                     expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
         torch.manual_seed(seed)
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
         self.config = transformer_config_from_hf(self.hf_config, tp=tp, pp=pp, vpp=vpp,
                                                  params_dtype=self.dtype,
-                                                 use_cpu_initialization=self.device.type == "cpu")
+                                                 use_cpu_initialization=self.device.type == "cpu",
+                                                 ep=ep, etp=etp, moe_aux_loss_coeff=moe_aux_loss_coeff,
+                                                 moe_z_loss_coeff=moe_z_loss_coeff)
         self.models = self._build_and_load()
+        self.moe_stats = MoeStats(self.config, self.models) if self.arch.moe else None
         self.chunks = self._wrap_ddp(use_distributed_optimizer)
         self.config.no_sync_func = [c.no_sync for c in self.chunks]
         if len(self.chunks) == 1:
@@ -187,6 +218,8 @@ class MegatronEngine:
             shard = hf_to_megatron(
                 hf_state, self.hf_config, tp_rank=ps.get_tensor_model_parallel_rank(), tp=self.tp,
                 pp_rank=pp_rank, pp=self.pp, vpp_rank=vpp_rank, vpp=self.vpp,
+                ep_rank=ps.get_expert_model_parallel_rank(), ep=self.ep,
+                etp_rank=ps.get_expert_tensor_parallel_rank(), etp=self.etp,
                 make_vocab_size_divisible_by=self.make_vocab_size_divisible_by)
             model = build_gpt_model(self.hf_config, config=self.config, pre_process=pre,
                                     post_process=post, vp_stage=vpp_rank,
@@ -234,6 +267,8 @@ class MegatronEngine:
 
     def close(self) -> None:
         """Release the model-parallel state so another engine can be built in this process."""
+        if self.moe_stats is not None:
+            self.moe_stats.close()
         self.models = self.chunks = self.optimizer = None
         ps.destroy_model_parallel()
 
@@ -257,14 +292,21 @@ class MegatronEngine:
                       loss_func: Callable[[MicroBatch, torch.Tensor], tuple]) -> list[dict]:
         micro_batches, seq_len = make_micro_batches(
             batch, micro_batch_size=micro_batch_size,
-            num_microbatches_multiple=self.pp if self.vpp else 1)
+            num_microbatches_multiple=self.pp if self.vpp else 1,
+            # sequence parallelism (MoE with tp > 1) splits the sequence over tp ranks
+            seq_len_multiple=self.tp if self.config.sequence_parallel else 1)
         micro_batches = [mb.to(self.device) for mb in micro_batches]
         mask_11SS = torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool, device=self.device),
                                diagonal=1)[None, None]
         position_1S = torch.arange(seq_len, device=self.device)[None]
 
+        if self.moe_stats is not None:
+            self.moe_stats.begin(micro_batches, seq_len=seq_len, training=not forward_only)
+
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
+            if self.moe_stats is not None:
+                self.moe_stats.set_micro_batch(mb)
             output = model(mb.tokens_BS, position_1S.expand_as(mb.tokens_BS), mask_11SS)
             return output, functools.partial(loss_func, mb)
 
@@ -347,6 +389,8 @@ class MegatronEngine:
         if not update_ok:
             raise FloatingPointError("optimizer step skipped (non-finite gradients)")
         stats = self._reduce_stats(store)
+        if self.moe_stats is not None:
+            stats.update(self.moe_stats.collect())
         return {**stats, names.GRAD_NORM: float(grad_norm), names.LR: self.lr}
 
     def _reduce_stats(self, store: list[dict]) -> dict[str, float]:
@@ -369,20 +413,35 @@ class MegatronEngine:
             stats = box[0]
         return stats
 
-    def gathered_shards(self) -> dict[tuple[int, int, int], dict[str, torch.Tensor]] | None:
+    def gathered_shards(self, local_state: Callable[[torch.nn.Module], dict[str, torch.Tensor]] | None = None,
+                        ) -> dict[tuple[int, int, int], dict[str, torch.Tensor]] | None:
         """Every (tp, pp, vpp) chunk's local state by megatron name (on CPU, from the dp rank 0
-        replicas), gathered on global rank 0; None elsewhere. Every rank must call it."""
-        shards = None
-        if ps.get_data_parallel_rank() == 0:
-            tp_rank = ps.get_tensor_model_parallel_rank()
-            shards = {(tp_rank, pp_rank, vpp_rank): {k: v.detach().cpu()
-                                                    for k, v in self._local_state(m).items()}
-                      for (pp_rank, vpp_rank), m in zip(self._chunk_keys(), self.models)}
+        replicas; experts from the expert-dp rank 0 ones, by global index), gathered on global
+        rank 0; None elsewhere. ``local_state``: a chunk's tensors by name (default: its state;
+        e.g. its parameters' gradients). Every rank must call it."""
+        local_state = local_state or self._local_state
+        shards: dict = {}
+        dense_rank = ps.get_data_parallel_rank() == 0
+        expert_rank = self.arch.moe is not None and ps.get_expert_data_parallel_rank() == 0
+        tp_rank = ps.get_tensor_model_parallel_rank()
+        num_local = self.arch.moe.num_experts // self.ep if self.arch.moe else 0
+        for (pp_rank, vpp_rank), m in zip(self._chunk_keys(), self.models):
+            state = {k: v.detach().cpu() for k, v in local_state(m).items()}
+            if dense_rank:
+                shards[(tp_rank, pp_rank, vpp_rank)] = {k: v for k, v in state.items() if not is_expert_param(k)}
+            if expert_rank:  # experts by their global index, under the expert-tensor-parallel rank
+                experts = {k: v for k, v in state.items() if is_expert_param(k)}
+                shards[("expert", ps.get_expert_tensor_parallel_rank(), pp_rank, vpp_rank)] = experts_to_global(
+                    experts, ep_rank=ps.get_expert_model_parallel_rank(), num_local_experts=num_local)
         gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-        dist.gather_object(shards, gathered, dst=0)
+        dist.gather_object(shards or None, gathered, dst=0)
         if dist.get_rank() != 0:
             return None
-        return {key: shard for part in gathered if part for key, shard in part.items()}
+        merged: dict = {}
+        for part in gathered:
+            for key, shard in (part or {}).items():
+                merged.setdefault(key[1:] if key[0] == "expert" else key, {}).update(shard)
+        return merged
 
     def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The full HF-named state (parameter dtype, on CPU), complete on global rank 0, None
@@ -390,7 +449,7 @@ class MegatronEngine:
         merged = self.gathered_shards()
         if merged is None:
             return None
-        return megatron_to_hf(merged, self.hf_config, tp=self.tp, pp=self.pp, vpp=self.vpp)
+        return megatron_to_hf(merged, self.hf_config, tp=self.tp, pp=self.pp, vpp=self.vpp, etp=self.etp)
 
     def reshard_source(self) -> dict[str, torch.Tensor]:
         """This rank's live parameter shards by megatron name (``model{v}.`` prefixes with vpp),
@@ -411,7 +470,7 @@ class MegatronEngine:
             config = type(self.hf_config).from_dict(self.hf_config.to_dict())
             config.dtype = self.dtype
             model = AutoModelForCausalLM.from_config(config, dtype=self.dtype)
-            missing, unexpected = model.load_state_dict(state, strict=False)
+            missing, unexpected = model.load_state_dict(fuse_experts(state, self.arch), strict=False)
             allowed = {"lm_head.weight"} if self.arch.tied_embeddings else set()
             if set(missing) - allowed or unexpected:
                 raise RuntimeError(f"export mismatch: missing {missing}, unexpected {unexpected}")

@@ -70,12 +70,18 @@ class MegatronTrainEngine:
         seed: int = 0,
         use_distributed_optimizer: bool = False,
         offload: dict | None = None,
+        ep: int = 1,
+        etp: int | None = None,
+        moe_aux_loss_coeff: float = 0.0,
+        moe_z_loss_coeff: float | None = None,
         **optim: Any,
     ) -> None:
         """``optim``: the optimizer keywords of :class:`~flowrl.backends.train.optim.AdamWSettings`;
         ``device``: the rank's; ``dtype``: ``model.dtype`` (``auto``: bf16 on a GPU, with fp32
         main parameters and gradient reduction; fp32 on the CPU); ``offload``: megatron's
-        ``param_offload`` / ``grad_offload`` / ``optimizer_offload`` (verl's names)."""
+        ``param_offload`` / ``grad_offload`` / ``optimizer_offload`` (verl's names); ``ep`` /
+        ``etp`` / ``moe_*_coeff``: a mixture-of-experts model's expert mesh and router losses
+        (``actor.megatron.expert_model_parallel_size`` ...)."""
         from flowrl.backends.train.megatron.engine import MegatronEngine
 
         self.trainable = trainable
@@ -84,6 +90,8 @@ class MegatronTrainEngine:
             model_dir, tp=tp, pp=pp, vpp=vpp, dp=dp, **AdamWSettings(**optim).engine_kwargs(),
             use_distributed_optimizer=use_distributed_optimizer and trainable,
             bf16=megatron_bf16(self.precision), seed=seed, device=str(self.device), **(offload or {}),
+            ep=ep, etp=etp, moe_aux_loss_coeff=moe_aux_loss_coeff if trainable else 0.0,
+            moe_z_loss_coeff=moe_z_loss_coeff if trainable else None,
         )
         self.offloads = any((offload or {}).values())  # the engine moves what is switched on
 
