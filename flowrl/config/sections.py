@@ -87,6 +87,10 @@ class ModelConfig:
     """LoRA scaling numerator: the adapters' output is scaled by ``lora_alpha / lora_rank`` (16:
     verl's default). Adam's first update changes the weights in proportion to
     ``lora_alpha * actor.optim.lr``, whatever the rank: raise one, lower the other."""
+    lora_adapter_path: str = ""
+    """A saved peft LoRA adapter to continue training (verl's key): its rank, alpha, target modules
+    and modules_to_save become ``model.*`` at start, the adapters start from its weights
+    (:mod:`flowrl.models.lora_adapter`). Empty: fresh adapters when ``lora_rank`` > 0."""
     target_modules: str | list[str] = "all-linear"
     """Modules that get adapters: ``all-linear`` (every linear layer but the output head, peft's)
     or module names (a list, or comma-separated: ``q_proj,v_proj``)."""
@@ -101,8 +105,6 @@ class ModelConfig:
     def __post_init__(self) -> None:
         check_one_of("dtype", self.dtype, MODEL_DTYPES)
         check_one_of("tiny", self.tiny, TASK_PRESETS)
-        check(self.tiny == "default" or not self.path, "tiny", self.tiny, "picks the embedded default task's model, "
-              "but model.path is set", "leave model.tiny=default with model.path, or drop model.path")
         check(isinstance(self.lora_rank, int) and self.lora_rank >= 0, "lora_rank", self.lora_rank,
               "must be an integer >= 0", "use 0 (no LoRA) or e.g. 8")
         check(isinstance(self.lora_alpha, int) and self.lora_alpha > 0, "lora_alpha", self.lora_alpha,

@@ -115,6 +115,9 @@ def check_reward_fn(cfg: RunConfig) -> None:
 def _inputs(cfg: RunConfig) -> tuple[str, str, str]:
     """(model path, train files, val files): the config's, or the embedded default task's."""
     model_path, train_files, val_files = cfg.model.path, cfg.data.train_files, cfg.data.val_files
+    if model_path and cfg.model.tiny != "default":
+        raise ConfigError("model.tiny", cfg.model.tiny, "picks the embedded default task's model, but model.path is set",
+                          "leave model.tiny=default with model.path, or drop model.path")
     if model_path and train_files:
         return model_path, train_files, val_files
     if bool(model_path) != bool(train_files):
