@@ -21,7 +21,9 @@ fits (so it still never straddles a shard boundary), then along dim 0 for row-pa
 
 Ownership: dp replicas, tp ranks holding a replicated norm, and the last pipeline stage's copy of a
 tied embedding hold the same chunks; ``chunk_owners`` gives each chunk one writer (the first shard
-key in ``(pp_rank, tp_rank)`` order holding it), so parallel writers never touch the same file.
+key in ``(pp_rank, tp_rank, ep_rank, etp_rank)`` order holding it), so parallel writers never touch
+the same file. Experts: each expert is its own parameter, held by the ranks of one expert-parallel
+rank, its chunks cut at the expert tensor-parallel boundaries like a dense MLP's.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ __all__ = ["DEFAULT_MAX_CHUNK_BYTES", "chunk_owners", "chunk_shape", "owned_runs
 DEFAULT_MAX_CHUNK_BYTES = 64 * 2**20
 """Cap on one chunk file (64 MiB): big enough for few files, small enough to read selectively."""
 
-Key = tuple[int, int]
+Key = tuple[int, ...]
 
 
 def _divisors(n: int) -> list[int]:
@@ -90,7 +92,7 @@ def chunk_owners(spec: ShardSpec, chunks: dict[str, tuple[int, ...]]) -> dict[st
     for name, shape in spec.params.items():
         dim = spec.split_dim[name]
         owners[name] = [None] * math.ceil(shape[dim] / chunks[name][dim])
-    for key in sorted(spec.shards, key=lambda k: (k[1], k[0])):
+    for key in sorted(spec.shards, key=lambda k: (k[1], k[0]) + k[2:]):
         for piece in spec.shards[key].pieces:
             size = chunks[piece.param][piece.dim]
             n = spec.params[piece.param][piece.dim]

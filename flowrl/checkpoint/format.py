@@ -118,19 +118,25 @@ def checkpoint_dir(root: str | os.PathLike, step: int) -> str:
 
 # -- shards -----------------------------------------------------------------------------------
 
-def shard_key(spec: ShardSpec, rank: int | tuple[int, int] | RankShard) -> tuple[tuple[int, int],
+def shard_key(spec: ShardSpec, rank: int | tuple[int, ...] | RankShard) -> tuple[tuple[int, ...],
                                                                                     bool]:
-    """(shard key, whether this rank is a dp replica other than dp_rank 0)."""
+    """(shard key, whether this rank is a replica of its key other than the first): the key is
+    ``(tp_rank, pp_rank)``, with ``(ep_rank, etp_rank)`` under expert parallelism."""
     if isinstance(rank, tuple):
         return rank, False
     if hasattr(rank, "tp_rank"):
-        return (rank.tp_rank, rank.pp_rank), False
-    dp_rank, tp_rank, pp_rank = spec.dims.rank_coords(rank)
-    return (tp_rank, pp_rank), dp_rank != 0
+        return rank.key, False
+    return spec.dims.shard_key(rank), spec.dims.shard_replica(rank) != 0
 
 
 def dim_index(dim: int, lo: int, hi: int) -> tuple[slice, ...]:
     return (slice(None),) * dim + (slice(lo, hi),)
+
+
+def local_index(piece: Any, lo: int, hi: int) -> tuple[Any, ...]:
+    """``[lo, hi)`` along ``piece.dim`` of its local tensor (of one fused expert, ``piece.index``)."""
+    lead = () if piece.index is None else (piece.index,)
+    return lead + dim_index(piece.dim, lo, hi)
 
 
 FIX = ("point resume at a complete checkpoint (latest_checkpoint(root) skips broken ones) or start "

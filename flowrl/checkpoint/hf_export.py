@@ -6,6 +6,12 @@ The model is built (on the meta device, no initialisation) from the ``config.jso
 reward model's checkpoint (the ``rm`` family's, with a ``score`` head) is written as a one-label
 sequence-classification model.
 
+Mixture-of-experts models (Qwen3-MoE, Mixtral): the checkpoint holds every expert's weights under
+its per-expert name (``mlp.experts.{e}.gate_proj.weight`` ...), transformers 5 holds them fused in
+memory (``mlp.experts.gate_up_proj`` (E, 2F, h), ``mlp.experts.down_proj`` (E, h, F)): they are
+stacked into those, and ``save_pretrained`` writes the model's own per-expert checkpoint names
+(Mixtral's ``block_sparse_moe.experts.{e}.w1`` ...).
+
 A LoRA checkpoint (``model.lora_rank`` > 0: the adapters only, their settings in
 ``extra.lora``) needs ``lora="merge"`` (``flowrl export-hf --merge-lora``: the base model of
 ``config_dir``, which LoRA never changes, with ``W + (alpha / r) B A`` merged in: a plain
@@ -21,7 +27,48 @@ import shutil
 
 from flowrl.checkpoint.loading import check_params, load_full, load_meta
 
-__all__ = ["TOKENIZER_FILES", "export_hf"]
+__all__ = ["TOKENIZER_FILES", "export_hf", "fuse_experts", "per_expert_shapes"]
+
+_FUSED = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+"""transformers 5's fused expert tensors (the names end so in every MoE model it builds)."""
+
+
+def per_expert_shapes(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """A transformers 5 state dict's shapes with each fused expert tensor replaced by the per-expert
+    parameters a checkpoint holds (``ModelShape.param_shapes``' names)."""
+    out: dict[str, tuple[int, ...]] = {}
+    for name, shape in shapes.items():
+        if name.endswith(_FUSED[0]):  # (E, 2F, h)
+            prefix = name[: -len("gate_up_proj")]
+            for e in range(shape[0]):
+                out[f"{prefix}{e}.gate_proj.weight"] = (shape[1] // 2, shape[2])
+                out[f"{prefix}{e}.up_proj.weight"] = (shape[1] // 2, shape[2])
+        elif name.endswith(_FUSED[1]):  # (E, h, F)
+            prefix = name[: -len("down_proj")]
+            for e in range(shape[0]):
+                out[f"{prefix}{e}.down_proj.weight"] = tuple(shape[1:])
+        else:
+            out[name] = shape
+    return out
+
+
+def fuse_experts(state: dict, shapes: dict[str, tuple[int, ...]]) -> dict:
+    """``state`` (per-expert names, torch tensors) with the experts of every fused tensor named in
+    ``shapes`` stacked into it: ``gate_up_proj[e] = [gate_e; up_e]``, ``down_proj[e] = down_e``."""
+    import torch
+
+    out = dict(state)
+    for name, shape in shapes.items():
+        if not name.endswith(_FUSED):
+            continue
+        prefix = name[: name.rindex(".") + 1]
+        if name.endswith(_FUSED[0]):
+            parts = [torch.cat([out.pop(f"{prefix}{e}.gate_proj.weight"),
+                                out.pop(f"{prefix}{e}.up_proj.weight")]) for e in range(shape[0])]
+        else:
+            parts = [out.pop(f"{prefix}{e}.down_proj.weight") for e in range(shape[0])]
+        out[name] = torch.stack(parts)
+    return out
 
 REWARD_HEAD = "score.weight"
 """A reward model's checkpoint (``algorithm.family=rm``) holds this head: it is exported as
@@ -71,8 +118,8 @@ def export_hf(path: str | os.PathLike, out_dir: str | os.PathLike,
     shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
     if getattr(config, "tie_word_embeddings", False):
         shapes.pop("lm_head.weight", None)
-    check_params(path, shapes)
-    state = load_full(path, as_torch=True)
+    check_params(path, per_expert_shapes(shapes))
+    state = fuse_experts(load_full(path, as_torch=True), shapes)
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
     meta_left = [n for n, t in model.state_dict().items() if t.is_meta]

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from flowrl.checkpoint.format import (FIX, FORMAT, FORMAT_VERSION, LATEST, META, OLD_MARK, TMP_MARK,
-                                      check_shapes, dim_index, from_storage, recover_replaced, remove,
-                                      shard_key, storage_dtype)
+                                      check_shapes, dim_index, from_storage, local_index,
+                                      recover_replaced, remove, shard_key, storage_dtype)
 
 if TYPE_CHECKING:
     from flowrl.parallel.shard_spec import RankShard, ShardSpec
@@ -84,7 +84,7 @@ def load_full(path: str | os.PathLike, *, state: str | None = None,
             for n, e in table.items()}
 
 
-def load_shard(path: str | os.PathLike, spec: ShardSpec, rank: int | tuple[int, int] | RankShard,
+def load_shard(path: str | os.PathLike, spec: ShardSpec, rank: int | tuple[int, ...] | RankShard,
                *, state: str | None = None, as_torch: bool = False) -> dict[str, Any]:
     """The local tensors of ``rank`` under target layout ``spec`` (padding zero), reading only
     the chunks its pieces overlap. ValueError if the checkpoint holds another model."""
@@ -104,7 +104,7 @@ def load_shard(path: str | os.PathLike, spec: ShardSpec, rank: int | tuple[int, 
     for p in shard.pieces:
         if p.param not in arrays:
             arrays[p.param] = group[f"{prefix}/{p.param}"]
-        out[p.local][dim_index(p.dim, p.offset, p.offset + p.length)] = \
+        out[p.local][local_index(p, p.offset, p.offset + p.length)] = \
             arrays[p.param][dim_index(p.dim, p.start, p.stop)]
     return {n: from_storage(a, logical.get(n, fallback), as_torch) for n, a in out.items()}
 

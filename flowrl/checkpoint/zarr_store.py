@@ -50,7 +50,8 @@ from flowrl.checkpoint.chunk_plan import (DEFAULT_MAX_CHUNK_BYTES, chunk_owners,
                                           owned_runs, spec_chunks)
 from flowrl.checkpoint.format import (FORMAT, FORMAT_VERSION, LATEST, META, OLD_MARK, PENDING, TMP_MARK,
                                       check_shapes, clean_leftovers, dim_index, dtype_name, fsync_dir,
-                                      remove, shard_key, storage_dtype, to_numpy, write_json)
+                                      local_index, remove, shard_key, storage_dtype, to_numpy,
+                                      write_json)
 
 if TYPE_CHECKING:
     from flowrl.parallel.shard_spec import RankShard, ShardSpec
@@ -69,8 +70,9 @@ def _layout(spec: ShardSpec | None) -> dict[str, Any] | None:
     if spec is None:
         return None
     d = spec.dims
-    return {"style": spec.style, "dp": d.dp, "tp": d.tp, "pp": d.pp, "vpp": d.vpp,
-            "padded_vocab_size": spec.padded_vocab_size, "model": asdict(spec.model)}
+    return {"style": spec.style, "dp": d.dp, "tp": d.tp, "pp": d.pp, "vpp": d.vpp, "ep": d.ep,
+            "etp": d.expert_tp, "padded_vocab_size": spec.padded_vocab_size,
+            "model": asdict(spec.model)}
 
 
 def _begin(path: str, params: dict[str, dict[str, Any]],
@@ -131,16 +133,16 @@ def _writable(group: Any, name: str) -> Any:
     return group[name].with_config({"write_empty_chunks": True})
 
 
-def _write_locals(group: Any, prefix: str, spec: ShardSpec, key: tuple[int, int],
+def _write_locals(group: Any, prefix: str, spec: ShardSpec, key: tuple[int, ...],
                   local_tensors: Mapping[str, Any], table: dict[str, dict[str, Any]],
-                  owners: dict[str, list[tuple[int, int]]], what: str) -> None:
+                  owners: dict[str, list[tuple[int, ...]]], what: str) -> None:
     shard = spec.shards[key]
     local_np: dict[str, np.ndarray] = {}
     local_dtype: dict[str, str] = {}
     for name, shape in shard.tensors.items():
         if name not in local_tensors:
             raise ValueError(f"write_shard: {what} has no local tensor {name!r} of shard "
-                             f"(tp_rank, pp_rank)={key}; pass every tensor of spec.shards[{key}]")
+                             f"key {key}; pass every tensor of spec.shards[{key}]")
         a, logical = to_numpy(local_tensors[name])
         if tuple(a.shape) != tuple(shape):
             raise ValueError(f"write_shard: {what} tensor {name!r} has shape {tuple(a.shape)}, "
@@ -161,16 +163,17 @@ def _write_locals(group: Any, prefix: str, spec: ShardSpec, key: tuple[int, int]
         for lo, hi in owned_runs(owners[piece.param], size, n, piece.start, piece.stop, key):
             off = piece.offset - piece.start
             arrays[piece.param][dim_index(piece.dim, lo, hi)] = \
-                src[dim_index(piece.dim, lo + off, hi + off)]
+                src[local_index(piece, lo + off, hi + off)]
 
 
-def write_shard(tmp: str, spec: ShardSpec, rank: int | tuple[int, int] | RankShard,
+def write_shard(tmp: str, spec: ShardSpec, rank: int | tuple[int, ...] | RankShard,
                 local_tensors: Mapping[str, Any], *,
                 optim: Mapping[str, Mapping[str, Any]] | None = None) -> None:
     """Write one rank's shard into the arrays ``begin_checkpoint`` made in ``tmp``.
 
-    ``rank``: a global rank (dp replicas other than dp_rank 0 write nothing), a ``(tp_rank,
-    pp_rank)`` key or a ``RankShard``. ``local_tensors``: local name -> tensor exactly as
+    ``rank``: a global rank (replicas of its shard key other than the first write nothing), a
+    shard key (``(tp_rank, pp_rank)``, with ``(ep_rank, etp_rank)`` under expert parallelism:
+    ``spec.key_of(rank)``) or a ``RankShard``. ``local_tensors``: local name -> tensor exactly as
     ``spec.shards[key].tensors`` (megatron names, padded vocab). ``optim``: state -> local tensors
     of the same layout. Only the chunks this shard owns (``chunk_plan.chunk_owners``) are written,
     so ranks can write in parallel."""

@@ -2,9 +2,10 @@
 
 Save (every rank of the engine's world calls :func:`save_sharded` together): global rank 0 creates
 the checkpoint's arrays in a temporary directory (``zarr_store.begin_checkpoint``, chunked along
-this layout's shards) and broadcasts its path; each rank of data-parallel rank 0 writes its
-``(tp_rank, pp_rank)`` shard of the parameters and of AdamW's ``exp_avg`` / ``exp_avg_sq``
-(``write_shard``: only the chunks it owns, in parallel); after a barrier rank 0 commits
+this layout's shards) and broadcasts its path; the first rank of each shard key (``(tp_rank,
+pp_rank)``, plus ``(ep_rank, etp_rank)`` with expert parallelism: ``ParallelDims.shard_key``)
+writes its shard of the parameters and of AdamW's ``exp_avg`` / ``exp_avg_sq`` (``write_shard``:
+only the chunks it owns, in parallel; each expert under its global index); after a barrier rank 0 commits
 (``finalize_checkpoint``: meta.json, atomic rename). With bf16 parameters the fp32 main copies
 the optimizer updates are what is saved.
 
@@ -16,7 +17,9 @@ state. Bitwise: nothing is recomputed, only copied.
 Megatron's distributed optimizer (``use_distributed_optimizer``) keeps the fp32 main parameters and
 Adam's state as flat ranges sharded over data-parallel ranks: then every dp rank writes the chunks
 of its ranges and reads its ranges back (``dist_optim``); the checkpoint is the same as without it,
-so either side of a save / load may use it or not, under any layout.
+so either side of a save / load may use it or not, under any layout without expert parallelism
+(experts' ranges are sharded over the expert data-parallel group, which ``dist_optim`` does not
+follow yet: refused by name).
 """
 
 from __future__ import annotations
@@ -42,9 +45,33 @@ def engine_spec(engine: MegatronEngine) -> ShardSpec:
     from flowrl.parallel.mesh import ParallelDims
     from flowrl.parallel.shard_spec import ModelShape, shard_spec
 
-    dims = ParallelDims(dp=engine.dp, tp=engine.tp, pp=engine.pp, vpp=engine.vpp)
+    dims = ParallelDims(dp=engine.dp, tp=engine.tp, pp=engine.pp, vpp=engine.vpp,
+                        ep=getattr(engine, "ep", 1), etp=getattr(engine, "etp", None))
     return shard_spec(ModelShape.from_hf_config(engine.hf_config), dims, style="megatron",
                       make_vocab_size_divisible_by=engine.make_vocab_size_divisible_by)
+
+
+def _shard_key(spec: ShardSpec) -> tuple[tuple[int, ...], bool]:
+    """This rank's shard key from megatron's parallel state, and whether it is the first rank
+    holding it (the one that writes); checked against the spec's own rank arithmetic."""
+    from megatron.core import parallel_state as ps
+
+    key: tuple[int, ...] = (ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank())
+    if spec.dims.expert_keys:
+        key += (ps.get_expert_model_parallel_rank(), ps.get_expert_tensor_parallel_rank())
+    rank = dist.get_rank()
+    if spec.key_of(rank) != key:
+        raise RuntimeError(f"rank {rank}: megatron's parallel state gives shard key {key}, the "
+                           f"layout {spec.dims} gives {spec.key_of(rank)}; the rank orders disagree")
+    return key, spec.dims.shard_replica(rank) == 0
+
+
+def _refuse_distributed_experts(spec: ShardSpec, distributed: list[Any]) -> None:
+    if distributed and spec.dims.expert_keys:
+        raise ValueError(
+            f"checkpoints of megatron's distributed optimizer with expert parallelism ({spec.dims}) "
+            "are not supported (expert ranges are sharded over the expert data-parallel group); "
+            "set actor.megatron.use_distributed_optimizer=false")
 
 
 def _plain_optimizers(engine: MegatronEngine) -> list[Any]:
@@ -123,15 +150,14 @@ def save_sharded(engine: MegatronEngine, path: str | os.PathLike, *, step: int,
                  extra: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """Every rank: save the engine's state as checkpoint ``path`` (see the module doc). Returns
     ``{"path", "optim_step"}`` on global rank 0, None elsewhere."""
-    from megatron.core import parallel_state as ps
-
     from flowrl.backends.train.megatron.dist_optim import distributed_optimizers, optimizer_step, write_distributed
     from flowrl.checkpoint import finalize_checkpoint, write_shard
 
     spec = engine_spec(engine)
     params = _local_params(engine)
-    key = (ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank())
+    key, first = _shard_key(spec)
     distributed = distributed_optimizers(engine.optimizer)
+    _refuse_distributed_experts(spec, distributed)
     if distributed:
         optim_step = optimizer_step(distributed, params)
     else:
@@ -141,7 +167,7 @@ def save_sharded(engine: MegatronEngine, path: str | os.PathLike, *, step: int,
     try:
         if distributed:  # every dp rank writes the chunks of its ranges
             write_distributed(tmp, spec, key, distributed, params, states=OPTIM_STATES if optim_step else ())
-        elif ps.get_data_parallel_rank() == 0:  # dp replicas hold the same shard
+        elif first:  # the other replicas of this shard key hold the same tensors
             optim = ({s: {n: states[n][s].detach() for n in mains} for s in OPTIM_STATES}
                      if states else None)
             write_shard(tmp, spec, key, {n: m.detach().float() for n, m in mains.items()}, optim=optim)
@@ -158,16 +184,15 @@ def save_sharded(engine: MegatronEngine, path: str | os.PathLike, *, step: int,
 def load_sharded(engine: MegatronEngine, path: str | os.PathLike) -> int:
     """Every rank: load checkpoint ``path`` (any layout) into the engine's parameters and, when
     the checkpoint has them, AdamW's states; returns the optimizer step count restored."""
-    from megatron.core import parallel_state as ps
-
     from flowrl.backends.train.megatron.dist_optim import distributed_optimizers, load_distributed
     from flowrl.checkpoint import load_meta, load_shard
 
     meta = load_meta(path)
     spec = engine_spec(engine)
-    key = (ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank())
+    key, _ = _shard_key(spec)
     params = _local_params(engine)
     distributed = distributed_optimizers(engine.optimizer)
+    _refuse_distributed_experts(spec, distributed)
     values = load_shard(path, spec, key, as_torch=True)
     for name, param in params.items():
         param.copy_(values[name].to(param.dtype))
