@@ -87,6 +87,10 @@ class ModelConfig:
     """LoRA scaling numerator: the adapters' output is scaled by ``lora_alpha / lora_rank`` (16:
     verl's default). Adam's first update changes the weights in proportion to
     ``lora_alpha * actor.optim.lr``, whatever the rank: raise one, lower the other."""
+    lora_adapter_path: str = ""
+    """A saved peft LoRA adapter to continue training (verl's key): its rank, alpha, target modules
+    and modules_to_save become ``model.*`` at start, the adapters start from its weights
+    (:mod:`flowrl.models.lora_adapter`). Empty: fresh adapters when ``lora_rank`` > 0."""
     target_modules: str | list[str] = "all-linear"
     """Modules that get adapters: ``all-linear`` (every linear layer but the output head, peft's)
     or module names (a list, or comma-separated: ``q_proj,v_proj``)."""

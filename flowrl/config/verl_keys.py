@@ -325,8 +325,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
        nearest="flowrl's peft adapters start B at zero", accept=("zero",)),
     _k(f"{AR}.model.lora.*", "refuse", does="options of verl's LoRA block (Megatron LoRA)",
        nearest="model.lora_rank, model.lora_alpha, model.target_modules", accept=_OFF),
-    _k(f"{AR}.model.lora_adapter_path", "refuse", does="starts LoRA from a saved adapter",
-       nearest="model.lora_rank (fresh adapters)", accept=_OFF),
+    _k(f"{AR}.model.lora_adapter_path", "map", "model.lora_adapter_path"),  # its settings apply (lora_adapter.py)
     _k(f"{AR}.model.exclude_modules", "refuse", does="modules LoRA leaves out", nearest="model.target_modules",
        accept=_OFF),
     _k(f"{AR}.model.mtp.*", "refuse", does="multi-token prediction", nearest="none", accept=_OFF),

@@ -38,6 +38,9 @@ class LoraSpec:
     modules_to_save: tuple[str, ...] = ()
     """Modules trained whole next to the adapters (peft's ``modules_to_save``: a trainable copy,
     the original kept for the reference; tied embeddings stay tied, peft's ``ensure_weight_tying``)."""
+    adapter_path: str = ""
+    """A saved adapter the adapters start from (``model.lora_adapter_path``,
+    :mod:`flowrl.models.lora_adapter`); empty: fresh adapters (B = 0)."""
 
     def __post_init__(self) -> None:
         if self.rank < 1 or self.alpha <= 0:
@@ -56,20 +59,23 @@ class LoraSpec:
         save = model_cfg.modules_to_save
         save = tuple(t.strip() for t in save.split(",") if t.strip()) if isinstance(save, str) else tuple(save)
         return cls(rank=int(model_cfg.lora_rank), alpha=int(model_cfg.lora_alpha),
-                   target_modules=targets if isinstance(targets, str) else tuple(targets), modules_to_save=save)
+                   target_modules=targets if isinstance(targets, str) else tuple(targets), modules_to_save=save,
+                   adapter_path=getattr(model_cfg, "lora_adapter_path", "") or "")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> LoraSpec:
         targets = d["target_modules"]
         return cls(rank=int(d["rank"]), alpha=int(d["alpha"]),
                    target_modules=targets if isinstance(targets, str) else tuple(targets),
-                   modules_to_save=tuple(d.get("modules_to_save", ())))
+                   modules_to_save=tuple(d.get("modules_to_save", ())), adapter_path=d.get("adapter_path", ""))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (a checkpoint's ``extra.lora``, an engine keyword argument)."""
         targets = self.target_modules
         out = {"rank": self.rank, "alpha": self.alpha,
                "target_modules": targets if isinstance(targets, str) else list(targets)}
+        if self.adapter_path:
+            out["adapter_path"] = self.adapter_path
         return {**out, "modules_to_save": list(self.modules_to_save)} if self.modules_to_save else out
 
     @property
@@ -105,6 +111,11 @@ def add_adapters(model: Any, spec: LoraSpec) -> Any:
         raise ValueError(f"model.target_modules={spec.to_dict()['target_modules']!r}: {exc}; fix: use "
                          "all-linear or names of the model's linear layers (q_proj, v_proj, ...)") from None
     assert peft_model.base_model.model is model, "peft wrapped a copy of the model"
+    trained = [p for p in model.parameters() if p.requires_grad]
+    if spec.adapter_path and trained and not any(p.is_meta for p in trained):  # not on a meta-built layout model
+        from flowrl.models.lora_adapter import load_adapter_weights
+
+        load_adapter_weights(peft_model, spec.adapter_path)
     return peft_model
 
 

@@ -44,6 +44,9 @@ def resolve_inputs(cfg: RunConfig) -> RunConfig:
 
     model_path, train_files, val_files = _inputs(cfg)
     check_model_dir("model.path", model_path)
+    from flowrl.models.lora_adapter import resolve_adapter
+
+    cfg = resolve_adapter(cfg)  # model.lora_adapter_path: the adapter's rank, alpha and targets
     _check_files("data.train_files", train_files)
     if cfg.trainer.test_freq > 0:
         if not val_files:

@@ -142,7 +142,11 @@ def test_the_catalogue_counts(tmp_path):
     flowrl's rollout correction, and its two example lists stay refused by name for bypass mode,
     rejection sampling (rollout_rs) and batch-normalized weights. Now 44 / 32 / 0: verl's bypass mode
     (REINFORCE or PPO clip against the rollout's log-probs, batch-normalized weights, rejection sampling
-    with verl's k1/k2/k3 options: flowrl.algos.rollout_correction) takes both rollout_correction lists."""
+    with verl's k1/k2/k3 options: flowrl.algos.rollout_correction) takes both rollout_correction lists.
+    Now 45 / 31 / 0: model.lora_adapter_path continues training from a saved peft adapter
+    (grpo_trainer/run_qwen2_5-3b_gsm8k_grpo_lora_from_adapter.sh).
+    Then 49 / 27 / 0: Ulysses sequence parallelism (issue 31) takes the three
+    tuning/*_grpo-lora_*_fsdp_vllm.sh lists and grpo_trainer/run_qwen3-32b_npu.sh."""
     counts, _ = measure(tmp_path)
     assert counts["unknown"] == 0 and counts["hydra"] == 0 and counts["preflight"] == 0
-    assert (counts["accepted"], counts["named"], counts["value"]) == (44, 32, 0)
+    assert (counts["accepted"], counts["named"], counts["value"]) == (49, 27, 0)
