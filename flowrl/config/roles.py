@@ -14,7 +14,7 @@ from typing import Literal
 from flowrl.catalog.algos import AGG_MODES
 from flowrl.catalog.backends import (GEN_BACKENDS, TRAIN_BACKENDS, VALUE_BACKENDS, BackendRegistry, ParallelAxis,
                                      either)
-from flowrl.config.errors import check, check_one_of, check_positive
+from flowrl.config.errors import ConfigError, check, check_one_of, check_positive
 from flowrl.config.fsdp import FSDPConfig
 from flowrl.config.megatron import MEGATRON_SECTION, MegatronConfig, check_megatron_owner
 from flowrl.config.multi_turn import MultiTurnConfig
@@ -91,6 +91,18 @@ def check_reference_budget(ref, actor) -> None:
           f"set ref.use_prefix_grouper=auto or false, or actor.strategy={_with(TRAIN_BACKENDS, 'shared_prompts')}")
     check_megatron_owner("ref", ref.megatron, spec, strategy,
                          either(TRAIN_BACKENDS.names_where(lambda s: s.owns(MEGATRON_SECTION))), key_prefix="ref.")
+    check_ulysses("ref", ref.ulysses_sequence_parallel_size, strategy, ref.data_parallel_size, key_prefix="ref.")
+
+
+def check_ulysses(section: str, size, strategy: str, data_parallel_size: int, key_prefix: str = "") -> None:
+    """``{section}.ulysses_sequence_parallel_size``: Ulysses sequence parallelism of a dp or fsdp
+    group, in groups of that many of its ranks (``flowrl.backends.train.ulysses_options``); the
+    error's key under ``key_prefix`` (a section's own check: none, the loader places it)."""
+    from flowrl.backends.train.ulysses_options import check_sequence_parallel
+
+    problem = check_sequence_parallel(section, size, strategy, data_parallel_size)
+    if problem is not None:
+        raise ConfigError(f"{key_prefix}ulysses_sequence_parallel_size", size, *problem)
 
 
 @dataclass(kw_only=True)
@@ -281,7 +293,10 @@ class ActorConfig(ParallelFields):
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     """``strategy=megatron``'s offload switches (verl's ``actor.megatron.*_offload``)."""
     ulysses_sequence_parallel_size: int = 1
-    """verl's Ulysses sequence parallelism: not built in flowrl (must be 1)."""
+    """verl's Ulysses sequence parallelism: each sequence split over groups of this many of the
+    actor's ranks (a divisor of ``data_parallel_size``; dp = data_parallel_size / it, as verl's
+    world / sp), attention over the whole sequence by an all-to-all over heads; the same
+    log-probs and gradients as unsplit. dp and fsdp strategies (``flowrl.backends.train.ulysses``)."""
 
     router_replay: bool = False
     """Routing replay ("R3", mixture-of-experts models): the old-log-prob pass and the update route
@@ -325,9 +340,7 @@ class ActorConfig(ParallelFields):
         check_token_budget(self, ("ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu"),
                            self.use_dynamic_bsz is True or self.log_prob_use_dynamic_bsz is True, "actor")
         check_prefix_grouper(self, "actor")
-        check(self.ulysses_sequence_parallel_size == 1, "ulysses_sequence_parallel_size",
-              self.ulysses_sequence_parallel_size, "Ulysses sequence parallelism is not built in flowrl",
-              "set actor.ulysses_sequence_parallel_size=1 (shard with actor.strategy=fsdp or megatron)")
+        check_ulysses("actor", self.ulysses_sequence_parallel_size, self.strategy, self.data_parallel_size)
         check_one_of("loss_agg_mode", self.loss_agg_mode, AGG_MODES.names())
         for name in ("clip_ratio_low", "clip_ratio_high"):
             value = getattr(self, name)
@@ -377,6 +390,9 @@ class ReferenceConfig(ParallelFields):
     """How the reference shards under ``actor.strategy=fsdp`` (verl's ``fsdp_config``)."""
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     """Its offload switches under ``actor.strategy=megatron`` (verl's ``ref.megatron.param_offload``)."""
+    ulysses_sequence_parallel_size: int = 1
+    """Ulysses sequence parallelism of the reference forward (``actor.ulysses_sequence_parallel_size``'s
+    meaning, over the reference's ranks; ``actor.strategy`` dp or fsdp)."""
 
     def __post_init__(self) -> None:
         self._check_mesh()
@@ -431,6 +447,9 @@ class CriticConfig(ParallelFields):
     """How token value losses reduce to one number (the actor's modes)."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """How ``strategy=fsdp`` shards the critic (verl's ``fsdp_config``)."""
+    ulysses_sequence_parallel_size: int = 1
+    """Ulysses sequence parallelism of the value model (``actor.ulysses_sequence_parallel_size``'s
+    meaning, over the critic's ranks; strategy dp or fsdp)."""
 
     def __post_init__(self) -> None:
         self._check_mesh()
@@ -453,6 +472,7 @@ class CriticConfig(ParallelFields):
                            "critic", VALUE_BACKENDS)
         check_prefix_grouper(self, "critic", VALUE_BACKENDS)
         check_positive("cliprange_value", self.cliprange_value, "use 0.5")
+        check_ulysses("critic", self.ulysses_sequence_parallel_size, self.strategy, self.data_parallel_size)
         check_one_of("loss_agg_mode", self.loss_agg_mode, AGG_MODES.names())
 
 

@@ -109,8 +109,6 @@ VERL_KEYS: tuple[VerlKey, ...] = (
            "model.dtype, {to}.fsdp_config.mixed_precision.param_dtype", ()),
           ("dtype", "refuse", "the FSDP engine's compute dtype", "{to}.fsdp_config.mixed_precision.param_dtype", ()),
           ("full_determinism", "refuse", "deterministic kernels everywhere", "trainer.seed", _OFF),
-          ("ulysses_sequence_parallel_size", "refuse", "Ulysses sequence parallelism (the engine's copy)",
-           "{to}.tensor_model_parallel_size", (1, None)),
           ("qat.*", "refuse", "quantization-aware training", "none", _OFF),
           ("turbo_config.*", "refuse", "verl's turbo FSDP engine", "{to}.strategy=fsdp", ()),
       )),
@@ -219,8 +217,9 @@ VERL_KEYS: tuple[VerlKey, ...] = (
         _k(f"{role}.megatron.use_distributed_optimizer", "map" if to == "actor" else "noop",
            "actor.use_distributed_optimizer" if to == "actor" else "",
            does="shards the optimizer state over data-parallel ranks", nearest="actor.use_distributed_optimizer"),
-        _k(f"{role}.megatron.context_parallel_size", "refuse", does="Megatron context parallelism (lands with the "
-           "MoE / context-parallel issue)", nearest=f"{to}.tensor_model_parallel_size", accept=(1, None)),
+        _k(f"{role}.megatron.context_parallel_size", "refuse", does="Megatron context parallelism: megatron-core "
+           "runs it only in Transformer Engine's attention, which flowrl's megatron models do not use",
+           nearest=f"{to}.ulysses_sequence_parallel_size (Ulysses, strategy fsdp or dp)", accept=(1, None)),
         _k(f"{role}.megatron.dynamic_context_parallel", "refuse", does="dynamic context parallelism",
            nearest=f"{to}.tensor_model_parallel_size", accept=_OFF),
         # MoE (issue 31): the actor's and reference's expert mesh and the actor's router losses map; the critic
@@ -287,10 +286,11 @@ VERL_KEYS: tuple[VerlKey, ...] = (
           ("calculate_sum_pi_squared", "a diagnostic metric", "none"),
       )),
     _k(f"{AR}.ref.strategy", "noop", does="the reference's engine", nearest="the reference uses actor.strategy"),
-    _k(f"{AR}.ref.ulysses_sequence_parallel_size", "refuse", does="Ulysses sequence parallelism of the reference",
-       nearest="ref.tensor_model_parallel_size", accept=(1, None)),
-    _k("critic.ulysses_sequence_parallel_size", "refuse", does="Ulysses sequence parallelism of the critic",
-       nearest="critic.tensor_model_parallel_size", accept=(1, None)),
+    # Ulysses sequence parallelism (issue 31): actor, ref and critic, and the FSDP engine's copies of them
+    _k(f"{AR}.ref.ulysses_sequence_parallel_size", "map", "ref.ulysses_sequence_parallel_size"),
+    _k("critic.ulysses_sequence_parallel_size", "map", "critic.ulysses_sequence_parallel_size"),
+    *(_k(f"{prefix}.fsdp_config.ulysses_sequence_parallel_size", "map", f"{to}.ulysses_sequence_parallel_size")
+      for prefix, to in ((f"{AR}.actor", "actor"), (f"{AR}.ref", "ref"), ("critic.model", "critic"))),
     _k(f"{AR}.actor.fsdp_config.fsdp_size", "noop", does="the FSDP group size (-1: all ranks)",
        nearest="flowrl shards over the role's data-parallel group, as verl's -1"),
     _k(f"{AR}.ref.fsdp_config.fsdp_size", "noop", does="the FSDP group size", nearest="ref.data_parallel_size"),

@@ -13,6 +13,7 @@ import torch
 from flowrl.algos import agg_denominator
 from flowrl.algos.actor_loss import critic_loss
 from flowrl.backends.train.optim import AdamWSettings, ScheduledRate
+from flowrl.backends.train.ulysses_options import sequence_parallel_kwargs
 from flowrl.catalog.backends import VALUE_BACKENDS
 from flowrl.config import CriticConfig
 from flowrl.config.batching_auto import settled
@@ -47,6 +48,7 @@ class CriticRole:
         spec = VALUE_BACKENDS.spec(critic.strategy)
         self.checkpoint_kind = spec.checkpoint
         engine_kwargs = import_string(spec.engine_kwargs)(critic) if spec.engine_kwargs else {}
+        engine_kwargs.update(sequence_parallel_kwargs(critic))  # Ulysses (flowrl.backends.train.ulysses)
         self.engine = spec.engine_class()(
             model_dir, dtype=resolve_dtype(dtype, device), device=device, seed=seed, **AdamWSettings.from_config(o).engine_kwargs(), **engine_kwargs,
         )

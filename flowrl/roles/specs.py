@@ -27,9 +27,11 @@ def _mesh(group_cfg: Any) -> GroupMesh:
 
 
 def _train_engine_kwargs(group_cfg: Any, strategy: str) -> dict:
-    """The train backend ``strategy``'s extra engine arguments for ``group_cfg`` (its mesh)."""
+    """The train backend ``strategy``'s extra engine arguments for ``group_cfg`` (its mesh; Ulysses)."""
+    from flowrl.backends.train.ulysses_options import sequence_parallel_kwargs
+
     fn = TRAIN_BACKENDS.spec(strategy).engine_kwargs
-    return import_string(fn)(group_cfg) if fn else {}
+    return {**(import_string(fn)(group_cfg) if fn else {}), **sequence_parallel_kwargs(group_cfg)}
 
 
 def _model_engine_kwargs(model_cfg: Any, strategy: str) -> dict:

@@ -38,8 +38,8 @@ def test_preflight_refuses_what_is_not_built(overrides, key):
 
 
 def test_ulysses_and_bad_dtypes_are_refused():
-    with pytest.raises(ConfigError, match="Ulysses"):
-        load_config(None, ["actor.ulysses_sequence_parallel_size=2"])
+    with pytest.raises(ConfigError, match="Ulysses"):  # dp and fsdp split sequences (issue 31), megatron does not
+        load_config(None, ["actor.strategy=megatron", "actor.ulysses_sequence_parallel_size=2"])
     with pytest.raises(ConfigError, match="param_dtype"):
         load_config(None, ["actor.strategy=fsdp", "actor.fsdp_config.mixed_precision.param_dtype=float64"])
     # verl's three: moved between phases (param_offload, optimizer_offload, each alone or both), or

@@ -34,6 +34,7 @@ from flowrl.models import vlm
 from flowrl.parallel.dtypes import engine_precision
 
 if TYPE_CHECKING:
+    from flowrl.backends.train.ulysses import SequenceParallel
     from flowrl.models.lora import LoraSpec
 
 
@@ -61,6 +62,9 @@ class TorchDPEngine:
     precision = engine_precision("cpu", "float32")
     """Parameter and compute dtypes (:func:`flowrl.parallel.dtypes.engine_precision`): on a GPU
     fp32 parameters under bf16 autocast, on the CPU the compute dtype throughout."""
+    ulysses: "SequenceParallel | None" = None
+    """Ulysses sequence parallelism (``ulysses_sequence_parallel_size`` > 1): this rank's group,
+    which splits every line of a micro-batch (``flowrl.backends.train.ulysses``); None: off."""
     lora: LoraSpec | None = None
     """The LoRA adapters (``model.lora_rank`` > 0): only they train; None: every weight trains."""
     peft_model: Any = None
@@ -75,6 +79,7 @@ class TorchDPEngine:
         device: str = "cpu",
         seed: int = 0,
         lora: dict | None = None,
+        ulysses_sequence_parallel_size: int = 1,
         **optim: Any,
     ) -> None:
         """``optim``: the optimizer keywords of :class:`~flowrl.backends.train.optim.AdamWSettings`;
@@ -98,6 +103,13 @@ class TorchDPEngine:
             self.model.eval()
             self.model.requires_grad_(False)
         self._broadcast_parameters()
+        self._sequence_parallel(ulysses_sequence_parallel_size)
+
+    def _sequence_parallel(self, size: int) -> None:
+        """Ulysses over groups of ``size`` ranks (``flowrl.backends.train.ulysses``; 1: off)."""
+        from flowrl.backends.train.ulysses import sequence_parallel
+
+        self.ulysses = sequence_parallel(self.model, size, pad_id=self.pad_id, device=self.device)
 
     def _load_model(self, model_dir: str, dtype: torch.dtype) -> torch.nn.Module:
         """The trained module (subclasses load another head on the same checkpoint)."""
@@ -169,6 +181,8 @@ class TorchDPEngine:
     def _micro_batches(self, batch: PackedBatch, micro_batch_size: int) -> list[PackedBatch]:
         """``batch``'s micro-batches (by rows, or by its token budget); with
         ``same_micro_batch_count`` token-budget splits agree on the largest count over the ranks."""
+        if self.ulysses is not None:  # the sp group's rows, each line split over its ranks
+            batch = self.ulysses.group_batch(batch)
         mbs = list(batch.micro_batches(micro_batch_size))
         if batch.token_budget <= 0 or not self.same_micro_batch_count or self.dp_size == 1:
             return mbs
@@ -188,6 +202,9 @@ class TorchDPEngine:
     def _forward(self, mb: PackedBatch, *, temperature: float, with_entropy: bool,
                  token_stat: str = "entropy") -> tuple[torch.Tensor, torch.Tensor | None]:
         padded, dev = mb.model_inputs(self.pad_id, self.pair_cost), self.device
+        response_T = mb.response_T
+        if self.ulysses is not None:  # this rank's slice of every line (flowrl.backends.train.ulysses)
+            padded, response_T = self.ulysses.local(padded), self.ulysses.select(response_T)
         self.slots_computed += padded.num_slots
         kwargs = model_kwargs(padded, dev, self.model.config._attn_implementation)
         tap = moe_routing.router_tap(self, mb, padded)  # MoE: routing replay and router stats (else None)
@@ -200,8 +217,10 @@ class TorchDPEngine:
         logits_TV = logits_TV.float()
         if temperature != 1.0:
             logits_TV = logits_TV / temperature
-        logp_T = logprobs_from_logits(logits_TV, mb.response_T.long().to(dev))
+        logp_T = logprobs_from_logits(logits_TV, response_T.long().to(dev))
         entropy_T = TOKEN_STATS[token_stat](logits_TV) if with_entropy else None
+        if self.ulysses is not None:  # the group's tokens: every rank the micro-batch's whole _T
+            logp_T, entropy_T = self.ulysses.gather(logp_T, entropy_T)
         # results on the host, where the losses' inputs are (no copy on the CPU)
         return logp_T.cpu(), (entropy_T.cpu() if entropy_T is not None else None)
 
@@ -219,6 +238,8 @@ class TorchDPEngine:
             self.model.train(was_training)
         logp_T = torch.cat([o[0] for o in outs]) if outs else torch.empty(0)
         entropy_T = torch.cat([o[1] for o in outs]) if with_entropy and outs else None
+        if self.ulysses is not None:  # this rank's rows of the group's
+            logp_T, entropy_T = self.ulysses.own(logp_T), self.ulysses.own(entropy_T)
         return logp_T, entropy_T
 
     # ----------------------------------------------------------------- update
@@ -364,8 +385,9 @@ class TorchDPEngine:
 
     def generation_module(self) -> torch.nn.Module:
         """The live module a generation engine in this process may generate with (the hybrid
-        engine): a full replica, so its parameters are the generation weights (LoRA: adapters on)."""
-        return self.model
+        engine): a full replica, so its parameters are the generation weights (LoRA: adapters on);
+        None under sequence parallelism (its attention runs only inside the group's forward)."""
+        return self.model if self.ulysses is None else None
 
     def param_bytes_local(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())

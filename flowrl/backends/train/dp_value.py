@@ -37,9 +37,12 @@ class TorchDPValueEngine(TorchDPEngine):
 
     def _values(self, mb: PackedBatch) -> torch.Tensor:
         padded, dev = mb.model_inputs(self.pad_id, self.pair_cost), self.device
+        if self.ulysses is not None:  # this rank's slice of every line (flowrl.backends.train.ulysses)
+            padded = self.ulysses.local(padded)
         self.slots_computed += padded.num_slots
         scores_BL1 = self.model(**model_kwargs(padded, dev, self.model.config._attn_implementation)).logits
-        return scores_BL1[padded.row_T.to(dev), padded.pred_T.to(dev), 0].float().cpu()
+        values_T = scores_BL1[padded.row_T.to(dev), padded.pred_T.to(dev), 0].float()
+        return (values_T if self.ulysses is None else self.ulysses.gather(values_T)[0]).cpu()
 
     @torch.no_grad()
     def forward_values(self, batch: PackedBatch, *, micro_batch_size: int) -> torch.Tensor:
@@ -50,7 +53,8 @@ class TorchDPValueEngine(TorchDPEngine):
             outs = [self._values(mb) for mb in self._micro_batches(batch, micro_batch_size)]
         finally:
             self.model.train(was_training)
-        return torch.cat(outs) if outs else torch.empty(0)
+        values_T = torch.cat(outs) if outs else torch.empty(0)
+        return values_T if self.ulysses is None else self.ulysses.own(values_T)
 
     def train_step_values(self, batch: PackedBatch, *, micro_batch_size: int, loss_fn: ValueLossFn) -> dict[str, float]:
         """One optimizer step over ``batch`` (this rank's share), accumulating micro-batches;

@@ -78,6 +78,7 @@ class FSDPEngine(TorchDPEngine):
         buffer_dtype: str | None = None,
         gradient_checkpointing: bool = False,
         lora: dict | None = None,
+        ulysses_sequence_parallel_size: int = 1,
         **optim: Any,
     ) -> None:
         """``optim``: :class:`~flowrl.backends.train.optim.AdamWSettings`'s keywords; offload: :meth:`offload_state`."""
@@ -113,6 +114,7 @@ class FSDPEngine(TorchDPEngine):
         else:
             self._broadcast_parameters()  # heads new in the checkpoint (the critic's) start equal
             self._root = self._shard(reshard_after_forward, param_offload, param_dtype, reduce_dtype)
+        self._sequence_parallel(ulysses_sequence_parallel_size)  # Ulysses (flowrl.backends.train.ulysses)
         self.optimizer = None
         if trainable:
             self.model.train()
