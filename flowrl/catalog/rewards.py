@@ -21,10 +21,12 @@ REWARD_FUNCTIONS: Registry[Callable[..., Any]] = Registry("reward function", all
 REWARD_FUNCTIONS.register("exact_match", "flowrl.rewards.math:exact_match")
 REWARD_FUNCTIONS.register("gsm8k", "flowrl.rewards.math:gsm8k")
 REWARD_FUNCTIONS.register("auto", "flowrl.rewards.math:auto")
+REWARD_FUNCTIONS.register("vlm_shapes", "flowrl.rewards.math:exact_match")  # the embedded vision-language task
 REWARD_FUNCTIONS.register("code", "flowrl.rewards.code_tests:code")  # runs code: the sandbox (issue 38)
 
 DATA_SOURCE_REWARDS: dict[str, str] = {
     "flowrl/addition": "exact_match",
+    "flowrl/vlm_shapes": "exact_match",
     "openai/gsm8k": "gsm8k",
     **dict.fromkeys(("codecontests", "apps", "codeforces", "taco", "flowrl/code_linear"), "code"),
 }

@@ -277,6 +277,9 @@ class ActorConfig(ParallelFields):
     seq-mean-token-sum-norm."""
     entropy_coeff: float = 0.0
     """Entropy bonus coefficient."""
+    freeze_vision_tower: bool = False
+    """A vision-language model's vision tower (and merger) stays as loaded: no gradients, no updates
+    (verl's key). dp and fsdp strategies (``flowrl.models.vlm``)."""
     use_kl_loss: bool = True
     """Add KL(policy || reference) to the loss (GRPO's way); needs the reference group."""
     kl_loss_coef: float = 0.001
@@ -321,6 +324,9 @@ class ActorConfig(ParallelFields):
         check(not self.router_replay or self.strategy in ("dp", "fsdp"), "router_replay", self.router_replay,
               f"routing replay runs in the dp and fsdp strategies, not actor.strategy={self.strategy}",
               "set actor.strategy=dp or fsdp, or actor.router_replay=false")
+        check(not self.freeze_vision_tower or self.strategy in ("dp", "fsdp"), "freeze_vision_tower",
+              self.freeze_vision_tower, f"vision-language models train in the dp and fsdp strategies, not "
+              f"actor.strategy={self.strategy}", "set actor.strategy=dp or fsdp")
         vpp = self.virtual_pipeline_model_parallel_size
         check(isinstance(vpp, int) and vpp >= 1, "virtual_pipeline_model_parallel_size", vpp, "must be an integer >= 1", "use 1")
         spec = TRAIN_BACKENDS.spec(self.strategy)

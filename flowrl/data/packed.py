@@ -150,7 +150,8 @@ class PackedBatch:
             from flowrl.data.token_layout import shared_prompt_lines
 
             ids, positions, mask, row_T, pos_T, pred_T = shared_prompt_lines(
-                self.prompt_P, self.prompt_cu_B1, self.response_T, self.response_cu_B1, pad_id, pair_cost)
+                self.prompt_P, self.prompt_cu_B1, self.response_T, self.response_cu_B1, pad_id, pair_cost,
+                self._image_breaks())
             return Padded(ids, None, row_T, pos_T, positions, block_mask_BLL=mask, pred_T=pred_T)
         if self.token_budget > 0:
             from flowrl.data.token_layout import packed_lines
@@ -159,6 +160,16 @@ class PackedBatch:
                                                         self.response_cu_B1, pad_id)
             return Padded(ids, None, row_T, pos_T, positions)
         return self.padded(pad_id)
+
+    def _image_breaks(self) -> "torch.Tensor | None":
+        """Rows whose images differ from the previous row's (they share no prompt with it: the same
+        ``<image>`` tokens of another picture are another prompt); None for a text batch."""
+        if self.images is None:
+            return None
+        import torch
+
+        return torch.tensor([b > 0 and self.images[b] != self.images[b - 1] for b in range(self.num_rows)],
+                            dtype=torch.bool)
 
     def padded(self, pad_id: int) -> Padded:
         """Right-padded ``prompt + response`` rows and the positions of the response tokens."""

@@ -161,11 +161,12 @@ def layout_cost(lengths: list[int], pair_cost: float) -> float:
 
 
 def shared_prompt_segments(prompt_P: torch.Tensor, prompt_cu_B1: torch.Tensor, response_len_B: torch.Tensor | None = None,
-                           max_tokens: int = 0) -> torch.Tensor:
+                           max_tokens: int = 0, breaks_B: torch.Tensor | None = None) -> torch.Tensor:
     """The segment of each row: a row starts a new one unless its prompt equals the previous row's
     token for token (consecutive GRPO samples of one prompt share a segment) and, with
     ``max_tokens`` > 0, its response still fits the segment's ``max_tokens`` (a row longer than
-    that alone). Rows with an empty prompt always start their own."""
+    that alone). Rows with an empty prompt always start their own, and so do the rows ``breaks_B``
+    marks (a vision-language batch: a row whose images differ from the previous row's)."""
     len_B = prompt_cu_B1.diff().long()
     num_rows = len_B.numel()
     starts_B = torch.ones(num_rows, dtype=torch.bool)
@@ -178,6 +179,8 @@ def shared_prompt_segments(prompt_P: torch.Tensor, prompt_cu_B1: torch.Tensor, r
         differs = torch.zeros(num_rows, dtype=torch.long)
         differs.index_add_(0, row_P[compare_P], (prompt_P[idx] != prompt_P[idx - len_B[row_P[compare_P]]]).long())
         starts_B[1:] = ~same_len | (differs[1:] > 0)
+    if breaks_B is not None:
+        starts_B |= breaks_B.bool()
     if max_tokens > 0 and response_len_B is not None:
         used = 0
         for b, (start, p, r) in enumerate(zip(starts_B.tolist(), len_B.tolist(), response_len_B.tolist())):
@@ -188,7 +191,7 @@ def shared_prompt_segments(prompt_P: torch.Tensor, prompt_cu_B1: torch.Tensor, r
 
 
 def cheapest_segments(prompt_P: torch.Tensor, prompt_cu_B1: torch.Tensor, response_len_B: torch.Tensor,
-                      pair_cost: float) -> torch.Tensor:
+                      pair_cost: float, breaks_B: torch.Tensor | None = None) -> torch.Tensor:
     """The segment of each row (:func:`shared_prompt_segments`) under the cheapest bound on a
     segment's tokens (:func:`layout_cost`): none (whole groups, however long; kept on ties), every
     row alone (the per-row layout), or room for 1, 2, 4, ... of the longest response after the
@@ -202,7 +205,7 @@ def cheapest_segments(prompt_P: torch.Tensor, prompt_cu_B1: torch.Tensor, respon
         rsum = torch.zeros(int(first.sum()), dtype=torch.long).index_add_(0, seg_B, response_len_B.long())
         return (plen_B[first] + rsum).tolist()
 
-    best = shared_prompt_segments(prompt_P, prompt_cu_B1)
+    best = shared_prompt_segments(prompt_P, prompt_cu_B1, breaks_B=breaks_B)
     if pair_cost <= 0:
         return best
     whole = segment_lengths(best)
@@ -214,7 +217,7 @@ def cheapest_segments(prompt_P: torch.Tensor, prompt_cu_B1: torch.Tensor, respon
         caps.append(longest_prompt + rows * longest_response)
         rows *= 2
     for cap in caps:
-        seg_B = shared_prompt_segments(prompt_P, prompt_cu_B1, response_len_B, cap)
+        seg_B = shared_prompt_segments(prompt_P, prompt_cu_B1, response_len_B, cap, breaks_B)
         cost = layout_cost(segment_lengths(seg_B), pair_cost)
         if cost < best_cost:
             best, best_cost = seg_B, cost
@@ -222,7 +225,8 @@ def cheapest_segments(prompt_P: torch.Tensor, prompt_cu_B1: torch.Tensor, respon
 
 
 def shared_prompt_lines(prompt_P: torch.Tensor, prompt_cu_B1: torch.Tensor, response_T: torch.Tensor,
-                        response_cu_B1: torch.Tensor, pad_id: int, pair_cost: float = 0.0) -> tuple[torch.Tensor, ...]:
+                        response_cu_B1: torch.Tensor, pad_id: int, pair_cost: float = 0.0,
+                        breaks_B: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """Segments (one prompt, then the responses of its rows) packed into lines: ``(input_ids_RC,
     position_ids_RC, mask_RCC, row_T, pos_T, pred_T)``.
 
@@ -236,7 +240,7 @@ def shared_prompt_lines(prompt_P: torch.Tensor, prompt_cu_B1: torch.Tensor, resp
     against a position's, ``PAIR_COST_PER_HIDDEN / hidden_size``) a long group may be split
     (:func:`cheapest_segments`); 0: one segment per group."""
     plen_B, rlen_B = prompt_cu_B1.diff().long(), response_cu_B1.diff().long()
-    seg_B = cheapest_segments(prompt_P, prompt_cu_B1, rlen_B, pair_cost)
+    seg_B = cheapest_segments(prompt_P, prompt_cu_B1, rlen_B, pair_cost, breaks_B)
     num_rows = seg_B.numel()
     first_S = torch.nonzero(torch.cat([torch.ones(min(num_rows, 1), dtype=torch.bool), seg_B[1:] != seg_B[:-1]]))[:, 0]
     num_segments = first_S.numel()

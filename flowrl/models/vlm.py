@@ -112,13 +112,18 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(base, "model", model) if base is not None and base is not model else model
 
 
-def mrope_positions(model: torch.nn.Module, ids_L: torch.Tensor, grid_thw: torch.Tensor | None) -> torch.Tensor:
-    """``[3, L]`` rotary positions of one unpadded sequence whose images have ``grid_thw``."""
+def mrope_positions(model: torch.nn.Module, ids_L: torch.Tensor, grid_thw: torch.Tensor | None,
+                    prompt_len: int | None = None) -> torch.Tensor:
+    """``[3, L]`` rotary positions of one unpadded sequence whose images have ``grid_thw``; only
+    the first ``prompt_len`` tokens (default: all) may be image tokens (an ``<|image_pad|>`` the
+    policy sampled in its response is a text token, as generation fed it)."""
     ids_1L = ids_L.long().reshape(1, -1)
     if grid_thw is None or grid_thw.numel() == 0:
         return torch.arange(ids_1L.shape[1], device=ids_L.device).expand(3, -1).clone()
     inner = _inner(_unwrap(model))
     token_types = (ids_1L == model.config.image_token_id).int()
+    if prompt_len is not None:
+        token_types[:, prompt_len:] = 0
     positions, _ = inner.get_rope_index(ids_1L, mm_token_type_ids=token_types, image_grid_thw=grid_thw.to(ids_L.device))
     return positions[:, 0].long()
 
@@ -150,41 +155,78 @@ def _image_inputs(model: torch.nn.Module, images_B: Sequence[Sequence[bytes]]) -
     return {"pixel_values": pixel_values, "image_grid_thw": grids}, per_row
 
 
-def vlm_hidden(model: torch.nn.Module, mb: PackedBatch, padded: Padded, device: torch.device) -> torch.Tensor:
-    """The last hidden state ``[B or R, L, H]`` of ``padded`` (``mb.model_inputs``: padded rows or
-    packed lines; shared-prompt lines are refused) with ``mb``'s images."""
-    if padded.block_mask_BLL is not None:
-        raise ValueError("use_prefix_grouper=true (actor, ref or critic) is not supported for a vision-language "
-                         "model (each group's image would be computed once per segment); fix: set "
-                         "use_prefix_grouper=false")
-    from flowrl.data.token_layout import assign_lines, line_capacity
+def vlm_hidden(model: torch.nn.Module, mb: PackedBatch, padded: Padded, device: torch.device,
+               attn_implementation: str = "sdpa") -> torch.Tensor:
+    """The last hidden state ``[B or R, L, H]`` of ``padded`` (``mb.model_inputs``: padded rows,
+    packed lines or shared-prompt lines) with ``mb``'s images.
+
+    Every slot's rotary position is its sequence's (:func:`mrope_positions` of the row's prompt
+    and response, unpadded) at the slot's text position: a response slot's row is known
+    (responses are in flat row order), a prompt slot belongs to the row of the next response
+    slot in its line (a prompt precedes its responses in every layout). The images go to the
+    model in the order of their prompts' first slots in the layout (each shared prompt once)."""
+    from flowrl.backends.interfaces import block_attention_mask
 
     images_B = mb.images or [[] for _ in range(mb.num_rows)]
-    seq_B = [torch.cat([mb.prompt_P[int(mb.prompt_cu_B1[b]): int(mb.prompt_cu_B1[b + 1])],
-                        mb.response_T[int(mb.response_cu_B1[b]): int(mb.response_cu_B1[b + 1])]]).long()
-             for b in range(mb.num_rows)]
     ids = padded.input_ids_BL
-    lines = padded.position_ids_BL is not None  # packed lines: place each sequence where packed_lines put it
-    if lines:
-        line_B, offset_B, _ = assign_lines([len(s) for s in seq_B], line_capacity([len(s) for s in seq_B]))
-    else:
-        line_B, offset_B = list(range(mb.num_rows)), [0] * mb.num_rows
-    order = sorted(range(mb.num_rows), key=lambda b: (line_B[b], offset_B[b]))  # image tokens' order in the layout
-    inputs, grid_B = _image_inputs(model, [images_B[b] for b in order])
-    grid_of = {b: grid_B[i] for i, b in enumerate(order)}
-    pos_3BL = torch.ones((3,) + tuple(ids.shape), dtype=torch.long)
-    for b, seq in enumerate(seq_B):
-        pos_3BL[:, line_B[b], offset_B[b]: offset_B[b] + len(seq)] = mrope_positions(model, seq, grid_of[b])
-    kwargs: dict[str, Any] = {"input_ids": ids.to(device), "use_cache": False}
-    if lines:
-        kwargs["position_ids"] = torch.cat([padded.position_ids_BL[None], pos_3BL]).to(device)
+    num_lines, width = ids.shape
+    text_RC = padded.position_ids_BL if padded.position_ids_BL is not None else torch.arange(width).expand(num_lines, -1)
+    # each slot's row: response slots from the flat order, prompt slots from the next response slot to their right
+    owner_RC = torch.full((num_lines, width), -1, dtype=torch.long)
+    rows_T = torch.repeat_interleave(torch.arange(mb.num_rows), mb.response_cu_B1.diff().long())
+    owner_RC[padded.row_T, padded.pos_T] = rows_T
+    for r in range(num_lines):
+        line, nxt = owner_RC[r], -1
+        for c in range(width - 1, -1, -1):  # backward fill
+            if int(line[c]) >= 0:
+                nxt = int(line[c])
+            elif int(text_RC[r, c]) == 0 or nxt >= 0:
+                line[c] = nxt
+                if int(text_RC[r, c]) == 0:
+                    nxt = -1  # a sequence (segment) starts here: nothing before it is this row's
+    # the images in the order of their sequences' starts in the layout
+    starts = [(r, c) for r in range(num_lines) for c in range(width)
+              if int(text_RC[r, c]) == 0 and int(owner_RC[r, c]) >= 0]
+    order = [int(owner_RC[r, c]) for r, c in starts]
+    inputs, grid_seq = _image_inputs(model, [images_B[b] for b in order])
+    grid_of = {b: grid_seq[i] for i, b in enumerate(order)}
+    seq_pos: dict[int, torch.Tensor] = {}
+    for b in set(order) | set(rows_T.tolist()):
+        seq = torch.cat([mb.prompt_P[int(mb.prompt_cu_B1[b]): int(mb.prompt_cu_B1[b + 1])],
+                         mb.response_T[int(mb.response_cu_B1[b]): int(mb.response_cu_B1[b + 1])]]).long()
+        grid = grid_of.get(b)
+        if grid is None:
+            _, rows = _image_inputs(model, [images_B[b]])
+            grid = rows[0]
+        seq_pos[b] = mrope_positions(model, seq, grid, int(mb.prompt_cu_B1[b + 1] - mb.prompt_cu_B1[b]))
+    pos_3RC = torch.ones((3, num_lines, width), dtype=torch.long)
+    for b, pos in seq_pos.items():
+        r_idx, c_idx = (owner_RC == b).nonzero(as_tuple=True)
+        pos_3RC[:, r_idx, c_idx] = pos[:, text_RC[r_idx, c_idx].long()]
+    inner = _inner(_unwrap(model))
+    ids = ids.to(device)
+    embeds = inner.get_input_embeddings()(ids)
+    if inputs:  # image features into the prompts' <|image_pad|> slots (a response's are text)
+        features = inner.get_image_features(inputs["pixel_values"].to(device), inputs["image_grid_thw"].to(device),
+                                            return_dict=True).pooler_output
+        features = torch.cat(list(features)).to(embeds.dtype)
+        in_prompt = torch.ones(ids.shape, dtype=torch.bool)
+        in_prompt[padded.row_T, padded.pos_T] = False
+        slots = (ids == model.config.image_token_id) & in_prompt.to(device)
+        if int(slots.sum()) != features.shape[0]:
+            raise ValueError(f"{int(slots.sum())} image tokens in the prompts, {features.shape[0]} image features: "
+                             "each <image> must be expanded to its image's tokens (flowrl.data.images)")
+        embeds = embeds.masked_scatter(slots[..., None], features)
+    kwargs: dict[str, Any] = {"inputs_embeds": embeds, "use_cache": False}
+    if padded.block_mask_BLL is not None:  # shared prompts: the block mask
+        kwargs["attention_mask"] = block_attention_mask(padded.block_mask_BLL, attn_implementation).to(device)
+        kwargs["position_ids"] = pos_3RC.to(device)
+    elif padded.position_ids_BL is not None:  # packed lines: text positions first (the block-causal mask)
+        kwargs["position_ids"] = torch.cat([padded.position_ids_BL[None], pos_3RC]).to(device)
     else:
         kwargs["attention_mask"] = padded.attention_mask_BL.to(device)
-        kwargs["position_ids"] = pos_3BL.to(device)
-    if inputs:
-        kwargs["pixel_values"] = inputs["pixel_values"].to(device)
-        kwargs["image_grid_thw"] = inputs["image_grid_thw"].to(device)
-    return _inner(model)(**kwargs).last_hidden_state
+        kwargs["position_ids"] = pos_3RC.to(device)
+    return inner.language_model(**kwargs).last_hidden_state
 
 
 # ----------------------------------------------------------------- generation

@@ -83,6 +83,7 @@ class PolicyRole:
             seed=seed,
             **AdamWSettings.from_config(o).engine_kwargs(),
             **(engine_kwargs or {}),
+            **({"freeze_vision_tower": True} if actor.freeze_vision_tower else {}),  # a VLM's (flowrl.models.vlm)
         )
         # MoE: the routers' loss coefficients (dp/fsdp engines; flowrl.models.moe_routing)
         self.engine.moe_losses = MoeLossSettings(aux_loss_coeff=actor.moe_aux_loss_coeff,

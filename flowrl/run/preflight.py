@@ -134,6 +134,12 @@ def _inputs(cfg: RunConfig) -> tuple[str, str, str]:
         from flowrl.tasks.code_task import prepare_code_task
 
         task = prepare_code_task(cache / "code_task", seed=cfg.trainer.seed)
+    elif cfg.algorithm.reward_fn == "vlm_shapes":  # the embedded vision-language task (flowrl.tasks.vlm_shapes)
+        from flowrl.tasks.vlm_shapes import prepare_vlm_shapes_task
+
+        with _saying_if_slow(f"flowrl: building the embedded vision-language task in {cache / 'vlm_shapes'} "
+                             "(a tiny Qwen2-VL warmed up on coloured shapes; about 2 min, once)"):
+            task = prepare_vlm_shapes_task(cache / "vlm_shapes", seed=cfg.trainer.seed)
     elif cfg.rollout.multi_turn.enable:  # the embedded agentic task (flowrl.tasks.agent_task)
         from flowrl.tasks.agent_task import prepare_agent_task
 
