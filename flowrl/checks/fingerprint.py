@@ -83,10 +83,12 @@ def _cpu_vectors(name: str, shape: tuple[int, ...]) -> list["torch.Tensor"]:
     return _CACHE[key]
 
 
-def block_fingerprint(block: "torch.Tensor", vectors: list["torch.Tensor"], *, rounded: bool = False) -> tuple[float, float]:
+def block_fingerprint(block: "torch.Tensor", vectors: list["torch.Tensor"], *, rounded: bool = False,
+                      both: bool = False) -> tuple[float, float] | tuple[tuple[float, float], tuple[float, float]]:
     """(f, s) of ``block`` against its per-dimension ``vectors`` (each of the block's length along
     its dimension): f the projection, s the projection of ``|block|`` on ``|v|`` (the scale of f).
-    ``rounded``: of the block's values rounded to bf16."""
+    ``rounded``: of the block's values rounded to bf16. ``both``: ((f, s), (f, s) rounded) in
+    one pass over the block (a source whose receiver may hold either)."""
     import torch
 
     if block.ndim == 0:
@@ -96,18 +98,19 @@ def block_fingerprint(block: "torch.Tensor", vectors: list["torch.Tensor"], *, r
     per_row = max(1, block[0].numel()) if rows else 1
     step = max(1, CHUNK // per_row)
     absv = [v.abs() for v in vectors]
-    f = s = 0.0
+    kinds = (False, True) if both else (rounded,)
+    sums = [[0.0, 0.0] for _ in kinds]
     for r0 in range(0, rows, step):
-        x = block[r0:r0 + step]
-        if rounded:
-            x = x.to(torch.bfloat16)
-        x = x.to(torch.float64)
-        y, ya = x, x.abs()
-        for k in range(block.ndim - 1, 0, -1):  # contract the last dimension first
-            y, ya = y @ vectors[k], ya @ absv[k]
-        f += float(vectors[0][r0:r0 + step] @ y)
-        s += float(absv[0][r0:r0 + step] @ ya)
-    return f, s
+        chunk = block[r0:r0 + step]
+        for acc, rnd in zip(sums, kinds):
+            x = (chunk.to(torch.bfloat16) if rnd else chunk).to(torch.float64)
+            y, ya = x, x.abs()
+            for k in range(block.ndim - 1, 0, -1):  # contract the last dimension first
+                y, ya = y @ vectors[k], ya @ absv[k]
+            acc[0] += float(vectors[0][r0:r0 + step] @ y)
+            acc[1] += float(absv[0][r0:r0 + step] @ ya)
+    out = [(f, s) for f, s in sums]
+    return (out[0], out[1]) if both else out[0]
 
 
 WHOLE = "*"
@@ -125,16 +128,31 @@ def state_fingerprints(state: Mapping[str, "torch.Tensor"], *, rounded: bool = F
                 for name, t in state.items()}
 
 
+def state_fingerprints_both(state: Mapping[str, "torch.Tensor"]) -> tuple[Parts, Parts]:
+    """:func:`state_fingerprints` native and rounded to bf16, in one pass."""
+    import torch
+
+    native: Parts = {}
+    rounded: Parts = {}
+    with torch.no_grad():
+        for name, t in state.items():
+            a, b = block_fingerprint(t.detach(), _vectors(name, tuple(t.shape), t.device), both=True)
+            native[name], rounded[name] = {WHOLE: a}, {WHOLE: b}
+    return native, rounded
+
+
 def shard_fingerprints(spec: "ShardSpec", rank: int, tensors: Mapping[str, "torch.Tensor"], *,
-                       rounded: bool = False) -> Parts:
+                       rounded: bool = False, both: bool = False) -> Parts | tuple[Parts, Parts]:
     """The pieces rank ``rank`` of ``spec`` holds in ``tensors`` (its local tensors): HF parameter
     -> {the piece's region: (f, s)} (a piece that is the whole parameter: ``*``). Ranks of one
-    replica that hold the same region (a norm weight every tp rank holds) count it once."""
+    replica that hold the same region (a norm weight every tp rank holds) count it once.
+    ``both``: (native, rounded to bf16), in one pass."""
     import torch
 
     from flowrl.parallel.shard_spec import piece_index
 
     out: Parts = {}
+    out_rounded: Parts = {}
     with torch.no_grad():
         for piece in spec.shard_of(rank).pieces:
             shape = spec.params[piece.param]
@@ -144,8 +162,13 @@ def shard_fingerprints(spec: "ShardSpec", rank: int, tensors: Mapping[str, "torc
             vectors[piece.dim] = vectors[piece.dim][piece.start:piece.stop]
             whole = piece.start == 0 and piece.stop == shape[piece.dim]
             key = WHOLE if whole else f"{piece.dim}:{piece.start}:{piece.stop}"
-            out.setdefault(piece.param, {})[key] = block_fingerprint(block, vectors, rounded=rounded)
-    return out
+            if both:
+                a, b = block_fingerprint(block, vectors, both=True)
+                out.setdefault(piece.param, {})[key] = a
+                out_rounded.setdefault(piece.param, {})[key] = b
+            else:
+                out.setdefault(piece.param, {})[key] = block_fingerprint(block, vectors, rounded=rounded)
+    return (out, out_rounded) if both else out
 
 
 def replica_of(spec: "ShardSpec", rank: int) -> int:
@@ -225,13 +248,14 @@ def _dtype_name(tensors: Iterable["torch.Tensor"]) -> str:
     return "bfloat16" if any(t.dtype == torch.bfloat16 for t in tensors) else "float32"
 
 
-def _timed_parts(fn: Any, *, wire: str, src_dtype: str) -> tuple[dict, dict | None]:
-    """A source's parts in the dtype the wire carries and, for an fp32 wire from fp32 values,
-    rounded to bf16 too (a bf16 engine receives those)."""
+def _source_parts(fn: Any, *, wire: str, src_dtype: str) -> tuple[dict, dict | None]:
+    """A source's parts in the dtype the wire carries and rounded to bf16 (what a bf16 engine
+    receives): one pass computing both from fp32 values on an fp32 wire, else the rounded ones
+    (which are then the values that travel)."""
     if wire == "bfloat16" or src_dtype == "bfloat16":
         parts = fn(rounded=True)
         return parts, parts
-    return fn(rounded=False), fn(rounded=True)
+    return fn(both=True)
 
 
 def source_report(job: Any, rank: int, tensors: Mapping[str, "torch.Tensor"]) -> dict:
@@ -241,8 +265,8 @@ def source_report(job: Any, rank: int, tensors: Mapping[str, "torch.Tensor"]) ->
     start = time.perf_counter()
     spec = job.specs()[0]
     held = [tensors[name] for name in spec.shard_of(rank).tensors]
-    parts, rounded = _timed_parts(lambda rounded: shard_fingerprints(spec, rank, tensors, rounded=rounded),
-                                  wire=job.wire_dtype, src_dtype=_dtype_name(held))
+    parts, rounded = _source_parts(lambda **kw: shard_fingerprints(spec, rank, tensors, **kw),
+                                   wire=job.wire_dtype, src_dtype=_dtype_name(held))
     return report("src", rank, replica_of(spec, rank), parts, dtype=job.wire_dtype, rounded=rounded,
                   seconds=time.perf_counter() - start)
 
@@ -298,8 +322,9 @@ def adapter_source_report(job: Any, adapters: Mapping[str, "torch.Tensor"]) -> d
 
     start = time.perf_counter()
     tensors = sync_names(adapters)
-    parts, rounded = _timed_parts(lambda rounded: state_fingerprints(tensors, rounded=rounded),
-                                  wire=job.wire_dtype, src_dtype=_dtype_name(tensors.values()))
+    parts, rounded = _source_parts(lambda both=False, **kw: state_fingerprints_both(tensors) if both
+                                   else state_fingerprints(tensors, **kw),
+                                   wire=job.wire_dtype, src_dtype=_dtype_name(tensors.values()))
     return report("src", 0, 0, parts, dtype=job.wire_dtype, rounded=rounded, seconds=time.perf_counter() - start)
 
 

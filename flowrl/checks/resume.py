@@ -50,8 +50,6 @@ def engine_state(engine: Any, rank: int) -> dict:
     """One trainer rank's part of the record: the parameters' fingerprints (rank 0, of the HF
     state; every rank takes part in gathering it), the optimizer's step and its states' squared
     norms over the tensors this rank holds."""
-    import torch
-
     from flowrl.checks.fingerprint import WHOLE, state_fingerprints
 
     full = getattr(engine, "checkpoint_state", None)
@@ -63,21 +61,36 @@ def engine_state(engine: Any, rank: int) -> dict:
         norms = {name: sum(float(t.double().pow(2).sum()) for t in by_param.values()) for name, by_param in optim.items()}
     else:  # sharded engines: gathered parameters, local optimizer states
         params = engine.hf_state_dict()
-        norms, step = {}, None
-        optimizer = getattr(engine, "optimizer", None)
-        for group in getattr(optimizer, "state", {}).values() if optimizer is not None else []:
-            for name, t in group.items():
-                if not torch.is_tensor(t):
-                    continue
-                local = t.to_local() if hasattr(t, "to_local") else t
-                if name == "step":
-                    step = int(local.item())
-                else:
-                    norms[name] = norms.get(name, 0.0) + float(local.double().pow(2).sum())
+        norms, step = _local_optimizer_norms(getattr(engine, "optimizer", None))
     out: dict[str, Any] = {"optim_norms": norms, "optim_step": step}
     if rank == 0 and params is not None:
         out["params"] = {n: list(v[WHOLE]) for n, v in state_fingerprints(params).items()}
     return out
+
+
+def _local_optimizer_norms(optimizer: Any) -> tuple[dict[str, float], int | None]:
+    """Squared norms of a torch optimizer's states over the tensors this rank holds (a DTensor's
+    local shard), and its step; ({}, None) for an optimizer without torch's per-parameter
+    ``state`` dict (nothing of it is compared then)."""
+    import torch
+
+    state = getattr(optimizer, "state", None)
+    if not isinstance(state, Mapping):
+        return {}, None
+    norms: dict[str, float] = {}
+    step = None
+    for per_param in state.values():
+        if not isinstance(per_param, Mapping):
+            return {}, None
+        for name, t in per_param.items():
+            if not torch.is_tensor(t):
+                continue
+            local = t.to_local() if hasattr(t, "to_local") else t
+            if name == "step":
+                step = int(local.item())
+            else:
+                norms[name] = norms.get(name, 0.0) + float(local.double().pow(2).sum())
+    return norms, step
 
 
 def record(per_rank: list[dict | None], *, layout: str, next_step: int, batch: str, seed: int,

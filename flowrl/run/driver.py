@@ -136,6 +136,9 @@ class Run:
             check_main_guard("Run.open")
         run = cls(cfg)
         try:
+            from flowrl.run.health import check_at_start
+
+            check_at_start(run.checks, run.cfg, run.tokenizer)  # as flowrl train: multi-turn's chat template
             run.start_workers()
         except BaseException:
             run.close()
