@@ -60,7 +60,7 @@ class Agent:
             self.tools: dict[str, Tool] = {env_tool.name: env_tool}
         else:
             self.parser = resolve_parser(cfg.parser)
-            self.tools = resolve_tools(cfg.tools)
+            self.tools = resolve_tools(cfg.tools, tool_config_path=getattr(cfg, "tool_config_path", ""))
         on_dask = {n for n, t in self.tools.items() if n in cfg.dask_tools or getattr(t, "run_on", "rank") == "dask"}
         if on_dask and remote is None:
             raise RuntimeError(f"tools {sorted(on_dask)} run as Dask tasks, but this rank has no Dask executor")

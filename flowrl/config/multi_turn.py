@@ -27,6 +27,10 @@ class MultiTurnConfig:
     """Tools the model may call: built-in ``calculator``, ``python`` (runs the code in a jail: ``sandbox.*``), or
     ``module:ToolClass`` (a ``flowrl.agents.tools.Tool``). Their schemas go into the chat
     template's ``tools`` when prompts are rendered (templates without tool support ignore them)."""
+    tool_config_path: str = ""
+    """verl's tool config (a YAML file of ``tools: [{class_name, config, tool_schema}]``): its tools
+    join ``tools`` (:mod:`flowrl.agents.verl_tools`: verl's Gsm8kTool, or flowrl Tool classes);
+    a file that is not there yet is checked at the start of the run."""
     environment: str = ""
     """A gym-style environment instead of tools: ``module:Class`` (a
     ``flowrl.agents.env.Environment``: ``reset(row)``, ``step(action) -> observation, reward,
@@ -73,7 +77,8 @@ class MultiTurnConfig:
     def _check_tools(self) -> None:
         from flowrl.agents.parsers import resolve_parser
 
-        check(bool(self.tools), "tools", self.tools, "is empty while multi_turn.enable=true: a multi-turn rollout "
+        check(bool(self.tools) or bool(self.tool_config_path), "tools", self.tools,
+              "is empty while multi_turn.enable=true: a multi-turn rollout "
               "without a tool or an environment is not built in flowrl",
               "name at least one tool, e.g. rollout.multi_turn.tools=[calculator], or set "
               "rollout.multi_turn.environment=module:Class")
@@ -89,17 +94,25 @@ class MultiTurnConfig:
     def _tool_names(self) -> list[str]:
         from flowrl.agents.tools import resolve_tools
 
+        from pathlib import Path
+
+        # a verl tool config that is not there yet is checked at the start of the run (check_tool_config)
+        path = self.tool_config_path if self.tool_config_path and Path(self.tool_config_path).is_file() else ""
         try:
-            return list(resolve_tools(self.tools))
-        except (ValueError, TypeError) as exc:
+            later = list(self.dask_tools) if self.tool_config_path and not path else []
+            return list(resolve_tools(self.tools, tool_config_path=path)) + later
+        except (ValueError, TypeError, OSError) as exc:
+            if path:
+                raise ConfigError("tool_config_path", path, str(exc), "fix the tool config, or drop it") from None
             raise ConfigError("tools", self.tools, str(exc),
                               "use calculator, python or a 'module:ToolClass' import string") from None
 
     def chat_tools(self) -> list[dict] | None:
         """The tools' entries for the chat template's ``tools`` argument (OpenAI function
         format, as verl and transformers take them); None when off or with an environment."""
-        if not self.enable or self.environment or not self.tools:
+        if not self.enable or self.environment or not (self.tools or self.tool_config_path):
             return None
         from flowrl.agents.tools import resolve_tools
 
-        return [tool.chat_schema() for tool in resolve_tools(self.tools).values()]
+        tools = resolve_tools(self.tools, tool_config_path=self.tool_config_path)
+        return [tool.chat_schema() for tool in tools.values()]

@@ -343,6 +343,8 @@ def derive(flat: dict[str, Any]) -> dict[str, Any]:
     if any(k.startswith(f"{AR}.") for k in flat) and f"{AR}.actor.strategy" not in flat and "actor.strategy" not in flat:
         if _strategy_known("fsdp"):  # verl's default engine, where flowrl has it
             out["actor.strategy"] = "fsdp"
+    if flat.get(f"{AR}.rollout.multi_turn.tool_config_path") not in (None, "", "null"):
+        out["rollout.multi_turn.tool_reward_coef"] = 0.0  # verl keeps its tools' step rewards out of the score
     out.update(per_gpu_micro_batches(flat))  # verl's global micro-batches, per GPU (verl_batch)
     out.update(_rollout_correction(flat))
     gpus = flat.get("trainer.n_gpus_per_node")

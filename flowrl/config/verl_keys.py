@@ -399,6 +399,9 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k(f"{AR}.rollout.multi_turn.*", "refuse", does="verl's multi-turn tool and interaction configs",
        nearest="rollout.multi_turn.tools, rollout.multi_turn.parser, rollout.multi_turn.max_turns", accept=_OFF),
     _k(f"{AR}.rollout.multi_turn.enable", "map", "rollout.multi_turn.enable"),
+    # verl's tool config file: its tools join flowrl's (flowrl.agents.verl_tools); tool rewards stay
+    # out of the score as in verl (derive: rollout.multi_turn.tool_reward_coef=0)
+    _k(f"{AR}.rollout.multi_turn.tool_config_path", "map", "rollout.multi_turn.tool_config_path"),
     # algorithm
     _k("algorithm.use_pf_ppo", "refuse", does="preference-feedback PPO", nearest="algorithm.adv_estimator",
        accept=_OFF),

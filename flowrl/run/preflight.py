@@ -63,6 +63,9 @@ def resolve_inputs(cfg: RunConfig) -> RunConfig:
     check_loggers(cfg)
     check_reward_fn(cfg)
     check_sandbox(cfg)  # code the policy writes runs in a working sandbox (issue 38)
+    from flowrl.agents.verl_tools import check_tool_config
+
+    check_tool_config(cfg)  # rollout.multi_turn.tool_config_path: verl's tool config loads
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(model_path)),
                               data=dataclasses.replace(cfg.data, train_files=train_files, val_files=val_files))
     run_dir = resolve_run_dir(cfg)

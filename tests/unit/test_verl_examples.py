@@ -146,7 +146,10 @@ def test_the_catalogue_counts(tmp_path):
     Now 45 / 31 / 0: model.lora_adapter_path continues training from a saved peft adapter
     (grpo_trainer/run_qwen2_5-3b_gsm8k_grpo_lora_from_adapter.sh).
     Then 49 / 27 / 0: Ulysses sequence parallelism (issue 31) takes the three
-    tuning/*_grpo-lora_*_fsdp_vllm.sh lists and grpo_trainer/run_qwen3-32b_npu.sh."""
+    tuning/*_grpo-lora_*_fsdp_vllm.sh lists and grpo_trainer/run_qwen3-32b_npu.sh.
+    Then 50 / 26 / 0: verl's multi-turn tool config (rollout.multi_turn.tool_config_path: verl's
+    Gsm8kTool as flowrl.agents.verl_tools.Gsm8kTool, or flowrl Tool classes) takes
+    sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn_vllm_fsdp.sh."""
     counts, _ = measure(tmp_path)
     assert counts["unknown"] == 0 and counts["hydra"] == 0 and counts["preflight"] == 0
-    assert (counts["accepted"], counts["named"], counts["value"]) == (49, 27, 0)
+    assert (counts["accepted"], counts["named"], counts["value"]) == (50, 26, 0)
