@@ -172,8 +172,10 @@ def shard_fingerprints(spec: "ShardSpec", rank: int, tensors: Mapping[str, "torc
 
 
 def replica_of(spec: "ShardSpec", rank: int) -> int:
-    """The dp replica a rank of ``spec``'s layout belongs to."""
-    return spec.dims.rank_coords(rank)[0]
+    """The replica a rank of ``spec``'s layout belongs to: its dp rank without expert parallelism;
+    with it, the replica of the rank's shard key (``ParallelDims.shard_replica``): a dense dp
+    replica holds only its expert-parallel ranks' experts, the ranks of one key replica hold all."""
+    return spec.dims.shard_replica(rank)
 
 
 def report(side: str, rank: int, replica: int, parts: Mapping[str, tuple[float, float]], *, dtype: str,

@@ -54,7 +54,8 @@ def synthetic_shard(spec: ShardSpec, rank: int, dtype: torch.dtype, *, fill: boo
         for piece in shard.pieces:
             values = _values(index[piece.param], spec.params[piece.param], piece.dim, piece.start,
                              piece.stop, dtype)
-            out[piece.local].narrow(piece.dim, piece.offset, piece.length).copy_(values)
+            local = out[piece.local] if piece.index is None else out[piece.local][piece.index]
+            local.narrow(piece.dim, piece.offset, piece.length).copy_(values)  # index: one expert
     return out
 
 

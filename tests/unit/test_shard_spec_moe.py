@@ -205,3 +205,34 @@ def test_arch_spec_of_the_megatron_convert_maps_its_experts():
                                  num_heads=4, num_kv_heads=2, head_dim=2, qkv_bias=False,
                                  tied_embeddings=True, moe=moe, qk_norm=True)
     assert model_shape(arch).param_shapes() == SHAPE.param_shapes()
+
+
+@pytest.mark.parametrize("dims", [ParallelDims(dp=2, tp=2, pp=1, ep=2),           # EP 2 x TP 2
+                                  ParallelDims(dp=2, tp=2, pp=2, ep=2, etp=1),
+                                  ParallelDims(dp=4, tp=1, pp=1, ep=4)])
+def test_megatron_expert_shards_equal_convert(dims):
+    # the training backend's own converter (per-expert HF names in) cuts exactly the spec's shards
+    torch = pytest.importorskip("torch")
+    from flowrl.backends.train.megatron.convert import hf_to_megatron
+    from flowrl.models.char_tokenizer import build_char_tokenizer
+    from flowrl.models.tiny import build_tiny_model, tiny_preset
+
+    config = build_tiny_model(build_char_tokenizer(), **tiny_preset("moe")).config
+    shape = model_shape(config)
+    assert shape.num_experts == 4 and shape.qk_norm
+    from flowrl.backends.train.megatron.convert import arch_spec
+
+    assert model_shape(arch_spec(config)).param_shapes() == shape.param_shapes()
+    rng = np.random.default_rng(0)
+    full = {n: rng.standard_normal(s).astype(np.float32) for n, s in shape.param_shapes().items()}
+    full_t = {n: torch.from_numpy(a) for n, a in full.items()}
+    spec = shard_spec(shape, dims, make_vocab_size_divisible_by=8)
+    for key, shard in spec.shards.items():
+        ref = hf_to_megatron(full_t, config, tp_rank=shard.tp_rank, tp=dims.tp,
+                             pp_rank=shard.pp_rank, pp=dims.pp, ep_rank=shard.ep_rank,
+                             ep=dims.ep, etp_rank=key[3] if len(key) > 2 else shard.tp_rank,
+                             etp=dims.expert_tp, make_vocab_size_divisible_by=8)
+        mine = shard_arrays(spec, full, key)
+        assert sorted(mine) == sorted(ref), key
+        for name, x in ref.items():
+            assert np.array_equal(mine[name], x.numpy()), (key, name)

@@ -8,8 +8,9 @@ own part of the plan and its rounds from it (``rank_plan(process)``, ``rank_sche
 and no process lists the others' transfers; ``plan()`` (the whole plan) is for checks and tools.
 
 ``job_for_run(cfg)`` derives the job of a GRPO/PPO run: the actor group's layout (``dp`` strategy:
-full HF replicas, tp = pp = 1; ``megatron``: its TP/PP shards) to the rollout group's (``hf``: a
-full model per worker; ``vllm``: its tp shards), each in its backend's ``shard_style``, split
+full HF replicas, tp = pp = 1; ``megatron``: its TP/PP shards and, for a MoE model, its experts
+over ``actor.megatron.expert_model_parallel_size`` / ``expert_tensor_parallel_size``) to the
+rollout group's (``hf``: a full model per worker; ``vllm``: its tp shards), each in its backend's ``shard_style``, split
 placement (the groups sit on disjoint workers) over the joint group ``"actor+rollout"``; with
 LoRA into ``vllm`` the adapters only (``adapters.py``).
 """
@@ -210,9 +211,14 @@ def job_for_run(cfg: Any, *, timeout_s: float | None = None, colocated: bool = F
 
     actor, rollout = cfg.actor, cfg.rollout
     vpp = getattr(actor, "virtual_pipeline_model_parallel_size", 1)
-    src = ParallelDims(dp=actor.data_parallel_size, tp=actor.tensor_model_parallel_size,
-                       pp=actor.pipeline_model_parallel_size, vpp=vpp if vpp > 1 else None)
     src_style = TRAIN_BACKENDS.spec(actor.strategy).shard_style
+    experts = {}
+    if src_style == "megatron":  # megatron's expert parallelism (actor.megatron.*, verl's keys)
+        experts = {"ep": actor.megatron.expert_model_parallel_size,
+                   "etp": actor.megatron.expert_tensor_parallel_size}
+    src = ParallelDims(dp=actor.data_parallel_size, tp=actor.tensor_model_parallel_size,
+                       pp=actor.pipeline_model_parallel_size, vpp=vpp if vpp > 1 else None,
+                       **experts)
     dst = ParallelDims(dp=rollout.data_parallel_size, tp=rollout.tensor_model_parallel_size,
                        pp=rollout.pipeline_model_parallel_size)
     dst_style = GEN_BACKENDS.spec(rollout.name).shard_style
