@@ -29,11 +29,12 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
+from flowrl.models.vlm_config import VLM_MODEL_TYPES, is_vlm_config, is_vlm_dir  # noqa: F401 (re-exported)
+
 if TYPE_CHECKING:
     from flowrl.backends.interfaces import SamplingParams
     from flowrl.data.packed import PackedBatch, Padded
 
-VLM_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
 PROCESSOR_ATTR = "_flowrl_image_processor"
 
 
@@ -50,24 +51,6 @@ def register_auto_classes() -> None:
     for config_cls, model_cls in ((Qwen2VLConfig, Qwen2VLForConditionalGeneration),
                                   (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration)):
         AutoModelForCausalLM.register(config_cls, model_cls, exist_ok=True)
-
-
-def is_vlm_config(config: Any) -> bool:
-    """Whether a transformers config (or its dict) is a vision-language model's."""
-    model_type = config.get("model_type") if isinstance(config, dict) else getattr(config, "model_type", None)
-    has_vision = ("vision_config" in config) if isinstance(config, dict) else hasattr(config, "vision_config")
-    return model_type in VLM_MODEL_TYPES or bool(has_vision)
-
-
-def is_vlm_dir(model_dir: str) -> bool:
-    """Whether ``model_dir``'s ``config.json`` is a vision-language model's (False when unreadable)."""
-    import json
-    from pathlib import Path
-
-    try:
-        return is_vlm_config(json.loads((Path(model_dir) / "config.json").read_text()))
-    except (OSError, ValueError):
-        return False
 
 
 def vision_tower(model: torch.nn.Module) -> torch.nn.Module | None:

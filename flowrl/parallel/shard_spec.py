@@ -140,6 +140,8 @@ class ModelShape:
                                  "directory")
             with open(path, encoding="utf-8") as fh:
                 config = json.load(fh)
+        if isinstance(config, Mapping) and isinstance(config.get("text_config"), Mapping):  # a VLM: its LM's shape
+            config = {**config, **config["text_config"]}
         get = config.get if isinstance(config, Mapping) else (lambda k, d=None: getattr(config, k, d))
         heads = get("num_attention_heads")
         if heads is None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from flowrl.config import ConfigError, RunConfig
+from flowrl.models.vlm_checks import check_vlm
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ def resolve_inputs(cfg: RunConfig) -> RunConfig:
     check_family(cfg)
     check_backends(cfg, model_path=model_path)
     check_moe_options(cfg, model_path=model_path)  # actor.router_replay, actor.moe_*_coeff
+    check_vlm(cfg, model_path=model_path)  # a vision-language model: dp/fsdp and hf only (flowrl.models.vlm_checks)
     check_loggers(cfg)
     check_reward_fn(cfg)
     check_sandbox(cfg)  # code the policy writes runs in a working sandbox (issue 38)

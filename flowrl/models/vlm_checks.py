@@ -1,0 +1,46 @@
+"""Pre-flight checks for a vision-language ``model.path`` (Qwen2-VL / Qwen2.5-VL): what flowrl runs
+one with, refused on the driver before any worker starts (``flowrl.run.preflight``).
+
+A VLM trains in the ``dp`` and ``fsdp`` strategies and generates with the ``hf`` backend
+(:mod:`flowrl.models.vlm`); megatron does not build its vision tower, the vLLM backend is not fed
+the images, multi-turn rollouts and Ulysses sequence parallelism do not carry them, and a critic
+or reward model on it would read the ``<|image_pad|>`` tokens without the picture.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flowrl.config import ConfigError
+
+TRAIN_STRATEGIES = ("dp", "fsdp")
+GEN_BACKENDS = ("hf",)
+
+
+def check_vlm(cfg: Any, *, model_path: str) -> None:
+    """Raise :class:`ConfigError` when ``model_path`` is a vision-language model and the config
+    asks for something flowrl does not run one with; nothing for a text model."""
+    from flowrl.models.vlm_config import is_vlm_dir
+
+    if not is_vlm_dir(model_path):
+        return
+    what = f"model.path={model_path} is a vision-language model"
+    for section in ("actor", "ref"):
+        strategy = getattr(getattr(cfg, section, None), "strategy", None)
+        if strategy is not None and strategy not in TRAIN_STRATEGIES:
+            raise ConfigError(f"{section}.strategy", strategy, f"{what}, which the {strategy} strategy does not build "
+                              "(no vision tower)", f"set {section}.strategy=dp or fsdp")
+    if cfg.rollout.name not in GEN_BACKENDS:
+        raise ConfigError("rollout.name", cfg.rollout.name, f"{what}; this generation backend is not given the "
+                          "images", "set rollout.name=hf")
+    if cfg.rollout.multi_turn.enable:
+        raise ConfigError("rollout.multi_turn.enable", True, f"{what}; multi-turn rollouts do not carry images",
+                          "set rollout.multi_turn.enable=false")
+    placement = getattr(cfg.cluster, "placement", "auto")
+    if placement in ("split", "colocated"):
+        raise ConfigError("cluster.placement", placement, f"{what}; the weight sync (reshard) does not carry the "
+                          "vision tower to a separate generation engine", "set cluster.placement=hybrid or auto")
+    sp = getattr(cfg.actor, "ulysses_sequence_parallel_size", 1)
+    if sp != 1:
+        raise ConfigError("actor.ulysses_sequence_parallel_size", sp, f"{what}; Ulysses sequence parallelism does "
+                          "not split image features", "set actor.ulysses_sequence_parallel_size=1")
