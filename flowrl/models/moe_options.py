@@ -27,7 +27,13 @@ def num_experts(model_path: str) -> int:
 
 def check_moe_options(cfg: Any, *, model_path: str) -> None:
     """Routing replay and the router losses need an MoE model on a strategy that hooks its routers;
-    replay also a generation backend that records routes (``hf``, single-turn, whole responses)."""
+    replay also a generation backend that records routes (``hf``, single-turn, whole responses).
+    LoRA on an MoE model names its target modules (``all-linear`` would wrap the fused experts)."""
+    m = cfg.model
+    if m.lora_rank > 0 and m.target_modules == "all-linear" and num_experts(model_path) > 0:
+        raise ConfigError("model.target_modules", "all-linear", f"on a mixture-of-experts model ({model_path}) makes "
+                          "peft adapt the fused expert tensors, whose adapters flowrl cannot merge for the weight sync",
+                          "name the attention projections: model.target_modules=[q_proj,k_proj,v_proj,o_proj]")
     a = cfg.actor
     coeffs = {k: getattr(a, k) for k in ("moe_aux_loss_coeff", "moe_z_loss_coeff") if getattr(a, k) > 0}
     if not (a.router_replay or coeffs):
