@@ -2,7 +2,8 @@
 computes half of every line), the policy's log-probs and entropies, one update's losses and
 gradients, the reference's log-probs, and the critic's values and one value update equal the
 unsplit ones on 1 rank with the same global batch, in the padded-row, packed token-budget and
-shared-prompt layouts, under the dp and fsdp strategies."""
+shared-prompt layouts, under the dp and fsdp strategies; with eager attention (dp) and with
+gradient checkpointing (fsdp) too."""
 
 from __future__ import annotations
 
@@ -26,16 +27,23 @@ def _jobs(model_dir: str, strategy: str, sp: int, table) -> list:
             for layout in LAYOUTS.values()]
     jobs += [(critic_case, (model_dir, strategy, sp, table, 0)), (critic_case, (model_dir, strategy, sp, table, 24)),
              (reference_case, (model_dir, strategy, sp, table))]
-    return jobs
+    # dp: eager attention (unsplit: eager too); fsdp: gradient checkpointing (attention again in the backward)
+    extra = {"dp": (0, False, False, True), "fsdp": (0, False, sp > 1, False)}[strategy]
+    return jobs + [(policy_case, (model_dir, strategy, sp, table, *extra))]
 
 
-CASES = [*(f"policy-{name}" for name in LAYOUTS), "critic-rows", "critic-packed", "reference"]
+CASES = [*(f"policy-{name}" for name in LAYOUTS), "critic-rows", "critic-packed", "reference", "policy-extra"]
 
 
 @pytest.fixture(scope="module")
 def unsplit(tiny_model_dir):
     """Every case on one rank (dp, sp 1): the whole batch."""
     return [r[0] for r in run_cases(1, _jobs(str(tiny_model_dir), "dp", 1, long_batch()), timeout_s=300)]
+
+
+def _unsplit_for(unsplit: list, strategy: str) -> list:
+    """The unsplit cases for ``strategy``'s: its extra case (fsdp's recompute) against the plain rows' one."""
+    return unsplit if strategy == "dp" else [*unsplit[:-1], unsplit[0]]
 
 
 def _compare(unsplit: list, split: list) -> None:
@@ -58,7 +66,7 @@ def _compare(unsplit: list, split: list) -> None:
 @pytest.mark.parametrize("strategy", ["dp", "fsdp"])
 def test_sp2_equals_unsplit(strategy, unsplit, tiny_model_dir):
     split = run_cases(2, _jobs(str(tiny_model_dir), strategy, 2, long_batch()), timeout_s=300)
-    _compare(unsplit, split)
+    _compare(_unsplit_for(unsplit, strategy), split)
 
 
 def test_one_key_value_head_is_repeated_over_the_group(tmp_path):

@@ -4,6 +4,8 @@ split over an sp group; each returns what the test compares."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pyarrow as pa
 
 LAYOUTS = {"rows": {}, "packed": {"budget": 24}, "shared": {"shared": True}}
@@ -39,15 +41,37 @@ def long_batch(num_rows: int = 8, seed: int = 1) -> pa.Table:
     })
 
 
+@contextlib.contextmanager
+def _eager_attention(on: bool):
+    """With ``on``: the dp engine loads its model with eager attention (this process, for the block)."""
+    from flowrl.backends.train.dp_policy import TorchDPEngine
+
+    load = TorchDPEngine._load_model
+
+    def eager_load(self, model_dir, dtype):  # noqa: ANN001, ANN202
+        model = load(self, model_dir, dtype)
+        model.set_attn_implementation("eager")
+        return model
+
+    if on:
+        TorchDPEngine._load_model = eager_load
+    try:
+        yield
+    finally:
+        TorchDPEngine._load_model = load
+
+
 def _share(table: pa.Table, rank: int, world: int) -> pa.Table:
     per = table.num_rows // world
     return table.slice(rank * per, per)
 
 
 def policy_case(rank: int, world: int, model_dir: str, strategy: str, sp: int, table: pa.Table, budget: int = 0,
-                shared: bool = False) -> dict:
+                shared: bool = False, recompute: bool = False, eager: bool = False) -> dict:
     """Log-probs and entropies of this rank's share, then one update (old log-probs used, KL
-    loss on) of it: the metrics and the reduced gradients."""
+    loss on) of it: the metrics and the reduced gradients. ``recompute``: fsdp's gradient
+    checkpointing (``model.enable_gradient_checkpointing``: attention runs again in the backward);
+    ``eager``: the model loaded with transformers' eager attention (dp strategy), not sdpa."""
     from flowrl.backends.train.ulysses_options import sequence_parallel_kwargs
     from flowrl.config import ActorConfig, OptimConfig
     from flowrl.roles.policy import PolicyRole
@@ -57,8 +81,11 @@ def policy_case(rank: int, world: int, model_dir: str, strategy: str, sp: int, t
                         kl_loss_coef=0.1, entropy_coeff=0.01, use_dynamic_bsz=budget > 0,
                         ppo_max_token_len_per_gpu=budget, log_prob_use_dynamic_bsz=budget > 0,
                         log_prob_max_token_len_per_gpu=budget, use_prefix_grouper=shared)
-    role = PolicyRole(rank=rank, world_size=world, model_dir=model_dir, actor=actor, use_old_logprobs=True,
-                      response_length=12, engine_kwargs=sequence_parallel_kwargs(actor))  # as roles.specs gives them
+    with _eager_attention(eager):
+        role = PolicyRole(rank=rank, world_size=world, model_dir=model_dir, actor=actor, use_old_logprobs=True,
+                          response_length=12,  # engine arguments as roles.specs gives them
+                          engine_kwargs={**sequence_parallel_kwargs(actor),
+                                         **({"gradient_checkpointing": True} if recompute else {})})
     share = _share(table, rank, world)
     logp, entropy = role.engine.forward_logprobs(role._log_prob_batch(share), micro_batch_size=2, with_entropy=True)
     metrics = role.update(share, mini_batch_rows=share.num_rows)
