@@ -38,7 +38,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from flowrl.parallel.shard_spec import Piece, ShardSpec
 
@@ -150,9 +150,9 @@ class Transfer:
         return self.stop - self.start
 
 
-@dataclass(frozen=True)
-class Segment:
-    """A range of one parameter that the same source keys hold (each by one of its pieces)."""
+class Segment(NamedTuple):
+    """A range of one parameter that the same source keys hold (each by one of its pieces); a
+    named tuple: a MoE model has tens of thousands (built per process, cheaply)."""
 
     param_index: int
     start: int
@@ -161,8 +161,7 @@ class Segment:
     pieces: tuple[Piece, ...]
 
 
-@dataclass(frozen=True)
-class _Need:
+class _Need(NamedTuple):
     """A destination piece (``index`` in its shard's pieces) of shard ``key``."""
 
     start: int
@@ -191,18 +190,17 @@ class ReshardIndex:
             for piece in shard.pieces:
                 held.setdefault(piece.param, []).append((key, piece))
         self.segments = {p: _segments(self.param_index.get(p, -1), hs) for p, hs in held.items()}
-        self.seg_starts = {p: [s.start for s in segs] for p, segs in self.segments.items()}
         needs: dict[str, list[_Need]] = {}
         for key, shard in sorted(dst.shards.items()):
             for i, piece in enumerate(shard.pieces):
                 needs.setdefault(piece.param, []).append(_Need(piece.start, piece.stop, key, i,
                                                                piece))
         for lst in needs.values():
-            lst.sort(key=lambda n: (n.start, n.stop, n.key))
+            lst.sort()  # by (start, stop, key, index): (key, index) names a piece once
         self.needs = needs
-        self.need_stops = {p: [n.stop for n in lst] for p, lst in needs.items()}
-        self.stops_sorted = {p: all(a <= b for a, b in zip(s, s[1:]))
-                             for p, s in self.need_stops.items()}
+        # per parameter, built when a rank first looks it up (a MoE model has many)
+        self._seg_starts: dict[str, list[int]] = {}
+        self._need_stops: dict[str, tuple[list[int], bool]] = {}
         self._key_cuts: dict[Key, list[tuple[int, Piece, Segment, int, int]]] = {}
         for param, lst in needs.items():  # every process refuses an uncovered model alike, up front
             _check_covered(param, lst, self.segments.get(param, []), src)
@@ -231,7 +229,10 @@ class ReshardIndex:
     def segments_in(self, param: str, start: int, stop: int) -> Iterator[Segment]:
         """The segments of ``param`` overlapping ``[start, stop)``, in order."""
         segs = self.segments.get(param, [])
-        i = max(0, bisect_right(self.seg_starts.get(param, []), start) - 1)
+        starts = self._seg_starts.get(param)
+        if starts is None:
+            starts = self._seg_starts[param] = [seg.start for seg in segs]
+        i = max(0, bisect_right(starts, start) - 1)
         while i < len(segs) and segs[i].start < stop:
             if segs[i].stop > start:
                 yield segs[i]
@@ -240,7 +241,11 @@ class ReshardIndex:
     def needs_in(self, param: str, start: int, stop: int) -> Iterator[_Need]:
         """The destination pieces of ``param`` overlapping ``[start, stop)``."""
         lst = self.needs.get(param, [])
-        i = bisect_right(self.need_stops[param], start) if self.stops_sorted.get(param) else 0
+        stops = self._need_stops.get(param)
+        if stops is None:
+            ends = [n.stop for n in lst]
+            stops = self._need_stops[param] = (ends, all(a <= b for a, b in zip(ends, ends[1:])))
+        i = bisect_right(stops[0], start) if stops[1] else 0
         while i < len(lst) and lst[i].start < stop:
             if lst[i].stop > start:
                 yield lst[i]
@@ -301,6 +306,10 @@ def check_plan_args(src: ShardSpec, dst: ShardSpec, placement: Placement, bpe: i
 def _check_covered(param: str, needs: list[_Need], segs: list[Segment], src: ShardSpec) -> None:
     """Raise ValueError where a destination piece of ``param`` has a range no source segment
     covers (segments are sorted and disjoint)."""
+    if segs and segs[0].start <= needs[0].start and all(
+            a.stop == b.start for a, b in zip(segs, segs[1:])) and max(
+            n.stop for n in needs) <= segs[-1].stop:
+        return  # one contiguous run covering every need (all but the vocabulary's padding)
     starts = [seg.start for seg in segs]
     for need in needs:
         at = need.start
