@@ -30,8 +30,7 @@ def check_backends(cfg: RunConfig, *, model_path: str) -> None:
     :class:`~flowrl.config.ConfigError` naming the key, the value and the fix."""
     _call(TRAIN_BACKENDS.spec(cfg.actor.strategy).preflight, cfg, model_path=model_path)
     check_model_options(cfg, model_path=model_path)
-    if any(g.ulysses_sequence_parallel_size > 1 for g in (cfg.actor, cfg.ref, cfg.critic)):
-        _call("flowrl.backends.train.ulysses_options:check_model", cfg, model_path=model_path)  # heads / sp
+    _call("flowrl.backends.train.ulysses_options:check_model", cfg, model_path=model_path)  # Ulysses: heads / sp
     if cfg.needs_critic:
         _check_critic(cfg, cfg.critic.model_path or model_path)
     if cfg.trainer.save_freq > 0:

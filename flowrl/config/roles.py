@@ -91,7 +91,9 @@ def check_reference_budget(ref, actor) -> None:
           f"set ref.use_prefix_grouper=auto or false, or actor.strategy={_with(TRAIN_BACKENDS, 'shared_prompts')}")
     check_megatron_owner("ref", ref.megatron, spec, strategy,
                          either(TRAIN_BACKENDS.names_where(lambda s: s.owns(MEGATRON_SECTION))), key_prefix="ref.")
-    check_ulysses("ref", ref.ulysses_sequence_parallel_size, strategy, ref.data_parallel_size, key_prefix="ref.")
+    ref_sp = ref.ulysses_sequence_parallel_size  # None: the actor's, as verl's ${oc.select:...actor...}
+    check_ulysses("ref", actor.ulysses_sequence_parallel_size if ref_sp is None else ref_sp, strategy,
+                  ref.data_parallel_size, key_prefix="ref.")
 
 
 def check_ulysses(section: str, size, strategy: str, data_parallel_size: int, key_prefix: str = "") -> None:
@@ -396,9 +398,10 @@ class ReferenceConfig(ParallelFields):
     """How the reference shards under ``actor.strategy=fsdp`` (verl's ``fsdp_config``)."""
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     """Its offload switches under ``actor.strategy=megatron`` (verl's ``ref.megatron.param_offload``)."""
-    ulysses_sequence_parallel_size: int = 1
+    ulysses_sequence_parallel_size: int | None = None
     """Ulysses sequence parallelism of the reference forward (``actor.ulysses_sequence_parallel_size``'s
-    meaning, over the reference's ranks; ``actor.strategy`` dp or fsdp)."""
+    meaning, over the reference's ranks; ``actor.strategy`` dp or fsdp); None: the actor's (verl's
+    default)."""
 
     def __post_init__(self) -> None:
         self._check_mesh()

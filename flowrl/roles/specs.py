@@ -26,12 +26,13 @@ def _mesh(group_cfg: Any) -> GroupMesh:
                      pp=group_cfg.pipeline_model_parallel_size)
 
 
-def _train_engine_kwargs(group_cfg: Any, strategy: str) -> dict:
-    """The train backend ``strategy``'s extra engine arguments for ``group_cfg`` (its mesh; Ulysses)."""
+def _train_engine_kwargs(group_cfg: Any, strategy: str, actor: Any = None) -> dict:
+    """The train backend ``strategy``'s extra engine arguments for ``group_cfg`` (its mesh; Ulysses,
+    an unset size following ``actor``'s)."""
     from flowrl.backends.train.ulysses_options import sequence_parallel_kwargs
 
     fn = TRAIN_BACKENDS.spec(strategy).engine_kwargs
-    return {**(import_string(fn)(group_cfg) if fn else {}), **sequence_parallel_kwargs(group_cfg)}
+    return {**(import_string(fn)(group_cfg) if fn else {}), **sequence_parallel_kwargs(group_cfg, actor)}
 
 
 def _model_engine_kwargs(model_cfg: Any, strategy: str) -> dict:
@@ -120,7 +121,7 @@ def ref_spec(cfg: Any) -> GroupSpec:
          "temperature": cfg.rollout.logprob_temperature, "micro_batch_size": cfg.ref.log_prob_micro_batch_size_per_gpu,
          "max_token_len": ref.log_prob_max_token_len_per_gpu if ref.log_prob_use_dynamic_bsz else 0,
          "prefix_grouper": ref.use_prefix_grouper,
-         "engine_kwargs": _train_engine_kwargs(cfg.ref, strategy)},
+         "engine_kwargs": _train_engine_kwargs(cfg.ref, strategy, cfg.actor)},
         _mesh(cfg.ref),
     )
 

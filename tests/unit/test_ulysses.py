@@ -105,6 +105,15 @@ def test_config_maps_and_refuses_sequence_parallel_sizes():
                              "ref.ulysses_sequence_parallel_size=2", "critic.ulysses_sequence_parallel_size=2"])
     assert (cfg.actor.ulysses_sequence_parallel_size, cfg.ref.ulysses_sequence_parallel_size,
             cfg.critic.ulysses_sequence_parallel_size) == (2, 2, 2)
+    # the reference follows the actor unless set (verl's ${oc.select:...actor.ulysses_sequence_parallel_size,1})
+    cfg = load_config(None, ["actor.strategy=fsdp", "actor.ulysses_sequence_parallel_size=2"])
+    assert cfg.ref.ulysses_sequence_parallel_size is None and cfg.critic.ulysses_sequence_parallel_size == 1
+    from flowrl.backends.train.ulysses_options import group_size
+    assert group_size(cfg.ref, cfg.actor) == 2
+    with pytest.raises(ConfigError, match="ref.ulysses_sequence_parallel_size=2: must divide ref.data_parallel_size=1"):
+        load_config(None, ["actor.ulysses_sequence_parallel_size=2", "ref.data_parallel_size=1"])
+    load_config(None, ["actor.ulysses_sequence_parallel_size=2", "ref.data_parallel_size=1",
+                       "ref.ulysses_sequence_parallel_size=1"])
     with pytest.raises(ConfigError, match="actor.ulysses_sequence_parallel_size=3: must divide actor.data_parallel_size=2"):
         load_config(None, ["actor.ulysses_sequence_parallel_size=3"])
     with pytest.raises(ConfigError, match="Transformer Engine"):  # megatron: neither Ulysses nor context parallelism
@@ -134,6 +143,7 @@ def test_verl_command_line_maps_ulysses_keys():
         f"{AR}.actor.ppo_micro_batch_size=16"]  # verl: 16 // (8 GPUs // sp 2) = 4 a GPU
     cfg, _, _ = load_config_with_notes(None, args)
     assert cfg.actor.strategy == "fsdp" and cfg.actor.data_parallel_size == 8
+    assert load_config(None, [f"{AR}.actor.ulysses_sequence_parallel_size=2"]).ref.ulysses_sequence_parallel_size is None
     assert (cfg.actor.ulysses_sequence_parallel_size, cfg.ref.ulysses_sequence_parallel_size,
             cfg.critic.ulysses_sequence_parallel_size) == (2, 2, 2)
     assert cfg.actor.ppo_micro_batch_size_per_gpu == 4

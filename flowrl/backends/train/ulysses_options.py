@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["SEQUENCE_PARALLEL_STRATEGIES", "check_sequence_parallel", "sequence_parallel_kwargs"]
+__all__ = ["SEQUENCE_PARALLEL_STRATEGIES", "check_model", "check_sequence_parallel", "group_size", "sequence_parallel_kwargs"]
 
 SEQUENCE_PARALLEL_STRATEGIES = ("dp", "fsdp")
 """The strategies whose engines split sequences (``TorchDPEngine`` and its FSDP2 subclass, policy
@@ -22,10 +22,19 @@ MEGATRON_CP_REASON = (
 )
 
 
-def sequence_parallel_kwargs(group_cfg: Any) -> dict:
-    """The engine's ``ulysses_sequence_parallel_size`` when > 1 (a group's section: actor, ref or
-    critic); nothing at 1, so engines without it are never given it."""
+def group_size(group_cfg: Any, actor: Any = None) -> int:
+    """A group's ``ulysses_sequence_parallel_size``; the reference's unset one (None) is ``actor``'s
+    (verl's ``${oc.select:actor_rollout_ref.actor.ulysses_sequence_parallel_size,1}``)."""
     size = group_cfg.ulysses_sequence_parallel_size
+    if size is None:
+        return actor.ulysses_sequence_parallel_size if actor is not None else 1
+    return size
+
+
+def sequence_parallel_kwargs(group_cfg: Any, actor: Any = None) -> dict:
+    """The engine's ``ulysses_sequence_parallel_size`` when > 1 (a group's section: actor, ref or
+    critic; :func:`group_size`); nothing at 1, so engines without it are never given it."""
+    size = group_size(group_cfg, actor)
     return {"ulysses_sequence_parallel_size": size} if size > 1 else {}
 
 
@@ -58,7 +67,7 @@ def check_model(cfg: Any, *, model_path: str) -> None:
     if cfg.needs_critic:
         groups.append(("critic", cfg.critic, cfg.critic.model_path or model_path))
     for section, group, path in groups:
-        size = group.ulysses_sequence_parallel_size
+        size = group_size(group, cfg.actor)
         if size <= 1:
             continue
         from transformers import AutoConfig
