@@ -65,7 +65,7 @@ FIVE_MISTAKES = [
     "data.max_respons_length=1024",  # a typo of a verl-only key
     "actor_rollout_ref.rollout.n=five",  # a wrong type
     "trainer.experiment_nam=x",  # a typo of a flowrl key
-    "actor_rollout_ref.model.lora_adapter_path=/saved/adapter",  # a verl setting flowrl refuses
+    "actor_rollout_ref.model.hf_config_path=/saved/config",  # a verl setting flowrl refuses
     "algorithm.adv_estimator=grpoo",  # an unknown name (issue 35 item 6: reported in the same pass)
 ]
 
@@ -82,7 +82,7 @@ def test_five_mistakes_are_reported_in_one_run_fast():
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 6, proc.stderr
     for mistake, hint in zip(FIVE_MISTAKES, ["actor.optim.lr", "rollout.response_length", "rollout.n=8",
-                                             "trainer.experiment_name", "model.lora_rank", "grpo"]):
+                                             "trainer.experiment_name", "model.path", "grpo"]):
         line = next(e for e in errors if mistake.split("=")[0] in e)
         assert "; fix: " in line and hint in line, line
     for _ in range(2):  # the best of three: the CPUs of a CI machine are shared
@@ -102,10 +102,10 @@ def test_suggestions_come_from_the_mapping_and_the_field_docs():
 
 def test_a_refused_key_names_what_it_does_in_verl_and_the_nearest_setting():
     with pytest.raises(ConfigError) as err:
-        translate_item("actor_rollout_ref.model.lora_adapter_path", "/saved/adapter")
-    assert "in verl: starts LoRA from a saved adapter" in err.value.problem
-    assert "flowrl has no equivalent" in err.value.problem and "model.lora_rank" in err.value.fix
-    assert translate_item("actor_rollout_ref.model.lora_adapter_path", None) == (None, None)  # verl's off
+        translate_item("actor_rollout_ref.model.hf_config_path", "/saved/config")
+    assert "in verl: a model config other than model.path's" in err.value.problem
+    assert "flowrl has no equivalent" in err.value.problem and "model.path" in err.value.fix
+    assert translate_item("actor_rollout_ref.model.hf_config_path", None) == (None, None)  # verl's off
 
 
 def test_dynamic_batch_size_keys_map_to_token_budgets():
@@ -207,5 +207,5 @@ def test_a_verl_yaml_may_not_leave_a_refused_key_on(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(verl_config_dir() / "ppo_trainer.yaml", ["actor_rollout_ref.rollout.name=hf",
                                                              "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-                                                             "actor_rollout_ref.model.lora_adapter_path=/x"])
-    assert "actor_rollout_ref.model.lora_adapter_path" in str(err.value) and "in verl:" in str(err.value)
+                                                             "actor_rollout_ref.model.hf_config_path=/x"])
+    assert "actor_rollout_ref.model.hf_config_path" in str(err.value) and "in verl:" in str(err.value)

@@ -37,8 +37,9 @@ def test_without_a_refused_engine_the_size_checks_stay():
 
 
 def test_a_refused_tool_config_is_the_one_error_not_the_empty_tool_list():
+    # (verl's tool_config_path maps since flowrl.agents.verl_tools; its function_tool_path is refused)
     lines = errors("actor_rollout_ref.rollout.multi_turn.enable=True",
-                   "actor_rollout_ref.rollout.multi_turn.tool_config_path=tools.yaml")
+                   "actor_rollout_ref.rollout.multi_turn.function_tool_path=tools.py")
     assert len(lines) == 1 and "verl's multi-turn tool and interaction configs" in lines[0], lines
     lines = errors("actor_rollout_ref.rollout.multi_turn.enable=True")  # no refusal: the empty list is the mistake
     assert len(lines) == 1 and "rollout.multi_turn.tools=[]: is empty" in lines[0], lines
