@@ -103,7 +103,9 @@ def _concat_requests(outs: list[NodeOut]) -> NodeOut:
 def release_rollout(ctx: BuildContext, table: Any, *, step: int) -> Any:
     """Colocated (``rollout.free_cache_engine``): the engine frees its memory until the reshard;
     ``table`` passes through. Otherwise ``table`` itself."""
-    if not ctx.cfg.rollout.free_cache_engine:
+    from flowrl.config.free_cache_auto import free_cache_engine
+
+    if not free_cache_engine(ctx.cfg):  # auto resolved (flowrl.config.free_cache_auto)
         return table
     return node("rollout_sleep", nodes.release_rollout, ctx.groups["rollout"].bind(), table, step=step)
 

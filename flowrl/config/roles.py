@@ -163,10 +163,12 @@ class RolloutConfig(ParallelFields):
     gpu_memory_utilization: float = 0.5
     """vllm: fraction of each GPU's memory the engine may take (weights, activations, KV cache),
     as in verl. CPU builds size the KV cache from ``VLLM_CPU_KVCACHE_SPACE`` (GiB, default 1)."""
-    free_cache_engine: bool = False
-    """vllm, colocated mode: release the KV cache and park the weights in host memory after each
-    generation, while the trainer runs on the same devices; restored for the next weight sync
-    and generation (verl's name)."""
+    free_cache_engine: bool | str = "auto"
+    """vllm: release the KV cache and park the weights in host memory after each generation, while
+    the trainer runs on the same devices; restored for the next weight sync and generation
+    (verl's name; verl's default true). ``auto``: on where the engine shares the trainer's devices
+    (hybrid, colocated) and can sleep, and generation does not overlap the update; printed at start
+    (``flowrl.config.free_cache_auto``)."""
     enforce_eager: bool = False
     """vllm: no CUDA graphs / torch.compile (faster start, slower decoding)."""
     max_num_batched_tokens: int = 8192
@@ -219,7 +221,9 @@ class RolloutConfig(ParallelFields):
         check(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", self.gpu_memory_utilization,
               "must be in (0, 1]", "use 0.5 (colocated with the trainer) or 0.9 (a GPU of its own)")
         spec = GEN_BACKENDS.spec(self.name)
-        check(not self.free_cache_engine or spec.sleeps, "free_cache_engine", self.free_cache_engine,
+        check(self.free_cache_engine in (True, False, "auto"), "free_cache_engine", self.free_cache_engine,
+              "must be true, false or auto", "use auto (on where the engine shares the trainer's devices)")
+        check(self.free_cache_engine is not True or spec.sleeps, "free_cache_engine", self.free_cache_engine,
               f"releases a sleeping engine's memory; rollout.name={self.name} cannot sleep",
               f"set rollout.free_cache_engine=false, or use rollout.name={_with(GEN_BACKENDS, 'sleeps')}")
         if spec.supports(ParallelAxis.TP) and not spec.supports(ParallelAxis.PP):

@@ -128,7 +128,7 @@ class RunConfig:
             check(self.cluster.controller != "driver", "cluster.controller", self.cluster.controller,
                   f"runs graphs in the driver, which cannot feed one graph's pending output into another ({key}={value} "
                   "generates ahead)", "set cluster.controller=worker (or auto), or trainer.staleness=0")
-            check(not self.rollout.free_cache_engine, key, value,
+            check(self.rollout.free_cache_engine is not True, key, value,
                   "overlaps generation with the update, but rollout.free_cache_engine=true shares the trainer's devices "
                   "(the engine sleeps while the trainer runs)",
                   "set rollout.free_cache_engine=false and cluster.placement=split (rollout on devices of its own), "

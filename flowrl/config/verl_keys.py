@@ -155,8 +155,9 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     # dtype. A verl YAML's default (bfloat16) is not adopted: flowrl's auto is bf16 on GPU already.
     _k(f"{AR}.rollout.dtype", "map", "model.dtype", default="bfloat16", adopt=False),
     _k(f"{AR}.rollout.response_length", "map", "rollout.response_length", default=512),
-    _k(f"{AR}.rollout.free_cache_engine", "map", "rollout.free_cache_engine", default=True,
-       adopt=False),  # vllm only: verl's default would refuse rollout.name=hf
+    # a verl YAML's default (true) is not adopted: flowrl's auto is on where the engine shares the
+    # trainer's devices and can sleep (flowrl.config.free_cache_auto); true written out maps
+    _k(f"{AR}.rollout.free_cache_engine", "map", "rollout.free_cache_engine", default=True, adopt=False),
     # --- ref
     _k(f"{AR}.ref.log_prob_micro_batch_size", "derive", does="the reference's global micro-batch (deprecated): "
        "ref.log_prob_micro_batch_size_per_gpu = it // the GPUs it is split over"),

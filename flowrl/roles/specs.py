@@ -77,7 +77,9 @@ def rollout_role_kwargs(rollout: Any, *, max_prompt_length: int, seed: int) -> d
 
 def rollout_spec(cfg: Any) -> GroupSpec:
     """The generation group: ``RolloutRole`` with the backend ``rollout.name``."""
-    r = cfg.rollout
+    from flowrl.config.free_cache_auto import with_free_cache_resolved
+
+    r = with_free_cache_resolved(cfg)  # rollout.free_cache_engine=auto resolved for the engine
     extra = rollout_role_kwargs(r, max_prompt_length=cfg.data.max_prompt_length, seed=cfg.trainer.seed)
     return GroupSpec(
         "rollout", "flowrl.roles.rollout:RolloutRole",

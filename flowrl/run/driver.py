@@ -44,7 +44,9 @@ def _dump_resolved_config(cfg: RunConfig, path: Path) -> None:
     tree = to_dict(cfg)
     tree["cluster"]["placement"] = cfg.placement
     tree["cluster"]["controller"] = cfg.graph_controller
-    batching = "".join(f"# {line}\n" for line in describe_batching(cfg))  # what auto chose (the keys stay auto)
+    from flowrl.config.free_cache_auto import describe_free_cache
+
+    batching = "".join(f"# {line}\n" for line in [*describe_batching(cfg), describe_free_cache(cfg)])  # what auto chose
     path.write_text(f"# {describe_placement(cfg)}\n{batching}" + yaml.safe_dump(tree, sort_keys=False))
 
 

@@ -139,6 +139,9 @@ def train(cfg: RunConfig, *, on_step: Callable[[int, dict[str, float]], None] | 
     first = run.next_step  # steps trained: the run goes on with step first + 1
     print(describe_placement(run.cfg), flush=True)  # e.g. "placement: hybrid (auto)"
     print("\n".join(describe_batching(run.cfg)), flush=True)  # what batching auto chose
+    from flowrl.config.free_cache_auto import describe_free_cache
+
+    print(describe_free_cache(run.cfg), flush=True)  # rollout.free_cache_engine=auto: what it chose and why
     if run.resume_from is not None:
         print(f"resumed from step {first} ({run.resume_from})", flush=True)  # its checkpoint: step_<first>
     for name in (METRICS_FILE, TIMELINE_FILE):  # steps this run writes again (from 0, val_before_train, when fresh)

@@ -91,7 +91,9 @@ def vllm_role_kwargs(rollout: Any, *, max_prompt_length: int, seed: int) -> dict
         "engine_kwargs": {
             "tensor_parallel_size": rollout.tensor_model_parallel_size,
             "gpu_memory_utilization": rollout.gpu_memory_utilization,
-            "free_cache_engine": rollout.free_cache_engine,
+            # resolved by the run (flowrl.config.free_cache_auto); an unresolved auto (a section
+            # used outside a run) keeps the engine awake
+            "free_cache_engine": rollout.free_cache_engine is True,
             "enforce_eager": rollout.enforce_eager,
             "max_num_seqs": rollout.micro_batch_size,
             "max_model_len": max_prompt_length + rollout.response_length,
