@@ -36,10 +36,14 @@ def check_vlm(cfg: Any, *, model_path: str) -> None:
     if cfg.rollout.multi_turn.enable:
         raise ConfigError("rollout.multi_turn.enable", True, f"{what}; multi-turn rollouts do not carry images",
                           "set rollout.multi_turn.enable=false")
-    placement = getattr(cfg.cluster, "placement", "auto")
-    if placement in ("split", "colocated"):
-        raise ConfigError("cluster.placement", placement, f"{what}; the weight sync (reshard) does not carry the "
-                          "vision tower to a separate generation engine", "set cluster.placement=hybrid or auto")
+    from flowrl.config.pools import resolve_placement
+
+    placement, why = resolve_placement(cfg)
+    if placement != "hybrid":
+        raise ConfigError("cluster.placement", cfg.cluster.placement, f"{what}; it runs only with cluster.placement="
+                          f"hybrid (the generator uses the trainer's own module), this run's is {placement}"
+                          f"{f' ({why})' if why else ''}: the weight sync (reshard) does not carry the vision tower",
+                          "set cluster.placement=hybrid (or auto) with a hybrid-capable layout")
     sp = getattr(cfg.actor, "ulysses_sequence_parallel_size", 1)
     if sp != 1:
         raise ConfigError("actor.ulysses_sequence_parallel_size", sp, f"{what}; Ulysses sequence parallelism does "

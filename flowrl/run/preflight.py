@@ -45,6 +45,7 @@ def resolve_inputs(cfg: RunConfig) -> RunConfig:
 
     model_path, train_files, val_files = _inputs(cfg)
     check_model_dir("model.path", model_path)
+    check_vlm(cfg, model_path=model_path)  # a vision-language model: dp/fsdp, hf, hybrid only (flowrl.models.vlm_checks)
     from flowrl.models.lora_adapter import resolve_adapter
 
     cfg = resolve_adapter(cfg)  # model.lora_adapter_path: the adapter's rank, alpha and targets
@@ -61,7 +62,6 @@ def resolve_inputs(cfg: RunConfig) -> RunConfig:
     check_family(cfg)
     check_backends(cfg, model_path=model_path)
     check_moe_options(cfg, model_path=model_path)  # actor.router_replay, actor.moe_*_coeff
-    check_vlm(cfg, model_path=model_path)  # a vision-language model: dp/fsdp and hf only (flowrl.models.vlm_checks)
     check_loggers(cfg)
     check_reward_fn(cfg)
     check_sandbox(cfg)  # code the policy writes runs in a working sandbox (issue 38)

@@ -1,0 +1,111 @@
+"""A verl geo3k-format Parquet (issue 33): written here as verl's examples/data_preprocess/geo3k.py
+writes it (``prompt`` chat messages with ``<image>``, ``images`` a list of ``{"bytes", "path"}``
+structs), loaded and trained for two GRPO steps by ``flowrl train`` with a tiny Qwen2-VL, ``hf``
+generation and the dp trainer; its bad-image rows land in ``rejected_prompts.jsonl`` with file
+and row. And the pre-flight refuses the same run on megatron before any worker starts."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+
+def _png(colour, size=(64, 64), mode="RGB") -> bytes:
+    from PIL import Image, ImageDraw
+
+    img = Image.new(mode, size, (255, 255, 255) if mode == "RGB" else 0)
+    if mode == "RGB":
+        ImageDraw.Draw(img).rectangle((10, 10, 40, 40), fill=colour)
+    out = io.BytesIO()
+    img.save(out, format="PNG")
+    return out.getvalue()
+
+
+def _geo3k(path, num_good: int = 16) -> list[int]:
+    """``num_good`` usable rows and three bad ones; the bad rows' indices."""
+    instruction = " Answer with the colour."  # geo3k appends its instruction to the problem text
+    colours = {"red": (220, 30, 30), "green": (30, 170, 30), "blue": (30, 60, 220)}
+    rows, bad = [], []
+    for i in range(num_good + 3):
+        name = list(colours)[i % 3]
+        image = {"bytes": _png(colours[name]), "path": None}
+        if i == 5:
+            image = {"bytes": b"\x89PNG\r\n\x1a\n truncated", "path": None}  # unreadable
+        elif i == 9:
+            image = {"bytes": _png(0, size=(8, 8), mode="I;16"), "path": None}  # wrong mode
+        elif i == 12:
+            image = {"bytes": None, "path": "/nonexistent/image.png"}  # missing file
+        if i in (5, 9, 12):
+            bad.append(i)
+        rows.append({
+            "data_source": "hiyouga/geometry3k",
+            "prompt": [{"role": "user", "content": "<image>What colour?" + instruction}],
+            "images": [image],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": name},
+            "extra_info": {"split": "train", "index": i, "answer": name, "question": "What colour?"},
+        })
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return bad
+
+
+@pytest.mark.timeout(900)
+def test_geo3k_format_parquet_loads_and_trains_two_steps(tmp_path):
+    from flowrl.models.tiny_vlm import save_tiny_vlm
+
+    model = save_tiny_vlm(tmp_path / "model")
+    data = tmp_path / "geo3k.parquet"
+    bad = _geo3k(data)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "flowrl.cli", "train", f"model.path={model}", f"data.train_files={data}",
+           f"trainer.run_dir={out}", "algorithm.reward_fn=exact_match", "rollout.name=hf", "rollout.n=4",
+           "rollout.response_length=6", "data.train_batch_size=4", "data.max_prompt_length=64",
+           "actor.ppo_mini_batch_size=4",
+           "actor.freeze_vision_tower=true", "trainer.total_training_steps=2", "trainer.progress=false"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    rejected = [json.loads(line) for line in (out / "rejected_prompts.jsonl").read_text().splitlines()]
+    assert [(r["file"], r["row"]) for r in rejected] == [(str(data), i) for i in bad]
+    reasons = [r["reason"] for r in rejected]
+    assert "unreadable" in reasons[0] and "mode" in reasons[1] and "cannot be read" in reasons[2]
+    # the experience table holds the encoded images as Arrow binary, one list per sample
+    step = pq.read_table(out / "experience" / "step_000001.parquet")
+    assert step.schema.field("images").type == pa.list_(pa.binary())
+    assert all(len(x) == 1 and x[0].startswith(b"\x89PNG") for x in step.column("images").to_pylist())
+
+
+@pytest.mark.timeout(300)
+def test_a_vlm_without_the_hybrid_placement_is_refused(tmp_path):
+    from flowrl.models.tiny_vlm import save_tiny_vlm
+
+    model = save_tiny_vlm(tmp_path / "model")
+    data = tmp_path / "geo3k.parquet"
+    _geo3k(data, num_good=4)
+    cmd = [sys.executable, "-m", "flowrl.cli", "train", f"model.path={model}", f"data.train_files={data}",
+           f"trainer.run_dir={tmp_path / 'run'}", "algorithm.reward_fn=exact_match", "cluster.placement=split"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=250)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "cluster.placement='split'" in proc.stderr and "vision tower" in proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_megatron_refuses_a_vlm_before_workers_start(tmp_path):
+    from flowrl.models.tiny_vlm import save_tiny_vlm
+
+    model = save_tiny_vlm(tmp_path / "model")
+    data = tmp_path / "geo3k.parquet"
+    _geo3k(data, num_good=4)
+    cmd = [sys.executable, "-m", "flowrl.cli", "train", f"model.path={model}", f"data.train_files={data}",
+           f"trainer.run_dir={tmp_path / 'run'}", "algorithm.reward_fn=exact_match", "actor.strategy=megatron"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=250)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "actor.strategy='megatron'" in proc.stderr and "vision-language" in proc.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
