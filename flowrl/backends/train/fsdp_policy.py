@@ -39,6 +39,7 @@ from flowrl.backends.train.fsdp_tensors import full as _full
 from flowrl.backends.train.fsdp_tensors import local as _local
 from flowrl.backends.train.precision import placement
 from flowrl.data.packed import PackedBatch
+from flowrl.models import vlm
 from flowrl.parallel.dtypes import Precision, fsdp_mixed_precision
 
 __all__ = ["FSDPEngine"]
@@ -82,6 +83,7 @@ class FSDPEngine(TorchDPEngine):
         **optim: Any,
     ) -> None:
         """``optim``: :class:`~flowrl.backends.train.optim.AdamWSettings`'s keywords; offload: :meth:`offload_state`."""
+        freeze_vision = optim.pop("freeze_vision_tower", False)  # a VLM's actor.freeze_vision_tower
         settings = AdamWSettings(**optim)
         if not dist.is_initialized():
             raise RuntimeError("FSDPEngine needs torch.distributed.init_process_group first (a worker group)")
@@ -97,6 +99,8 @@ class FSDPEngine(TorchDPEngine):
         meta = None if whole else self._meta_model(model_dir, torch_dtype(precision.param_dtype))
         self.model = meta[0] if meta else self._load_model(model_dir, torch_dtype(precision.param_dtype)).to(self.device)
         self._add_adapters_on(meta is not None, lora)  # LoRA: before sharding, sharded with their blocks
+        if freeze_vision:
+            vlm.freeze_vision_tower(self.model)
         self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
         self.grad_clip = settings.grad_clip
         offload_policy = offload_policy or (param_offload and not trainable)  # a frozen one: verl's ref policy
@@ -152,7 +156,8 @@ class FSDPEngine(TorchDPEngine):
         if not index:
             return None
         with params_on_meta():
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=dtype)
+            vlm.register_auto_classes()  # Qwen2-VL / Qwen2.5-VL (flowrl.models.vlm)
+            model = vlm.with_text_ids(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=dtype))
         names = checkpoint_names(model, index)
         return (model, names, index) if names is not None else None
 
