@@ -9,6 +9,11 @@ gradient (clipped the same way) and the single-rank megatron gradient within 1e-
 the AdamW step equals the reference's; dense replicas agree over dp, experts over expert-dp; each
 layer's expert load imbalance (max / mean tokens per expert) equals the one counted from
 transformers' own router logits, and no token is dropped.
+
+With ``moe_aux_loss_coeff`` (at one rank and at EP 2) the gradient is that of the policy loss plus
+the coefficient times megatron's switch load-balancing loss written out from transformers' router
+logits (per micro-batch, mean over micro-batches and dp ranks), and the logged
+``moe/load_balancing_loss`` equals that loss per layer.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from flowrl_testing import megatron as testing  # noqa: E402
 from flowrl_testing import megatron_moe as moe_testing  # noqa: E402
 
 TOL = 1e-5
+AUX = 0.1  # moe_aux_loss_coeff of the load-balancing runs
+Z = 0.01  # moe_z_loss_coeff of the one-rank one
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +38,9 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("megatron_moe")
     out = {"root": root}
     for arch in ("qwen3_moe", "mixtral"):
-        ref = moe_testing.prepare(str(root / arch), str(root / f"{arch}.pt"), arch=arch)
+        aux = {"aux_dp1": dict(aux_coeff=AUX, z_coeff=Z, dp=1), "aux_dp2": dict(aux_coeff=AUX, dp=2)} \
+            if arch == "qwen3_moe" else None
+        ref = moe_testing.prepare(str(root / arch), str(root / f"{arch}.pt"), arch=arch, aux=aux)
         out[arch] = {"model_dir": str(root / arch), "ref_path": str(root / f"{arch}.pt"),
                      "grad_norm": ref["grad_norm"]}
     return out
@@ -50,7 +59,7 @@ def job(name, model, *, dp, tp=1, pp=1, ep, **kwargs):
     return {"name": name, "model": model, "dp": dp, "tp": tp, "pp": pp, "ep": ep, **kwargs}
 
 
-def assert_parity(models, results: list[dict], *, against_world1: bool) -> None:
+def assert_parity(models, results: list[dict]) -> None:
     print(f"\n{'layout':<26}{'logp':>10}{'entropy':>10}{'grad':>10}{'grad/w1':>10}{'state':>10}"
           f"{'|dgnorm|':>10}{'|dloss|':>10}{'imbal':>10}{'s':>6}")
     for r in results:
@@ -63,8 +72,12 @@ def assert_parity(models, results: list[dict], *, against_world1: bool) -> None:
         assert max(r["logp@1.0"], r["logp@0.7"]) <= TOL, r
         assert max(r["entropy@1.0"], r["entropy@0.7"]) <= TOL, r
         assert r["grad"] <= TOL and r["grad_scale"] > 100 * TOL, r  # gradients far above the tolerance
-        if against_world1:
+        if "grad_vs_world1" in r:  # the jobs given ref_grads_path: every multi-rank one without aux
             assert r["grad_vs_world1"] <= TOL, r
+        if "lb_loss" in r:  # the moe_aux_loss_coeff jobs
+            assert r["lb_loss"] <= TOL, r
+        if "z_loss" in r:  # relative: logsumexp^2 of the router logits is O(10)
+            assert r["z_loss"] <= TOL, r
         assert r["state"] <= TOL, r
         assert r["grad_norm"] <= TOL * ref_norm, r
         assert r["loss"] <= TOL, r
@@ -80,8 +93,24 @@ def test_moe_one_rank(models):
     results = launch(models, 1, [
         job("(1,1,1,ep1) qwen3_moe", "qwen3_moe", dp=1, ep=1, grads_path=str(root / "qwen3_moe_w1.grads")),
         job("(1,1,1,ep1) mixtral", "mixtral", dp=1, ep=1, grads_path=str(root / "mixtral_w1.grads")),
+        job("(1,1,1,ep1) qwen3_moe aux+z", "qwen3_moe", dp=1, ep=1, moe_aux_loss_coeff=AUX, moe_z_loss_coeff=Z,
+            ref_path=models["qwen3_moe"]["ref_path"] + ".aux_dp1"),
     ])
-    assert_parity(models, results, against_world1=False)
+    assert_parity(models, results)
+    assert "lb_loss" in results[2] and "z_loss" in results[2] and "lb_loss" not in results[0]
+    assert_aux_changes_gradients(models, "aux_dp1")
+
+
+def assert_aux_changes_gradients(models, name: str) -> None:
+    """The load-balancing term moves the reference gradient by far more than the tolerance (so
+    the aux jobs' gradient parity can only hold if the engine adds it)."""
+    import torch
+
+    plain = torch.load(models["qwen3_moe"]["ref_path"], weights_only=False)["grads"]
+    aux = torch.load(models["qwen3_moe"]["ref_path"] + "." + name, weights_only=False)["grads"]
+    moved = max(float((aux[k] - v).abs().max()) for k, v in plain.items())
+    print(f"max |grad(pg + router losses) - grad(pg)| = {moved:.2e}")
+    assert moved > 100 * TOL
 
 
 def test_moe_ep2(models):
@@ -91,8 +120,12 @@ def test_moe_ep2(models):
     results = launch(models, 2, [
         job("(2,1,1,ep2) qwen3_moe", "qwen3_moe", dp=2, ep=2, ref_grads_path=str(root / "qwen3_moe_w1.grads")),
         job("(2,1,1,ep2) mixtral", "mixtral", dp=2, ep=2, ref_grads_path=str(root / "mixtral_w1.grads")),
+        job("(2,1,1,ep2) qwen3_moe aux", "qwen3_moe", dp=2, ep=2, moe_aux_loss_coeff=AUX,
+            ref_path=models["qwen3_moe"]["ref_path"] + ".aux_dp2"),
     ])
-    assert_parity(models, results, against_world1=True)
+    assert_parity(models, results)
+    assert all("grad_vs_world1" in r for r in results[:2]) and "lb_loss" in results[2]
+    assert_aux_changes_gradients(models, "aux_dp2")
 
 
 def test_moe_ep2_tp2_and_ep2_pp2(models):
@@ -104,4 +137,5 @@ def test_moe_ep2_tp2_and_ep2_pp2(models):
         job("(2,2,1,ep2,etp2) qwen3_moe", "qwen3_moe", dp=2, tp=2, ep=2, ref_grads_path=grads),
         job("(2,1,2,ep2) qwen3_moe", "qwen3_moe", dp=2, pp=2, ep=2, ref_grads_path=grads),
     ])
-    assert_parity(models, results, against_world1=True)
+    assert_parity(models, results)
+    assert all("grad_vs_world1" in r for r in results)

@@ -77,9 +77,47 @@ def routed_tokens(model, batch: list[dict]) -> torch.Tensor:
     return counts
 
 
-def reference(model_dir: str, batch: list[dict]) -> dict[str, Any]:
+def router_losses(model, batch: list[dict], *, dp: int, micro_batch_size: int) -> dict[str, torch.Tensor]:
+    """Megatron's router losses written out from transformers' router logits over each row's input
+    tokens (row but its last token; no padding: each row runs alone). Per micro-batch (the dp
+    rank's share cut in ``micro_batch_size`` rows) of V real tokens, per layer: the switch
+    load-balancing loss ``E / (k V^2) sum_e P_e C_e`` (P_e: summed softmax probability of expert e,
+    C_e: its top-k selections) and the z-loss ``mean logsumexp(logits)^2``. Returns each summed
+    over layers, as the gradient takes it (micro-batches weighted by V / all real tokens: ``aux``,
+    ``z``) and as it is logged (plain mean over micro-batches: ``aux_logged``, ``z_logged``)."""
+    cfg = model.config
+    k = cfg.num_experts_per_tok
+    n = len(batch) // dp
+    per_mb = []  # (V, lb summed over layers, z summed over layers)
+    for d in range(dp):
+        share = batch[d * n:(d + 1) * n]
+        for m in range(0, n, micro_batch_size):
+            logits_by_layer = None
+            for item in share[m:m + micro_batch_size]:
+                ids = torch.tensor([(item["prompt_ids"] + item["response_ids"])[:-1]])
+                layers = model(ids, output_router_logits=True).router_logits
+                logits_by_layer = [x for x in layers] if logits_by_layer is None else \
+                    [torch.cat([a, x]) for a, x in zip(logits_by_layer, layers)]
+            lb = z = 0.0
+            for logits in logits_by_layer:
+                probs = torch.softmax(logits.float(), dim=-1)
+                V, E = probs.shape
+                counts = torch.zeros(E).scatter_add_(0, logits.topk(k, dim=-1).indices.reshape(-1), torch.ones(V * k))
+                lb = lb + E / (k * V * V) * (probs.sum(0) * counts).sum()
+                z = z + torch.logsumexp(logits.float(), dim=-1).square().mean()
+            per_mb.append((logits_by_layer[0].shape[0], lb, z))
+    total = sum(v for v, _, _ in per_mb)
+    return {"aux": sum(v / total * lb for v, lb, _ in per_mb), "z": sum(v / total * z for v, _, z in per_mb),
+            "aux_logged": sum(lb for _, lb, _ in per_mb) / len(per_mb),
+            "z_logged": sum(z for _, _, z in per_mb) / len(per_mb)}
+
+
+def reference(model_dir: str, batch: list[dict], *, aux_coeff: float = 0.0, z_coeff: float = 0.0,
+              dp: int = 1, micro_batch_size: int = 2) -> dict[str, Any]:
     """transformers' log-probs and entropies; the clipped gradient and the state after one AdamW
-    step on ``testing.pg_loss_fn``'s loss, as MegatronEngine takes it (its clipping and decay)."""
+    step on ``testing.pg_loss_fn``'s loss (plus ``aux_coeff`` / ``z_coeff`` times
+    :func:`router_losses` for ``dp`` ranks' micro-batches), as MegatronEngine takes it (its
+    clipping and decay)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -94,7 +132,13 @@ def reference(model_dir: str, batch: list[dict]) -> dict[str, Any]:
     logps, entropies = testing._hf_logprobs(model, batch)
     adv = torch.tensor([a for it in batch for a in it["advantages"]])
     loss = -(torch.cat(logps) * adv + testing.ENTROPY_COEF * torch.cat(entropies)).sum() / total
-    loss.backward()
+    if aux_coeff or z_coeff:
+        router = router_losses(model, batch, dp=dp, micro_batch_size=micro_batch_size)
+        out["load_balancing_loss"] = float(router["aux_logged"].detach()) / model.config.num_hidden_layers
+        out["z_loss"] = float(router["z_logged"].detach()) / model.config.num_hidden_layers
+        (loss + aux_coeff * router["aux"] + z_coeff * router["z"]).backward()
+    else:
+        loss.backward()
     params = dict(model.named_parameters())
     h = HYPERS
     out["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(list(params.values()), h["grad_clip"]))
@@ -111,11 +155,16 @@ def reference(model_dir: str, batch: list[dict]) -> dict[str, Any]:
     return out
 
 
-def prepare(model_dir: str, ref_path: str, *, arch: str = "qwen3_moe", num_items: int = 8) -> dict:
+def prepare(model_dir: str, ref_path: str, *, arch: str = "qwen3_moe", num_items: int = 8,
+            aux: dict[str, dict] | None = None) -> dict:
+    """The model and its reference; ``aux``: extra references with the load-balancing loss, by
+    name (``reference`` keywords), saved beside ``ref_path`` as ``<ref_path>.<name>``."""
     model = make_tiny_moe(model_dir, arch=arch)
     batch = testing.make_batch(num_items=num_items, vocab_size=model.config.vocab_size)
     ref = {**reference(model_dir, batch), "batch": batch}
     torch.save(ref, ref_path)
+    for name, kwargs in (aux or {}).items():
+        torch.save({**reference(model_dir, batch, **kwargs), "batch": batch}, f"{ref_path}.{name}")
     return ref
 
 
@@ -169,6 +218,10 @@ def check_layout(model_dir: str, ref: dict, batch: list[dict], *, dp: int, tp: i
     result["grad_norm"] = abs(stats["grad_norm"] - ref["grad_norm"])
     result["loss"] = abs(stats["loss"] - ref["loss"])
     result["moe_stats"] = {k: v for k, v in stats.items() if k.startswith("moe/")}
+    if "load_balancing_loss" in ref:
+        result["lb_loss"] = abs(stats["moe/load_balancing_loss"] - ref["load_balancing_loss"])
+    if engine_kwargs.get("moe_z_loss_coeff"):
+        result["z_loss"] = abs(stats["moe/z_loss"] - ref["z_loss"]) / ref["z_loss"]
     counts_LE = ref["tokens_per_expert"].double()  # whole numbers: the ratios are exact in float64
     want_L = counts_LE.max(1).values / counts_LE.mean(1)
     result["imbalance"] = max(abs(stats[f"moe/expert_load_imbalance/layer_{i}"] - float(w))

@@ -193,11 +193,11 @@ def _pad_rows(w: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def check_expert_layout(arch: ArchSpec, *, ep: int, etp: int) -> None:
-    """``ep`` divides the experts and ``etp`` each expert's width (dense models: both 1)."""
+    """``ep`` divides the experts and ``etp`` each expert's width (dense models: ep 1, etp unused)."""
     if arch.moe is None:
-        if ep != 1 or etp != 1:
-            raise ValueError(f"expert_model_parallel_size={ep}, expert_tensor_parallel_size={etp}: the "
-                             "model has no experts (a dense model); set both to 1")
+        if ep != 1:
+            raise ValueError(f"expert_model_parallel_size={ep}: the model has no experts (a dense "
+                             "model); set it to 1")
         return
     if arch.moe.num_experts % ep:
         raise ValueError(f"expert_model_parallel_size={ep} does not divide the model's "

@@ -133,6 +133,9 @@ class MegatronEngine:
         self.hf_config = AutoConfig.from_pretrained(model_dir)
         self.arch = arch_spec(self.hf_config)
         vpp = None if vpp == 1 else vpp
+        if vpp is not None and self.arch.moe is not None:
+            raise ValueError(f"virtual_pipeline_model_parallel_size={vpp} with a mixture-of-experts model "
+                             "is not supported (its padding micro-batches have no tokens to route); set it to 1")
         etp = tp if etp is None else etp
         _check_layout(world=dist.get_world_size(), dp=dp, tp=tp, pp=pp, vpp=vpp, arch=self.arch,
                       make_vocab_size_divisible_by=make_vocab_size_divisible_by, ep=ep, etp=etp)
@@ -305,9 +308,12 @@ class MegatronEngine:
 
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
+            kwargs = {}
             if self.moe_stats is not None:
                 self.moe_stats.set_micro_batch(mb)
-            output = model(mb.tokens_BS, position_1S.expand_as(mb.tokens_BS), mask_11SS)
+                kwargs["padding_mask"] = self.moe_stats.padding_mask(
+                    mb, first_stage=model.module.pre_process, sequence_parallel=self.config.sequence_parallel)
+            output = model(mb.tokens_BS, position_1S.expand_as(mb.tokens_BS), mask_11SS, **kwargs)
             return output, functools.partial(loss_func, mb)
 
         iterators = [iter(micro_batches) for _ in self.chunks]

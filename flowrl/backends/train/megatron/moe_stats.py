@@ -12,15 +12,17 @@ Per step (keys as the role prefixes them: ``actor/moe/...``, Megatron-LM's loggi
 - ``moe/dropped_tokens``: token-to-expert assignments the router dropped (``top_k`` per real
   token minus those dispatched); 0 with dropless routing (``moe_expert_capacity_factor=None``).
 
-Router-loss scale. Megatron attaches ``coeff * loss * num_tokens`` of each micro-batch to the
-router's gradient (router.py ``attach_and_log_load_balancing_loss`` / ``apply_z_loss`` with
-``calculate_per_token_loss``) and expects ``finalize_model_grads`` to divide by the step's tokens;
-flowrl's engine does not (its policy loss is normalised by global token counts already). So
-:meth:`MoeStats.begin` sets the coefficients the routers read to ``coeff / (num_tokens *
-num_micro_batches)``, ``num_micro_batches`` summed over data-parallel ranks: each router loss enters
-the gradient as its mean over the step's micro-batches, times ``coeff``, as Megatron-LM intends.
-The router losses are megatron's and, like Megatron-LM's without a padding mask, count the padding
-positions of a padded micro-batch among their tokens.
+Router losses. The engine passes megatron its padding mask (:meth:`MoeStats.padding_mask`), so the
+load-balancing and z-losses of a micro-batch are over its real tokens only (padding rows and the
+positions after a row's end stay out, as transformers' ``attention_mask`` keeps them out). Megatron
+attaches ``coeff * loss * valid_tokens`` of each micro-batch to the router's gradient (router.py
+``attach_and_log_load_balancing_loss`` / ``apply_z_loss`` with ``calculate_per_token_loss``) and
+expects ``finalize_model_grads`` to divide by the step's tokens; flowrl's engine does not (its
+policy loss is normalised by global token counts already). So :meth:`MoeStats.begin` sets the
+coefficients the routers read to ``coeff / valid_tokens_of_the_step`` (summed over data-parallel
+ranks): each router loss enters the gradient as ``coeff`` times its token-weighted mean over the
+step's micro-batches, Megatron-LM's per-token normalisation. With sequence parallelism (MoE at
+tp > 1) each tp rank's share follows megatron's own split of the losses over tp ranks.
 """
 
 from __future__ import annotations
@@ -78,13 +80,11 @@ class MoeStats:
             return
         self._reset()
         moe_utils.clear_aux_losses_tracker()
-        count = torch.tensor([float(len(micro_batches))], dtype=torch.float64)
+        valid = sum(len(it["prompt_ids"]) + len(it["response_ids"]) - 1 for mb in micro_batches for it in mb.items)
+        count = torch.tensor([float(len(micro_batches)), float(valid)], dtype=torch.float64)
         dist.all_reduce(count, group=ps.get_data_parallel_group())
-        self.num_micro_batches = int(count)
-        num_tokens = seq_len * micro_batches[0].tokens_BS.shape[0]
-        if self.config.sequence_parallel:
-            num_tokens //= ps.get_tensor_model_parallel_world_size()
-        scale = 1.0 / (num_tokens * self.num_micro_batches)
+        self.num_micro_batches = int(count[0])
+        scale = 1.0 / float(count[1])
         self.config.moe_aux_loss_coeff = self.aux_loss_coeff * scale
         if self.z_loss_coeff is not None:
             self.config.moe_z_loss_coeff = self.z_loss_coeff * scale
@@ -101,6 +101,20 @@ class MoeStats:
             tp, rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
             valid_SB = valid_SB.chunk(tp)[rank]
         self._valid_N = valid_SB.reshape(-1)
+
+    @staticmethod
+    def padding_mask(mb: Any, *, first_stage: bool, sequence_parallel: bool) -> torch.Tensor:
+        """megatron's MoE padding mask of a micro-batch, ``[b, s]``, True at padding (gpt_model.py
+        forward: "True = padding (exclude)"). GPTModel splits it over the tp ranks' sequence slices
+        only on the first pipeline stage (gpt_model.py:314); later stages get their slice here."""
+        B, S = mb.tokens_BS.shape
+        lengths_B = torch.tensor([len(it["prompt_ids"]) + len(it["response_ids"]) - 1 for it in mb.items]
+                                 + [0] * (B - len(mb.items)))
+        padding_BS = torch.arange(S)[None, :] >= lengths_B[:, None]
+        if sequence_parallel and not first_stage:
+            tp, rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
+            padding_BS = padding_BS.chunk(tp, dim=1)[rank].contiguous()
+        return padding_BS.to(mb.tokens_BS.device)
 
     def _record(self, router: TopKRouter, inputs: Any, output: Any) -> None:
         if not self._recording or not torch.is_grad_enabled():
