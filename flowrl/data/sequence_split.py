@@ -13,7 +13,8 @@ logits of one contiguous slice of every line (``split_length`` pads the lines to
   added to reach a multiple of ``sp`` see only themselves;
 * :func:`local_inputs` - this rank's slice: its input ids, the *global* position ids of its
   columns (rotary embeddings are absolute), and the response tokens whose predicting position
-  falls in the slice (``keep_T``), located in the slice;
+  falls in the slice (``keep_T``), located in the slice; with the whole lines' mask, except for
+  padded rows, whose real tokens get the same outputs from plain causal attention;
 * :func:`concat_batches` - the group's rows as one batch (each rank brings its own share).
 
 Shape letters: B rows (lines), L line length, Lp ``L`` padded to a multiple of ``sp``, Ls = Lp /
@@ -76,8 +77,10 @@ class LocalInputs:
     ``mask_BLpLp``), and the response tokens it computes located in the slice."""
     keep_T: torch.Tensor
     """Which response tokens (bool over all ``T``) this rank computes: those predicted in its slice."""
-    mask_BLpLp: torch.Tensor
-    """:func:`full_mask` of the whole lines."""
+    mask_BLpLp: torch.Tensor | None
+    """:func:`full_mask` of the whole lines; None for padded rows: plain causal attention over the
+    whole line gives their real tokens the same outputs (right padding and the split's slots come
+    after every real token; their own outputs are never read), with no ``Lp x Lp`` mask built."""
 
 
 def local_inputs(padded: "Padded", pad_id: int, rank: int, sp: int) -> LocalInputs:
@@ -97,7 +100,8 @@ def local_inputs(padded: "Padded", pad_id: int, rank: int, sp: int) -> LocalInpu
     keep_T = (padded.pred_T >= lo) & (padded.pred_T < hi)
     local = Padded(ids[:, lo:hi], None, padded.row_T[keep_T], padded.pos_T[keep_T] - lo, pos[:, lo:hi],
                    pred_T=padded.pred_T[keep_T] - lo)
-    return LocalInputs(local, keep_T, full_mask(padded, padded_length))
+    causal = padded.attention_mask_BL is not None and padded.block_mask_BLL is None
+    return LocalInputs(local, keep_T, None if causal else full_mask(padded, padded_length))
 
 
 def concat_batches(batches: list["PackedBatch"], token_budget: int) -> "PackedBatch":

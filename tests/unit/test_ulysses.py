@@ -82,6 +82,8 @@ def test_local_slices_cover_every_token_once_with_global_positions(budget):
         # each kept token's predicting slot, located in the slice, holds the token before it
         ids = padded.input_ids_BL[padded.row_T[part.keep_T], padded.pred_T[part.keep_T]]
         assert torch.equal(local.input_ids_BL[local.row_T, local.pred_T], ids)
+        # padded rows: plain causal attention (no mask built); packed lines: the whole lines' mask
+        assert (part.mask_BLpLp is None) == (budget == 0)
 
 
 def test_concat_batches_keeps_rows_and_token_fields_in_order():

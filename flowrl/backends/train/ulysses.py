@@ -138,7 +138,7 @@ def ulysses_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     ``[B, Ls, H, D]``. The mask the model built for the slice is not used (none is built:
     ``ATTENTION`` has no mask function); the group's :func:`full_mask` is."""
     sp = _GROUPS.get(id(getattr(module, "config", None)))
-    if sp is None or sp.mask is None:
+    if sp is None or not sp.prepared:
         raise RuntimeError(f"attention implementation {ATTENTION!r} runs only inside a sequence-parallel engine's "
                            "forward (flowrl.backends.train.ulysses); this model was not prepared by one")
     return sp.attention(query, key, value, dropout=dropout, scaling=scaling, extra=kwargs)
@@ -188,6 +188,8 @@ class SequenceParallel:
         _GROUPS[id(config)] = self
         self._config = config  # held: the key above stays this object's
         self.mask: torch.Tensor | None = None  # the current micro-batch's (kept for recomputation in backward)
+        self.causal = False  # the current micro-batch is padded rows: causal attention (sdpa: no mask)
+        self.prepared = False  # a micro-batch was split (local): attention may run
         self.keep_T: torch.Tensor | None = None
         self._own = slice(0, 0)
 
@@ -218,11 +220,15 @@ class SequenceParallel:
         for :func:`ulysses_attention` and which response tokens this rank computes."""
         li = local_inputs(padded, self.pad_id, self.rank, self.size)
         self.keep_T = li.keep_T
-        mask = li.mask_BLpLp[:, None].to(self.device)
+        self.causal = li.mask_BLpLp is None  # padded rows: plain causal attention
+        mask = None if self.causal else li.mask_BLpLp[:, None].to(self.device)
         if self.eager:  # additive, as transformers' eager mask (float32 promotes bf16 scores)
+            if mask is None:
+                length = li.padded.input_ids_BL.shape[1] * self.size
+                mask = torch.ones((length, length), dtype=torch.bool, device=self.device).tril()[None, None]
             mask = torch.zeros(mask.shape, dtype=torch.float32, device=self.device).masked_fill_(
                 ~mask, torch.finfo(torch.float32).min)
-        self.mask = mask
+        self.mask, self.prepared = mask, True
         return li.padded
 
     def select(self, values_T: torch.Tensor) -> torch.Tensor:
@@ -261,8 +267,8 @@ class SequenceParallel:
             weights = torch.softmax(weights, dim=-1, dtype=torch.float32).to(q.dtype)
             weights = torch.nn.functional.dropout(weights, p=dropout, training=dropout > 0)
             out = torch.matmul(weights, v)
-        else:
+        else:  # padded rows: is_causal (no mask: the fused kernels apply)
             out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, dropout_p=dropout,
-                                                                   scale=scale)
+                                                                   is_causal=self.causal, scale=scale)
         out = _HeadsToSeq.apply(out.contiguous(), group, sp)  # [B, H, Ls, D]
         return out.transpose(1, 2).contiguous(), None
