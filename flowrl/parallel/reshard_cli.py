@@ -185,8 +185,9 @@ def format_summary(stats: PlanStats) -> list[str]:
         f"({s['num_local_copies']} local copies, {_gib(s['bytes_local'])})",
         f"minimum          {_gib(s['bytes_min'])}  (sent / minimum = {s['sent_over_min']:.2f})",
         f"naive gather     {_gib(s['bytes_naive'])}  (sent / naive = {s['sent_over_naive']:.3f})",
-        f"HybridFlow bound {_gib(s['bytes_hybridflow'])}  ((tp - t_g*p_g)/(t_g*p_g*t*p)*M per "
-        "colocated rank)",
+        (f"HybridFlow bound {_gib(s['bytes_hybridflow'])}  ((tp - t_g*p_g)/(t_g*p_g*t*p)*M per "
+         "colocated rank)") if not (stats.src.dims.expert_keys or stats.dst.dims.expert_keys) else
+        "HybridFlow bound n/a  (its formula has no expert parallelism)",
         f"redundancy       {_gib(s['redundant_bytes'])}",
         f"peak extra       {_gib(s['max_peak_extra_bytes'])} per process (generation shard; "
         "transports add one bucket)",

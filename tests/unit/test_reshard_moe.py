@@ -158,6 +158,7 @@ def test_cli_plans_the_issues_5d_example(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "dp=4,tp=2,pp=2,ep=4 (megatron) -> dp=4,tp=4,pp=1,ep=2 (hf), colocated, 16" in out
     assert "sent / minimum = 1.00" in out and "redundancy       0.00 MiB" in out
+    assert "HybridFlow bound n/a" in out
     # vLLM's FusedMoE cannot hold etp=4 x ep=2: refused by name, with the fix
     assert run(parser.parse_args(argv[:-2])) == 2
     err = capsys.readouterr().err
