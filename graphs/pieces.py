@@ -141,8 +141,11 @@ def logprob_columns(ctx: BuildContext, scored: Any, *, step: int) -> list[Any]:
         from flowrl.nodes.bypass import rollout_as_old_logprobs
 
         columns.append(node("old_log_prob", rollout_as_old_logprobs, scored, step=step))
-    elif cfg.needs_old_logprobs:
-        columns.append(node("old_log_prob", nodes.logprobs, ctx.groups["actor"].bind(), scored, "old_logprobs", step=step))
+    elif cfg.needs_old_logprobs:  # optimal_token_baseline: sum_pi_squared from the same pass
+        method = ("compute_logprobs_with_sum_pi_squared" if cfg.algorithm.adv_estimator == "optimal_token_baseline"
+                  else "compute_logprobs")
+        columns.append(node("old_log_prob", nodes.logprobs, ctx.groups["actor"].bind(), scored, "old_logprobs",
+                            method=method, step=step))
     return columns
 
 

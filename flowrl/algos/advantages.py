@@ -45,6 +45,7 @@ __all__ = [
     "gae_advantages",
     "gpg_advantages",
     "grpo_advantages",
+    "optimal_token_baseline_advantages",
     "masked_whiten",
     "broadcast_rows",
     "register_estimator",
@@ -54,6 +55,7 @@ __all__ = [
     "reinforce_plus_plus_baseline_advantages",
     "remax_advantages",
     "rloo_advantages",
+    "sum_pi_squared_from_logits",
 ]
 
 GRPO_EPSILON = 1e-6
@@ -77,6 +79,12 @@ class AdvantageInputs:
     reward_baseline_B: Tensor | None = None
     """A reward baseline per row (ReMax: the score of the prompt's greedy response); only
     estimators with ``needs_baseline`` read it."""
+    old_logprobs_T: Tensor | None = None
+    """The pre-update log-probs of the sampled tokens (``old_logprobs``); read by
+    ``optimal_token_baseline``."""
+    sum_pi_squared_T: Tensor | None = None
+    """``sum over the vocabulary of pi(v)**2`` at each token (``sum_pi_squared``, from the same
+    forward pass as ``old_logprobs``); read by ``optimal_token_baseline``."""
 
     def __post_init__(self) -> None:
         num_tokens = self.token_rewards_T.numel()
@@ -89,7 +97,7 @@ class AdvantageInputs:
                 f"cu_seqlens_B1 must run from 0 to the number of tokens ({num_tokens}), got "
                 f"{int(self.cu_seqlens_B1[0])}..{int(self.cu_seqlens_B1[-1])}"
             )
-        for name in ("token_rewards_T", "response_mask_T", "values_T"):
+        for name in ("token_rewards_T", "response_mask_T", "values_T", "old_logprobs_T", "sum_pi_squared_T"):
             tensor = getattr(self, name)
             if tensor is not None and (tensor.ndim != 1 or tensor.numel() != num_tokens):
                 raise ValueError(
@@ -410,3 +418,53 @@ def gpg_advantages(
     adv_B = alpha * (scores_B - torch.where(count_B == 1, 0, mean_B))
     adv_T = _broadcast_rows(adv_B.to(scores_B.dtype), inputs)
     return adv_T, adv_T
+
+
+def sum_pi_squared_from_logits(logits_TV: Tensor) -> Tensor:
+    """``sum_v softmax(logits)_v ** 2`` per row of ``logits_TV`` (float32): the input of
+    :func:`optimal_token_baseline_advantages`, as verl's actor computes it
+    (``calculate_sum_pi_squared``) from the temperature-scaled logits."""
+    return torch.softmax(logits_TV.float(), dim=-1).square().sum(dim=-1)
+
+
+OTB_EPSILON = 1e-8
+
+
+def optimal_token_baseline_advantages(
+    inputs: AdvantageInputs, *, gamma: float = 1.0, lam: float = 1.0, norm_adv_by_std: bool = True
+) -> tuple[Tensor, Tensor]:
+    """Optimal Token Baseline, verl's ``optimal_token_baseline``: a baseline per prompt group and
+    response position ``t``, ``B_t = sum_i G_it W_it / (sum_i W_it + 1e-8)`` over the group's rows
+    valid at ``t``, with ``G`` the reward-to-go and ``W_t = sum_{j<=t} (1 - 2 pi_j + sum_v pi_v**2)``
+    (``pi_j = exp(old_logprobs)``: the path-variance proxy); ``A = (G - B)`` on valid tokens. A
+    group of one keeps ``A = G``; where one row is strictly the group's longest its baseline is 0
+    past the second-longest row's length (verl's ``handle_zero_tail``). Returns are ``G``. The
+    keywords are unused (verl's are too)."""
+    if inputs.old_logprobs_T is None or inputs.sum_pi_squared_T is None:
+        raise ValueError("optimal_token_baseline reads old_logprobs and sum_pi_squared (the actor's pre-update pass "
+                         "computes both when algorithm.adv_estimator=optimal_token_baseline); the batch lacks them")
+    mask_T = inputs.response_mask_T.to(torch.float64)
+    num_tokens, num_rows = mask_T.numel(), inputs.num_rows
+    rows_T, positions_T, longest = _padded_index(inputs.cu_seqlens_B1, num_tokens)
+    pad = lambda x_T: _pad(x_T.to(torch.float64), rows_T, positions_T, num_rows, longest)  # noqa: E731
+    mask_BL = pad(mask_T)
+    returns_BL = (pad(inputs.token_rewards_T) * mask_BL).flip(-1).cumsum(-1).flip(-1)
+    w_BL = 1 - 2 * torch.exp(pad(inputs.old_logprobs_T)) + pad(inputs.sum_pi_squared_T)
+    w_cum_BL = (w_BL * mask_BL).cumsum(-1)
+    baselines_BL = torch.zeros_like(returns_BL)
+    lengths_B = mask_BL.sum(-1)
+    for group in torch.unique(inputs.group_B):
+        idx = torch.nonzero(inputs.group_B == group, as_tuple=True)[0]
+        if idx.numel() == 1:
+            continue
+        m, w = mask_BL[idx], w_cum_BL[idx]
+        baseline_L = (returns_BL[idx] * w * m).sum(0) / ((w * m).sum(0) + OTB_EPSILON)
+        baselines_BL[idx] = baseline_L
+        lengths, _ = torch.sort(lengths_B[idx])
+        longest_len, second = int(lengths[-1]), int(lengths[-2])
+        at_max = torch.nonzero(lengths_B[idx] == longest_len, as_tuple=True)[0]
+        if at_max.numel() == 1 and longest_len > second:
+            baselines_BL[idx[at_max[0]], second:] = 0.0
+    adv_BL = (returns_BL - baselines_BL) * mask_BL
+    dtype = inputs.token_rewards_T.dtype if inputs.token_rewards_T.is_floating_point() else torch.float32
+    return adv_BL[rows_T, positions_T].to(dtype), returns_BL[rows_T, positions_T].to(dtype)

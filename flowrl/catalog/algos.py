@@ -51,6 +51,9 @@ ADVANTAGE_ESTIMATORS.register(
 )
 ADVANTAGE_ESTIMATORS.register("remax", _ADV + "remax_advantages", needs_values=False, needs_baseline=True)
 ADVANTAGE_ESTIMATORS.register("gpg", _ADV + "gpg_advantages", needs_values=False, needs_baseline=False)
+# reads old_logprobs and sum_pi_squared (the actor's pre-update pass computes both for it: graphs/pieces.py)
+ADVANTAGE_ESTIMATORS.register("optimal_token_baseline", _ADV + "optimal_token_baseline_advantages",
+                              needs_values=False, needs_baseline=False)
 
 POLICY_LOSSES: Registry[Callable] = Registry("policy loss", allow_import_strings=True)
 """Name (or ``package.module:function``) -> ``fn(logp_T, old_logp_T, advantages_T, response_mask_T,

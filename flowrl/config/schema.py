@@ -86,6 +86,10 @@ class RunConfig:
                    == "token"), "algorithm.rollout_is_level", "token", "with actor.policy_loss=geo_mean it weights each "
               "row by the arithmetic mean of its token weights (flowrl applies them as w * A), verl by their "
               "geometric mean", "use algorithm.rollout_is_level=sequence (one weight per row: verl's numbers)")
+        if self.algorithm.adv_estimator == "optimal_token_baseline":
+            from flowrl.config.otb_checks import check_otb
+
+            check_otb(self)
         check(not self.algorithm.rollout_is_bypass or self.actor.policy_loss == "vanilla", "actor.policy_loss",
               self.actor.policy_loss, "is replaced in bypass mode (algorithm.rollout_is_bypass=true) by "
               "algorithm.rollout_is_loss_type (ppo_clip or reinforce), as in verl", "use actor.policy_loss=vanilla")
@@ -263,7 +267,8 @@ class RunConfig:
         reads them too (as verl)."""
         return (self.num_optimizer_steps_per_batch > 1 or self.algorithm.use_kl_in_reward
                 or self.algorithm.rollout_is_threshold is not None  # the rollout correction's pi_old
-                or self.algorithm.rollout_is_bypass)  # bypass mode: the rollout's, no pass (graphs/pieces.py)
+                or self.algorithm.rollout_is_bypass  # bypass mode: the rollout's, no pass (graphs/pieces.py)
+                or self.algorithm.adv_estimator == "optimal_token_baseline")  # its W reads pi_old
 
     @property
     def needs_reference(self) -> bool:

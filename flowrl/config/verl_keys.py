@@ -284,7 +284,8 @@ VERL_KEYS: tuple[VerlKey, ...] = (
           ("shuffle", "shuffles mini-batches", "trainer.seed"),
           ("nccl_timeout", "NCCL timeout", "cluster.timeout_s"),
           ("calculate_entropy", "computes the entropy metric", "flowrl logs the entropy every step"),
-          ("calculate_sum_pi_squared", "a diagnostic metric", "none"),
+          ("calculate_sum_pi_squared", "computes sum_pi_squared (optimal_token_baseline's input)",
+           "flowrl computes it with algorithm.adv_estimator=optimal_token_baseline"),
       )),
     _k(f"{AR}.ref.strategy", "noop", does="the reference's engine", nearest="the reference uses actor.strategy"),
     # Ulysses sequence parallelism (issue 31): actor, ref and critic, and the FSDP engine's copies of them

@@ -29,9 +29,12 @@ def advantages(table: pa.Table, *columns: pa.Table, estimator: str, gamma: float
     baseline_B = None
     if "reward_baseline" in table.column_names:
         baseline_B = torch.from_numpy(table.column("reward_baseline").to_numpy().astype(np.float32))
+    # optimal_token_baseline: the pre-update log-probs and sum_pi_squared (when the batch has them)
+    old_T = experience.token_column(table, "old_logprobs")[0] if "sum_pi_squared" in table.column_names else None
+    pi2_T = experience.token_column(table, "sum_pi_squared")[0] if old_T is not None else None
     inputs = AdvantageInputs(
         token_rewards_T=rewards_T, response_mask_T=mask_T, cu_seqlens_B1=cu, group_B=group_B,
-        values_T=values_T, reward_baseline_B=baseline_B,
+        values_T=values_T, reward_baseline_B=baseline_B, old_logprobs_T=old_T, sum_pi_squared_T=pi2_T,
     )
     adv_T, ret_T = resolve_estimator(estimator)(inputs, gamma=gamma, lam=lam, norm_adv_by_std=norm_adv_by_std)
     return experience.with_columns(

@@ -111,6 +111,18 @@ class PolicyRole:
             )
         return pa.table({column: experience.list_column(logp_T, batch.response_cu_B1, experience.TOKEN_FLOATS)})
 
+    def compute_logprobs_with_sum_pi_squared(self, table: pa.Table, column: str = "old_logprobs") -> pa.Table:
+        """``compute_logprobs`` plus ``sum_pi_squared`` (``sum_v pi(v)**2`` per token, from the same
+        logits): ``algorithm.adv_estimator=optimal_token_baseline``'s inputs."""
+        batch = self._log_prob_batch(table)
+        with self.residency.resident():
+            logp_T, pi2_T = self.engine.forward_logprobs(
+                batch, micro_batch_size=self.cfg.ppo_micro_batch_size_per_gpu, temperature=self.temperature,
+                with_entropy=True, token_stat="sum_pi_squared",
+            )
+        return pa.table({column: experience.list_column(logp_T, batch.response_cu_B1, experience.TOKEN_FLOATS),
+                         "sum_pi_squared": experience.list_column(pi2_T, batch.response_cu_B1, experience.TOKEN_FLOATS)})
+
     def compute_ref_logprobs(self, table: pa.Table, column: str = "ref_logprobs") -> pa.Table:
         """With LoRA (``model.lora_rank`` > 0): the reference policy's log-probs, those of the base
         model with the adapters disabled, in this process (no reference group, no second copy)."""

@@ -149,7 +149,8 @@ def test_the_catalogue_counts(tmp_path):
     tuning/*_grpo-lora_*_fsdp_vllm.sh lists and grpo_trainer/run_qwen3-32b_npu.sh.
     Then 50 / 26 / 0: verl's multi-turn tool config (rollout.multi_turn.tool_config_path: verl's
     Gsm8kTool as flowrl.agents.verl_tools.Gsm8kTool, or flowrl Tool classes) takes
-    sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn_vllm_fsdp.sh."""
+    sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn_vllm_fsdp.sh. Then 51 / 25 / 0: verl's optimal_token_baseline
+    estimator (sum_pi_squared from the actor's pre-update pass) takes otb_trainer/run_qwen2_5-7b.sh."""
     counts, _ = measure(tmp_path)
     assert counts["unknown"] == 0 and counts["hydra"] == 0 and counts["preflight"] == 0
-    assert (counts["accepted"], counts["named"], counts["value"]) == (50, 26, 0)
+    assert (counts["accepted"], counts["named"], counts["value"]) == (51, 25, 0)

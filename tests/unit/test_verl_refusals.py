@@ -47,7 +47,7 @@ def test_a_refused_tool_config_is_the_one_error_not_the_empty_tool_list():
 
 @pytest.mark.parametrize("arg,named", [
     ("algorithm.adv_estimator=opo", "the opo advantage estimator"),
-    ("algorithm.adv_estimator=optimal_token_baseline", "the optimal_token_baseline advantage estimator"),
+    ("algorithm.adv_estimator=tir_optimal_token_baseline", "the tir_optimal_token_baseline advantage estimator"),
     ("actor_rollout_ref.actor.policy_loss.loss_mode=cispo", "the cispo policy loss"),
     ("trainer.logger=mlflow", "the mlflow logger"),
     ("trainer.logger=[console,swanlab]", "the swanlab logger"),

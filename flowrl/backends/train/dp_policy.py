@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from flowrl.algos import entropy_from_logits, logprobs_from_logits
+from flowrl.algos.advantages import sum_pi_squared_from_logits
 from flowrl.algos.sft_loss import UNIFORM_NLL, uniform_nll_from_logits
 from flowrl.backends.interfaces import LossFn, model_kwargs, torch_dtype
 from flowrl.backends.train.optim import AdamWSettings
@@ -40,10 +41,12 @@ if TYPE_CHECKING:
 
 
 FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-TOKEN_STATS = {"entropy": entropy_from_logits, UNIFORM_NLL: uniform_nll_from_logits}
+TOKEN_STATS = {"entropy": entropy_from_logits, UNIFORM_NLL: uniform_nll_from_logits,
+               "sum_pi_squared": sum_pi_squared_from_logits}
 """The second per-token tensor ``train_step`` may give its loss (``token_stat``): the softmax's
 entropy (RL's entropy bonus) or its cross-entropy against the uniform distribution (SFT's label
-smoothing)."""
+smoothing), or the sum of the softmax's squares (``optimal_token_baseline``'s input, from the
+old-log-prob pass: ``forward_logprobs(token_stat="sum_pi_squared")``)."""
 
 
 def adamw(params: list[torch.nn.Parameter], **kwargs: Any) -> torch.optim.AdamW:
@@ -228,13 +231,15 @@ class TorchDPEngine:
 
     @torch.no_grad()
     def forward_logprobs(
-        self, batch: PackedBatch, *, micro_batch_size: int, temperature: float = 1.0, with_entropy: bool = False
+        self, batch: PackedBatch, *, micro_batch_size: int, temperature: float = 1.0, with_entropy: bool = False,
+        token_stat: str = "entropy",
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Response-token log-probs (and entropies) of ``logits / temperature``, flat ``_T``."""
+        """Response-token log-probs (and with ``with_entropy`` the ``token_stat`` of
+        :data:`TOKEN_STATS`, entropies by default) of ``logits / temperature``, flat ``_T``."""
         was_training = self.model.training
         self.model.eval()
         try:
-            outs = [self._forward(mb, temperature=temperature, with_entropy=with_entropy)
+            outs = [self._forward(mb, temperature=temperature, with_entropy=with_entropy, token_stat=token_stat)
                     for mb in self._micro_batches(batch, micro_batch_size)]
         finally:
             self.model.train(was_training)
