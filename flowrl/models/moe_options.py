@@ -46,6 +46,10 @@ def check_moe_options(cfg: Any, *, model_path: str) -> None:
     if getattr(a, "ulysses_sequence_parallel_size", 1) > 1:
         raise ConfigError(key, value, "maps routes to whole sequences; Ulysses splits them over ranks",
                           f"set actor.ulysses_sequence_parallel_size=1, or {key}={'false' if value is True else 0}")
+    if cfg.model.enable_gradient_checkpointing:
+        raise ConfigError(key, value, "hooks the routers during the forward; model.enable_gradient_checkpointing "
+                          "recomputes it in backward without them", f"set model.enable_gradient_checkpointing=false, "
+                          f"or {key}={'false' if value is True else 0}")
     if num_experts(model_path) == 0:
         raise ConfigError(key, value, f"needs a mixture-of-experts model; {model_path} is dense (its config.json has "
                           f"none of {', '.join(MOE_EXPERT_KEYS)})",

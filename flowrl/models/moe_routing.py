@@ -239,7 +239,7 @@ class RouterTap:
                 if getattr(module, "norm_topk_prob", True):  # Mixtral's router always renormalises
                     weights_Nk = weights_Nk / weights_Nk.sum(dim=-1, keepdim=True)
                 scores_Nk = weights_Nk.to(scores_Nk.dtype)
-                self.replayed += int(known.all(-1)[self.real_N].sum())
+                self.replayed += int((known.all(-1) & self.real_N.to(known.device)).sum())
                 output = (logits_NE, scores_Nk, indices_Nk)
             self.logits.append(logits_NE)
             self.indices.append(indices_Nk.detach())
@@ -304,7 +304,8 @@ def router_tap(engine: Any, mb: PackedBatch, padded: Padded) -> RouterTap | None
                              f"the model {len(routers)}; the rollout ran another model")
         replay = routes_XRk[map_N.clamp(min=0)].long()
         replay[~real_N] = NO_ROUTE
-    tap = RouterTap(routers, real_N=real_N, replay_NRk=replay)
+        replay = replay.to(engine.device)
+    tap = RouterTap(routers, real_N=real_N.to(engine.device), replay_NRk=replay)
     engine.moe_tap = tap
     return tap
 

@@ -56,6 +56,8 @@ def test_replay_preflight(moe_dir, dense_dir):
         (["actor.router_replay=true", "rollout.name=vllm"], moe_dir, "rollout.name=vllm does not record them"),
         (["actor.router_replay=true", "rollout.multi_turn.enable=true"], moe_dir, "multi-turn"),
         (["actor.moe_z_loss_coeff=0.1", "actor.strategy=megatron"], moe_dir, "not megatron"),
+        (["actor.router_replay=true", "actor.strategy=fsdp", "model.enable_gradient_checkpointing=true"], moe_dir,
+         "recomputes it in backward"),
         (["model.lora_rank=4"], moe_dir, "model.target_modules='all-linear'.*q_proj,k_proj,v_proj,o_proj"),
     ]
     for overrides, path, message in cases:
