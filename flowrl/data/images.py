@@ -157,3 +157,37 @@ def load_image_processor(model_dir: str | Path) -> Any:
         return AutoImageProcessor.from_pretrained(str(model_dir))
     finally:
         quiet.setLevel(level)
+
+
+THUMBNAIL_PIXELS = 64
+
+
+def thumbnail_html(images: Sequence[bytes] | None, *, size: int = THUMBNAIL_PIXELS) -> str:
+    """``<img>`` tags (PNG data URIs, at most ``size`` pixels a side) of a row's encoded images,
+    for the dashboard's samples view; empty for none, a marked placeholder for an unreadable one."""
+    import base64
+
+    from PIL import Image
+
+    tags = []
+    for data in images or ():
+        try:
+            with Image.open(io.BytesIO(data)) as img:
+                img.load()
+                small = img.convert("RGB")
+            small.thumbnail((size, size))
+            out = io.BytesIO()
+            small.save(out, format="PNG")
+            uri = "data:image/png;base64," + base64.b64encode(out.getvalue()).decode("ascii")
+            tags.append(f'<img class="prompt-image" src="{uri}" width="{small.width}" height="{small.height}" '
+                        f'style="margin:1px;border:1px solid #ccc">')
+        except Exception:  # noqa: BLE001 - a bad image must not break the page
+            tags.append('<span class="prompt-image-bad" title="unreadable image">[image]</span>')
+    return "".join(tags)
+
+
+def collapse_image_tokens(text: str) -> str:
+    """``text`` with each run of ``<|image_pad|>`` written once with its count (``<|image_pad|>x16``)."""
+    import re
+
+    return re.sub(r"(?:<\|image_pad\|>)+", lambda m: f"<|image_pad|>x{m.group(0).count('<|image_pad|>')}", text)

@@ -185,7 +185,8 @@ const blocks = turns.map(([kind, text]) => {
 div.text = `<b>${esc(d.uid[i])}</b> score ${d.score[i]} (truth ${esc(d.ground_truth[i])}) &middot; ` +
   `${d.num_turns[i]} model turn(s), ${d.tool_calls[i]} tool call(s)` +
   `<div class="turn prompt-turn" style="border-left:3px solid #7f7f7f;margin:3px 0;padding:2px 6px">` +
-  `<small><b>prompt</b></small><pre style="white-space:pre-wrap;margin:0">${esc(d.prompt[i])}</pre></div>` + blocks.join("");
+  `<small><b>prompt</b></small>${(d.images && d.images[i]) ? `<div class="prompt-images">${d.images[i]}</div>` : ""}` +
+  `<pre style="white-space:pre-wrap;margin:0">${esc(d.prompt[i])}</pre></div>` + blocks.join("");
 """
 
 # Tick labels with as many significant digits as the tick spacing needs (not Bokeh's fixed

@@ -85,7 +85,7 @@ def gantt(tl_shown: Any) -> tuple[Any, Any]:
 
 def samples_table(smp_shown: Any) -> Any:
     """The chosen step's sampled prompts, responses and rewards (rows of ``smp_shown``)."""
-    from bokeh.models import DataTable, NumberFormatter, TableColumn
+    from bokeh.models import DataTable, HTMLTemplateFormatter, NumberFormatter, TableColumn
 
     widths = {"step": 40, "uid": 60, "group": 45, "data_source": 110, "prompt": 260, "response": 360,
               "ground_truth": 90, "score": 55, "response_length": 60, "advantage": 70, "num_turns": 45,
@@ -95,6 +95,10 @@ def samples_table(smp_shown: Any) -> Any:
     columns = [TableColumn(field=k, title=titles.get(k, k.replace("_", " ")), width=widths[k],
                            **({"formatter": fmt[k]} if k in fmt else {}))
                for k in SAMPLE_COLUMNS]
+    # a vision-language prompt's pictures (run_reader's "images": <img> thumbnails), row-high, beside the prompt
+    thumbs = HTMLTemplateFormatter(template="""<%= value ? value.replace(/ width="\\d+" height="\\d+"/g, ' height="22"') : "" %>""")
+    columns.insert(SAMPLE_COLUMNS.index("prompt") + 1, TableColumn(field="images", title="image", width=60,
+                                                                   formatter=thumbs))
     return DataTable(source=smp_shown, columns=columns, height=320, sizing_mode="stretch_width",
                      index_position=None, name="samples", selectable=True)
 

@@ -24,6 +24,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from flowrl.data.images import collapse_image_tokens
 from flowrl.metrics.timeline import TIMELINE_FILE, read_timeline
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,8 @@ SAMPLE_COLUMNS = ("step", "uid", "group", "data_source", "prompt", "response", "
 #: Per-sample data besides the shown columns: the response as turns (JSON ``[[kind, text], ...]``,
 #: kind 1 the model's tokens, 0 a tool's answer), for the conversation view of a clicked row; and
 #: how many rows the step's Parquet holds (the table keeps the first ``max_samples``).
-SAMPLE_DATA_COLUMNS = SAMPLE_COLUMNS + ("turns", "step_rows")
+SAMPLE_DATA_COLUMNS = SAMPLE_COLUMNS + ("turns", "step_rows", "images")
+#: ``images``: a vision-language prompt's pictures as ``<img>`` thumbnails (HTML; empty for text).
 
 
 @dataclass
@@ -397,7 +399,7 @@ def sample_columns(table: Any, step: int, tokenizer: Any = None, *, step_rows: i
         "uid": [str(u) for u in col("uid", "")],
         "group": [int(g) if g is not None else -1 for g in col("group", -1)],
         "data_source": [str(s) if s is not None else "" for s in col("data_source", "")],
-        "prompt": text(col("prompt_ids", [])),
+        "prompt": [collapse_image_tokens(t) for t in text(col("prompt_ids", []))],
         "response": text(responses),
         "ground_truth": [str(s) if s is not None else "" for s in col("ground_truth", "")],
         "score": [_num(s) for s in scores],
@@ -408,7 +410,19 @@ def sample_columns(table: Any, step: int, tokenizer: Any = None, *, step_rows: i
         "tool_calls": [int(t) if t is not None else 0 for t in col("tool_calls", None)],
         "turns": [json.dumps(turn_texts(r or [], sp, text)) for r, sp in zip(responses, spans)],
         "step_rows": [n if step_rows is None else int(step_rows)] * n,
+        "images": _thumbnails(col("images", None)),
     }
+
+
+def _thumbnails(images: list) -> list[str]:
+    """Each row's prompt images as thumbnails (``flowrl.data.images.thumbnail_html``); one per
+    distinct picture (a GRPO group's rows share theirs)."""
+    if not any(images):
+        return [""] * len(images)
+    from flowrl.data.images import thumbnail_html
+
+    done: dict[tuple, str] = {}
+    return [done.setdefault(tuple(row), thumbnail_html(row)) if row else "" for row in images]
 
 
 def turn_texts(response_ids: list[int], spans: list | None, decode: Any) -> list[list]:

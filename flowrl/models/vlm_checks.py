@@ -1,8 +1,9 @@
 """Pre-flight checks for a vision-language ``model.path`` (Qwen2-VL / Qwen2.5-VL): what flowrl runs
 one with, refused on the driver before any worker starts (``flowrl.run.preflight``).
 
-A VLM trains in the ``dp`` and ``fsdp`` strategies and generates with the ``hf`` backend
-(:mod:`flowrl.models.vlm`); megatron does not build its vision tower, the vLLM backend is not fed
+A VLM trains in the ``dp`` strategy (the ``fsdp`` engine computes it too, but a run would sync its
+weights to the generator by a reshard that knows text models' names only) and generates with the
+``hf`` backend in the same processes (:mod:`flowrl.models.vlm`); megatron does not build its vision tower, the vLLM backend is not fed
 the images, multi-turn rollouts and Ulysses sequence parallelism do not carry them, and a critic
 or reward model on it would read the ``<|image_pad|>`` tokens without the picture.
 """
@@ -30,6 +31,11 @@ def check_vlm(cfg: Any, *, model_path: str) -> None:
         if strategy is not None and strategy not in TRAIN_STRATEGIES:
             raise ConfigError(f"{section}.strategy", strategy, f"{what}, which the {strategy} strategy does not build "
                               "(no vision tower)", f"set {section}.strategy=dp or fsdp")
+    if cfg.actor.strategy != "dp":  # fsdp: its engine computes a VLM exactly (tests/dist/test_vlm_fsdp.py), but
+        # the hybrid group's generator then gets the weights by a reshard, whose layouts know a text model's names only
+        raise ConfigError("actor.strategy", cfg.actor.strategy, f"{what}; a run syncs weights to the generator by "
+                          "reshard for this strategy, which does not carry a VLM's vision tower and names yet",
+                          "set actor.strategy=dp (the generator then uses the trainer's module itself)")
     if cfg.rollout.name not in GEN_BACKENDS:
         raise ConfigError("rollout.name", cfg.rollout.name, f"{what}; this generation backend is not given the "
                           "images", "set rollout.name=hf")

@@ -232,4 +232,48 @@ def test_preflight_refuses_a_vlm_on_megatron_and_vllm(vlm_dir):
     cfg = load_config(None, [f"model.path={vlm_dir}", "rollout.name=vllm"])
     with pytest.raises(ConfigError, match="rollout.name"):
         check_vlm(cfg, model_path=vlm_dir)
+    cfg = load_config(None, [f"model.path={vlm_dir}", "actor.strategy=fsdp"])
+    with pytest.raises(ConfigError, match="actor.strategy='fsdp'.*reshard"):
+        check_vlm(cfg, model_path=vlm_dir)
     check_vlm(load_config(None, [f"model.path={vlm_dir}"]), model_path=vlm_dir)  # dp + hf: fine
+
+
+def test_dashboard_samples_show_the_prompt_images_as_thumbnails(tmp_path):
+    """The samples view (run_reader.sample_columns, the table and the clicked row's view) carries
+    each prompt's pictures as <img> thumbnails; a text run's rows have none; an export embeds them."""
+    import base64
+
+    from bokeh.models import HTMLTemplateFormatter
+
+    from flowrl.data import experience
+    from flowrl.metrics.dashboard_js import SHOW_SAMPLE_JS
+    from flowrl.metrics.dashboard_step import samples_table
+    from flowrl.metrics.run_reader import sample_columns
+
+    big = _png((0, 0, 255), size=(200, 100))
+    table = pa.table({
+        "prompt_ids": experience.from_lists([[1, 2], [1, 2], [3]], experience.TOKEN_IDS),
+        "response_ids": experience.from_lists([[4], [5], [6]], experience.TOKEN_IDS),
+        "images": pa.array([[big], [big], [b"junk"]], pa.list_(pa.binary())),
+    })
+    cols = sample_columns(table, 3)
+    assert cols["images"][0] == cols["images"][1] and cols["images"][0].startswith('<img class="prompt-image"')
+    uri = cols["images"][0].split('src="')[1].split('"')[0]
+    from PIL import Image
+
+    thumb = Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1])))
+    assert thumb.size == (64, 32)  # at most 64 pixels a side, aspect kept
+    assert "unreadable" in cols["images"][2]
+    text = sample_columns(table.drop_columns(["images"]), 3)
+    assert text["images"] == ["", "", ""]
+    shown = [c for c in samples_table(__import__("bokeh.models", fromlist=["ColumnDataSource"]).ColumnDataSource(
+        {k: v for k, v in cols.items()})).columns if c.field == "images"]
+    assert len(shown) == 1 and isinstance(shown[0].formatter, HTMLTemplateFormatter)
+    assert "d.images[i]" in SHOW_SAMPLE_JS
+
+
+def test_collapse_image_tokens():
+    from flowrl.data.images import collapse_image_tokens
+
+    assert collapse_image_tokens("<|vision_start|>" + "<|image_pad|>" * 16 + "<|vision_end|>hi") == \
+        "<|vision_start|><|image_pad|>x16<|vision_end|>hi"
