@@ -175,7 +175,8 @@ def test_gae_needs_values():
 
 
 def test_unknown_estimator_lists_valid_names():
-    with pytest.raises(ValueError, match="gae, gpg, grpo, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, rloo"):
+    with pytest.raises(ValueError, match="gae, gpg, grpo, optimal_token_baseline, reinforce_plus_plus, reinforce_plus_plus_baseline, "
+                                         "remax, rloo"):
         ADVANTAGE_ESTIMATORS.get("ppo")
 
 
