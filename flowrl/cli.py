@@ -340,6 +340,19 @@ def _add_export_hf(sub: Any) -> None:
     p.set_defaults(func=cmd_export_hf)
 
 
+def _add_verify_resume(sub: Any) -> None:
+    p = sub.add_parser("verify-resume", help="prove a resume equals not stopping: N steps, killed after K and "
+                                              "resumed, compared metric by metric and parameter by parameter")
+    p.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key=value", help="what flowrl train takes")
+    p.add_argument("--steps", type=int, default=4, help="steps of each run (default 4)")
+    p.add_argument("--kill-after", type=int, default=2, help="the checkpoint step after which the run is killed "
+                                                             "(trainer.save_freq of both runs; default 2)")
+    p.add_argument("--out", default=None, help="directory for the runs and verify_resume.json (default: a temporary one)")
+    p.add_argument("--rtol", type=float, default=0.0, help="relative tolerance (default 0: exactly equal)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds each run may take")
+    p.set_defaults(func=cmd_verify_resume)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flowrl", description="RL post-training of LLMs as Dask task graphs.")
     parser.add_argument("--version", action="version", version=f"flowrl {__version__}")
@@ -354,16 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_submit(sub)
 
-    p = sub.add_parser("verify-resume", help="prove a resume equals not stopping: N steps, killed after K and "
-                                              "resumed, compared metric by metric and parameter by parameter")
-    p.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key=value", help="what flowrl train takes")
-    p.add_argument("--steps", type=int, default=4, help="steps of each run (default 4)")
-    p.add_argument("--kill-after", type=int, default=2, help="the checkpoint step after which the run is killed "
-                                                             "(trainer.save_freq of both runs; default 2)")
-    p.add_argument("--out", default=None, help="directory for the runs and verify_resume.json (default: a temporary one)")
-    p.add_argument("--rtol", type=float, default=0.0, help="relative tolerance (default 0: exactly equal)")
-    p.add_argument("--timeout", type=float, default=3600.0, help="seconds each run may take")
-    p.set_defaults(func=cmd_verify_resume)
+    _add_verify_resume(sub)
 
     p = sub.add_parser("config", help="print the resolved configuration (or --fields: every key with its doc)")
     p.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key=value | FILTER",

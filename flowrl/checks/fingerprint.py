@@ -316,14 +316,12 @@ def target_report(job: Any, rank: int, tensors: Mapping[str, "torch.Tensor"] | N
     return report("dst", rank, replica_of(spec, rank), parts, dtype=dtype, seconds=time.perf_counter() - start)
 
 
-def adapter_source_report(job: Any, adapters: Mapping[str, "torch.Tensor"]) -> dict:
-    """Trainer rank 0 of an ``AdapterJob``: its adapters (and peft's whole modules) by sync name."""
+def adapter_source_report(job: Any, tensors: Mapping[str, "torch.Tensor"]) -> dict:
+    """Trainer rank 0 of an ``AdapterJob``: its adapters (and peft's whole modules) by the names
+    they travel under (``flowrl.backends.train.lora.sync_names``)."""
     import time
 
-    from flowrl.backends.train.lora import sync_names
-
     start = time.perf_counter()
-    tensors = sync_names(adapters)
     parts, rounded = _source_parts(lambda both=False, **kw: state_fingerprints_both(tensors) if both
                                    else state_fingerprints(tensors, **kw),
                                    wire=job.wire_dtype, src_dtype=_dtype_name(tensors.values()))

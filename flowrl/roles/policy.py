@@ -223,7 +223,11 @@ class PolicyRole:
             if isinstance(job, AdapterJob):
                 adapters = self._adapters_whole()
                 stats = run_adapter_rank(job, src_rank=self.rank, adapters=adapters)[0]
-                return fp.attach(stats, fp.adapter_source_report(job, adapters) if self.rank == 0 else None) if fingerprint else stats
+                if not fingerprint or self.rank != 0:
+                    return fp.attach(stats) if fingerprint else stats
+                from flowrl.backends.train.lora import sync_names
+
+                return fp.attach(stats, fp.adapter_source_report(job, sync_names(adapters)))
             src = self.engine.reshard_source()
             stats = run_rank(job, src_rank=self.rank, src=src)
             return fp.attach(stats, fp.source_report(job, self.rank, src)) if fingerprint else stats

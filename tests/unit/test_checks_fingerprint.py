@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from flowrl.backends.reshard import AdapterJob, make_job, run_adapter_rank, run_rank
+from flowrl.backends.train.lora import sync_names
 from flowrl.checks import fingerprint as fp
 from flowrl.comm.joint import JointSpec
 from flowrl.models.lora import LoraSpec
@@ -160,7 +161,7 @@ def test_a_lora_sync_that_sends_nothing_is_named(tiny_model_dir, monkeypatch):
     def sync() -> list[dict]:
         trained = lora_adapters.set_adapters(model, 7)
         run_adapter_rank(job, src_rank=0, adapters=trained, pg=MailboxGroup(0))
-        reports = [fp.adapter_source_report(job, trained)]
+        reports = [fp.adapter_source_report(job, sync_names(trained))]
         for r in range(2):
             _, got = run_adapter_rank(job, dst_rank=r, pg=MailboxGroup(1 + r))
             reports.append(fp.adapter_target_report(job, r, got))

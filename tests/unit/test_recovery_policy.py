@@ -11,6 +11,7 @@ import pytest
 
 from flowrl.actors.group import GroupLostError
 from flowrl.checkpoint import checkpoint_dir, save_checkpoint
+from flowrl.checks import Limits, StepChecks
 from flowrl.run import Run
 from flowrl.run.recovery import Phase, Recovery, lost_ranks
 
@@ -81,6 +82,7 @@ def _run(alive: list[bool], resume_from: str | None = None) -> Run:
     run.session, run.groups, run.resume_from, run.next_step = _Session(alive), {"actor": object()}, resume_from, 7
     run.sync, run.family, run.started = _Sync(), SimpleNamespace(state=_State()), 0
     run.source = _Source()  # the generations in flight (staleness, stream): dropped with the session
+    run.checks = StepChecks({}, Limits(max_lag=0, lag_source="", no_signal_steps=10, logprob_kl_max=0.1))
 
     def start_workers() -> None:
         run.started += 1
@@ -125,13 +127,15 @@ def test_lost_worker_rebuilds_from_the_last_saved_checkpoint(tmp_path, caplog):
     assert recovery.phase is Phase.RUNNING
 
     path = save_checkpoint(checkpoint_dir(tmp_path, 4), step=4, params={"w": np.zeros(3, np.float32)},
-                           extra={"next_step": 4, "algorithm_state": {"kl_ctrl": {"value": 0.25}}})
+                           extra={"next_step": 4, "algorithm_state": {"kl_ctrl": {"value": 0.25}},
+                                  "checks": {"reward_signal": {"streak": 3}}})
     recovery.saved(path)
     run.session = _Session([False, True])
     with caplog.at_level("WARNING", logger="flowrl.run.recovery"):
         assert _fail_and_rebuild(recovery, run, RuntimeError("Connection closed by peer"), 6) == 4
     assert run.resume_from == path and run.next_step == 4 and recovery.restarts == 2
     assert run.family.state.loaded == [{"kl_ctrl": {"value": 0.25}}]  # the driver's algorithm state goes back too
+    assert run.checks.memory["reward_signal"] == {"streak": 3}  # and the checks' memories (issue 32)
     assert any("restart 2/2" in r.getMessage() and "actor[0]" in r.getMessage() and "steps 4..6" in r.getMessage()
                for r in caplog.records)
 
