@@ -197,3 +197,31 @@ def test_dense_models_have_no_routes(tiny_model_dir):
     gen = HFGenerator(str(tiny_model_dir))
     gen.generate([[5, 6, 7]], SamplingParams(n=2, max_new_tokens=3))
     assert gen.last_routed_experts is None and not mr.is_moe(gen.model)
+
+
+def test_mixtral_routes_are_recorded_and_replayed(tmp_path):
+    """The Mixtral-style router (always renormalised, no norm_topk_prob): generation's record is
+    the teacher-forced routing, and replay at the generation weights gives its log-probs."""
+    from flowrl.backends.generate.hf import HFGenerator
+    from flowrl.backends.interfaces import SamplingParams
+    from flowrl.models.char_tokenizer import build_char_tokenizer
+    from flowrl.models.tiny import build_tiny_model
+
+    tok = build_char_tokenizer()
+    build_tiny_model(tok, arch="mixtral", hidden_size=32, num_heads=4, num_kv_heads=2, intermediate_size=32,
+                     num_experts=4, num_experts_per_tok=2).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    gen = HFGenerator(str(tmp_path))
+    prompts = [tok.encode("12+34="), tok.encode("5+6=")]
+    responses, logprobs = gen.generate(prompts, SamplingParams(n=2, max_new_tokens=4), seed=0)
+    table = pa.table({
+        "prompt_ids": ex.from_lists([p for p in prompts for _ in range(2)], ex.TOKEN_IDS),
+        "response_ids": ex.from_lists(responses, ex.TOKEN_IDS),
+        "rollout_logprobs": ex.from_lists(logprobs, ex.TOKEN_FLOATS),
+        mr.ROUTES_COLUMN: ex.from_lists(gen.last_routed_experts, pa.list_(pa.int16())),
+    })
+    engine = _engine(str(tmp_path), trainable=False)
+    logp, _ = engine.forward_logprobs(mr.with_routes(PackedBatch.from_table(table), table), micro_batch_size=4)
+    rollout_logp, _ = ex.token_column(table, "rollout_logprobs")
+    assert float((logp - rollout_logp).abs().max()) < 1e-5
+    assert float(mr.moe_stats(engine.moe_tap)[mr.REPLAYED_FRACTION]) > 0.5
