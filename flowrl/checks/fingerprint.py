@@ -27,6 +27,8 @@ import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
+from flowrl.checks.base import CheckFailed, Verdict
+
 if TYPE_CHECKING:
     import torch
 
@@ -229,8 +231,14 @@ def compare(reports: list[dict], *, rtol: float = RTOL) -> tuple[list[Mismatch],
     return mismatches, len(want)
 
 
-class WeightSyncMismatch(RuntimeError):
-    """The weights a generation engine holds after a sync are not the trainer's (``trainer.checks.weight_sync=error``)."""
+class WeightSyncMismatch(CheckFailed):
+    """The weights a generation engine holds after a sync are not the trainer's
+    (``trainer.checks.weight_sync=error``): the check ``weight_sync``'s failure, raised in the sync
+    node (so it crosses processes: built from its message alone, which pickles)."""
+
+    def __init__(self, message: str) -> None:
+        RuntimeError.__init__(self, message)
+        self.name, self.step, self.verdict = "weight_sync", 0, Verdict(False, math.nan, message)
 
 
 def mismatch_message(mismatches: list[Mismatch], compared: int, step: int | None = None) -> str:

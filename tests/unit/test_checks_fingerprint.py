@@ -207,3 +207,19 @@ def test_the_weight_sync_check_reads_the_syncs_metrics():
     assert check(StepData(1, None, {"reshard/fingerprint_params": 30.0, "reshard/fingerprint_mismatch": 0.0}), limits, {}).ok
     bad = check(StepData(1, None, {"reshard/fingerprint_params": 30.0, "reshard/fingerprint_mismatch": 2.0}), limits, {})
     assert bad.ok is False and "2 of 30 parameters" in bad.message
+
+
+def test_the_mismatch_error_is_the_checks_error_and_crosses_processes():
+    """Raised in the sync node, on the controller worker: it pickles, and the run (and ``flowrl
+    train``'s one-line error) sees a failed check, not a crash to recover from."""
+    import pickle
+
+    from flowrl.checks import CheckFailed
+    from flowrl.cli import _named_error
+
+    err = pickle.loads(pickle.dumps(fp.WeightSyncMismatch("check weight_sync failed after the weight sync: w differs")))
+    assert isinstance(err, CheckFailed) and err.name == "weight_sync" and str(err).endswith("w differs")
+    assert _named_error(RuntimeError("graph failed").with_traceback(None)) is None
+    wrapped = RuntimeError("step failed")
+    wrapped.__cause__ = err
+    assert _named_error(wrapped) is err
