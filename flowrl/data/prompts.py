@@ -273,34 +273,7 @@ class PromptDataset:
                 raise PromptFileError(f"{file} has images but the model {getattr(tokenizer, 'name_or_path', '')!r} "
                                       "has no image processor (preprocessor_config.json); use a vision-language "
                                       "model (e.g. Qwen2-VL) for image prompts", file=file, key="model.path")
-        if isinstance(prompt, str):
-            prompt = [{"role": "user", "content": prompt}]
-        if not isinstance(prompt, (list, tuple)) or not all(isinstance(m, dict) for m in prompt):
-            raise ValueError("prompt must be a string or a list of {role, content} messages")
-        counts, data = [], []
-        for k, entry in enumerate(entries):
-            try:
-                blob = images.image_bytes(entry, base_dir=Path(file).parent if file else None)
-                width, height = images.check_image(blob)
-            except ValueError as exc:
-                raise ValueError(f"image {k}: {exc}") from None
-            counts.append(images.image_token_count(width, height, self._images))
-            data.append(blob)
-        out, used = [], 0
-        for m in prompt:
-            content = m.get("content")
-            if isinstance(content, str) and images.PLACEHOLDER in content:
-                n = content.count(images.PLACEHOLDER)
-                if used + n > len(counts):
-                    raise ValueError(f"prompt has more {images.PLACEHOLDER} placeholders than the row's {len(counts)} "
-                                     f"images; write one {images.PLACEHOLDER} per image")
-                m = {**m, "content": images.expand_placeholders(content, counts[used:used + n])}
-                used += n
-            out.append(m)
-        if used != len(counts):
-            raise ValueError(f"prompt has {used} {images.PLACEHOLDER} placeholders but the row has {len(counts)} "
-                             f"images; write one {images.PLACEHOLDER} per image")
-        self._row_images = data
+        out, self._row_images = image_prompt(prompt, entries, self._images, base_dir=Path(file).parent if file else None)
         return out
 
     def __len__(self) -> int:
@@ -320,6 +293,41 @@ class PromptDataset:
 
     def write_rejected(self, path: str | Path) -> None:
         write_rejected(self.rejected, path)
+
+
+def image_prompt(prompt: Any, entries: Sequence[Any], processor: Any, *,
+                 base_dir: str | Path | None = None) -> tuple[list[dict], list[bytes]]:
+    """A multimodal row's chat messages with each ``<image>`` written as its image's tokens
+    (``processor``: the model's image processor; sizes from the headers), and the row's encoded
+    images; ValueError for a bad image or placeholders that do not match the images."""
+    if isinstance(prompt, str):
+        prompt = [{"role": "user", "content": prompt}]
+    if not isinstance(prompt, (list, tuple)) or not all(isinstance(m, dict) for m in prompt):
+        raise ValueError("prompt must be a string or a list of {role, content} messages")
+    counts, data = [], []
+    for k, entry in enumerate(entries):
+        try:
+            blob = images.image_bytes(entry, base_dir=base_dir)
+            width, height = images.check_image(blob)
+        except ValueError as exc:
+            raise ValueError(f"image {k}: {exc}") from None
+        counts.append(images.image_token_count(width, height, processor))
+        data.append(blob)
+    out, used = [], 0
+    for m in prompt:
+        content = m.get("content")
+        if isinstance(content, str) and images.PLACEHOLDER in content:
+            n = content.count(images.PLACEHOLDER)
+            if used + n > len(counts):
+                raise ValueError(f"prompt has more {images.PLACEHOLDER} placeholders than the row's {len(counts)} "
+                                 f"images; write one {images.PLACEHOLDER} per image")
+            m = {**m, "content": images.expand_placeholders(content, counts[used:used + n])}
+            used += n
+        out.append(m)
+    if used != len(counts):
+        raise ValueError(f"prompt has {used} {images.PLACEHOLDER} placeholders but the row has {len(counts)} "
+                         f"images; write one {images.PLACEHOLDER} per image")
+    return out, data
 
 
 def write_rejected(rejected: Sequence[Rejected], path: str | Path) -> None:

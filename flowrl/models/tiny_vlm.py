@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 VISION_START, IMAGE_PAD, VISION_END, VIDEO_PAD = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"
 VISION_TOKENS = (VISION_START, IMAGE_PAD, VISION_END, VIDEO_PAD)
+VLM_ARCHITECTURES = ("qwen2_vl", "qwen2_5_vl")
 
 TINY_VLM_PRESETS: dict[str, dict[str, Any]] = {
     # ~0.15M parameters; a 64 x 64 image is 16 image tokens.
@@ -57,14 +58,22 @@ def build_tiny_vlm(tokenizer: PreTrainedTokenizerBase, *, hidden_size: int = 64,
                    num_heads: int = 8, num_kv_heads: int = 4, intermediate_size: int = 256, vision_depth: int = 1,
                    vision_embed_dim: int = 32, vision_heads: int = 2, patch_size: int = 8, merge_size: int = 2,
                    image_size: int = 64, mrope_section: tuple[int, int, int] = (2, 1, 1),
-                   max_position_embeddings: int = 256, seed: int = 0) -> PreTrainedModel:
+                   max_position_embeddings: int = 256, arch: str = "qwen2_vl", seed: int = 0) -> PreTrainedModel:
     """A randomly initialised fp32 ``Qwen2VLForConditionalGeneration`` for ``tokenizer`` (which must
-    hold the vision tokens: :func:`build_vlm_tokenizer`). ``image_size`` is not part of the model
-    (the image processor's); it is accepted so a preset is one dict."""
+    hold the vision tokens: :func:`build_vlm_tokenizer`); ``arch``: ``qwen2_vl`` or ``qwen2_5_vl``
+    (Qwen2.5-VL's windowed vision tower: the last block full attention). ``image_size`` is not part
+    of the model (the image processor's); it is accepted so a preset is one dict."""
     import torch
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from transformers import (
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration,
+    )
 
     del image_size
+    if arch not in VLM_ARCHITECTURES:
+        raise ValueError(f"arch={arch!r} is not a tiny VLM architecture; use one of {', '.join(VLM_ARCHITECTURES)}")
     if hidden_size % num_heads or num_heads % num_kv_heads:
         raise ValueError(f"hidden_size={hidden_size}, num_heads={num_heads}, num_kv_heads={num_kv_heads}: heads "
                          "must divide hidden_size and kv heads must divide heads")
@@ -84,14 +93,21 @@ def build_tiny_vlm(tokenizer: PreTrainedTokenizerBase, *, hidden_size: int = 64,
     vision = dict(depth=vision_depth, embed_dim=vision_embed_dim, num_heads=vision_heads, mlp_ratio=2,
                   hidden_size=hidden_size, patch_size=patch_size, spatial_merge_size=merge_size,
                   temporal_patch_size=2, in_channels=3)
-    config = Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=ids[IMAGE_PAD],
+    config_cls, model_cls = Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    if arch == "qwen2_5_vl":
+        config_cls, model_cls = Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+        vision = dict(depth=vision_depth, hidden_size=vision_embed_dim, out_hidden_size=hidden_size,
+                      intermediate_size=2 * vision_embed_dim, num_heads=vision_heads, patch_size=patch_size,
+                      spatial_merge_size=merge_size, temporal_patch_size=2, window_size=2 * patch_size * merge_size,
+                      fullatt_block_indexes=[vision_depth - 1], in_channels=3)
+    config = config_cls(text_config=text, vision_config=vision, image_token_id=ids[IMAGE_PAD],
                            video_token_id=ids[VIDEO_PAD], vision_start_token_id=ids[VISION_START],
                            vision_end_token_id=ids[VISION_END], tie_word_embeddings=True, dtype="float32")
     for key in ("pad_token_id", "eos_token_id", "bos_token_id", "hidden_size", "vocab_size"):  # as Qwen2-VL's
         setattr(config, key, text[key])  # hub configs have them at the top level too (engines read them there)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2VLForConditionalGeneration(config)
+        model = model_cls(config)
     model = model.to(torch.float32)
     for key in ("pad_token_id", "eos_token_id", "bos_token_id"):
         setattr(model.generation_config, key, getattr(tokenizer, key))
@@ -104,12 +120,12 @@ def tiny_vlm_preset(name: str) -> dict[str, Any]:
     return dict(TINY_VLM_PRESETS[name])
 
 
-def save_tiny_vlm(directory: str | Path, *, preset: str = "default", seed: int = 0) -> Path:
+def save_tiny_vlm(directory: str | Path, *, preset: str = "default", arch: str = "qwen2_vl", seed: int = 0) -> Path:
     """Build the tiny VLM of ``preset`` and write model, tokenizer and image processor to
     ``directory`` (a transformers directory)."""
     kwargs = tiny_vlm_preset(preset)
     tokenizer = build_vlm_tokenizer()
-    model = build_tiny_vlm(tokenizer, **kwargs, seed=seed)
+    model = build_tiny_vlm(tokenizer, **kwargs, arch=arch, seed=seed)
     directory = Path(directory)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)

@@ -12,6 +12,10 @@ label smoothing, :func:`flowrl.tasks.warmup.sft_warm_up`) on demonstrations with
 greedy answers reach ``target_greedy_accuracy`` on a probe, so that sampled answers are often wrong
 and RL has room; the run builds it when ``algorithm.reward_fn=vlm_shapes`` and no model or data is
 given (``configs/vlm_shapes.yaml``).
+
+Measured (seed 0, defaults, 2 shared CPU cores): the warm-up stops after 100 steps (57 s) with greedy
+accuracy 0.72 and sampled (temperature 1) 0.16; ``flowrl train configs/vlm_shapes.yaml`` then lifts
+the mean score from 0.255 (first 5 steps) to 0.667 (last 5 of 40).
 """
 
 from __future__ import annotations
@@ -91,12 +95,10 @@ class VlmShapesTask:
 
 def _prompt_ids(tokenizer: Any, processor: Any, rows: Sequence[dict]) -> list[list[int]]:
     """Each row's prompt tokens, its ``<image>`` expanded (as :class:`flowrl.data.prompts.PromptDataset`)."""
-    from flowrl.data.prompts import PromptDataset
+    from flowrl.data.prompts import image_prompt, render_prompt
 
-    loader = PromptDataset.__new__(PromptDataset)
-    loader.tools, loader._images, loader._cut = None, processor, (True, "error")
-    loader.longest = 0
-    return [loader._parse(r, tokenizer, "prompt", 10_000)[0] for r in rows]
+    texts = [render_prompt(image_prompt(r["prompt"], r["images"], processor)[0], tokenizer) for r in rows]
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 
 def answers(model: Any, tokenizer: Any, processor: Any, rows: Sequence[dict], *, temperature: float,

@@ -172,6 +172,22 @@ def test_hf_generation_logprobs_equal_the_dp_trainers_in_every_layout(vlm_dir, b
     assert float((logp - gen_logp).abs().max()) < 1e-5
 
 
+def test_qwen2_5_vl_generation_logprobs_equal_the_dp_trainers(tmp_path):
+    """Qwen2.5-VL (windowed vision tower) through the same paths: packed lines with shared prompts."""
+    from flowrl.backends.train.dp_policy import TorchDPEngine
+    from flowrl.data.packed import PackedBatch
+    from flowrl.models.tiny_vlm import save_tiny_vlm
+
+    model_dir = str(save_tiny_vlm(tmp_path / "q25", arch="qwen2_5_vl"))
+    table, gen_logp = _samples(model_dir)
+    engine = TorchDPEngine(model_dir, trainable=False)
+    assert type(engine.model).__name__ == "Qwen2_5_VLForConditionalGeneration"
+    for budget, shared in ((0, False), (1000, True)):
+        batch = PackedBatch.from_table(table).with_token_budget(budget).with_shared_prompts(shared)
+        logp, _ = engine.forward_logprobs(batch, micro_batch_size=3)
+        assert float((logp - gen_logp).abs().max()) < 1e-5
+
+
 def test_multimodal_positions_matter(vlm_dir, monkeypatch):
     """The control: 1-D positions in place of the model's mrope ones change the log-probs."""
     from flowrl.backends.train.dp_policy import TorchDPEngine
