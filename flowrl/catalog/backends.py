@@ -176,6 +176,9 @@ class TrainBackendSpec(BackendSpec):
     fully_sharded: bool = False
     """Shards parameters, gradients and optimizer state over its dp ranks (FSDP): the memory
     model's ``layout_cost.Setup.fully_sharded`` (``flowrl.parallel.rank_memory``)."""
+    sequence_parallel: bool = False
+    """Splits sequences over groups of its ranks (Ulysses, ``ulysses_sequence_parallel_size``;
+    ``flowrl.backends.train.ulysses``)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -202,6 +205,8 @@ class ValueBackendSpec(BackendSpec):
     """Import string of ``fn(critic_cfg) -> dict``; None: none."""
     fully_sharded: bool = False
     """Shards the value model's state over its dp ranks (FSDP), as ``TrainBackendSpec.fully_sharded``."""
+    sequence_parallel: bool = False
+    """Splits sequences over groups of its ranks, as ``TrainBackendSpec.sequence_parallel``."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -294,6 +299,7 @@ TRAIN_BACKENDS: BackendRegistry[TrainBackendSpec] = BackendRegistry("train backe
 TRAIN_BACKENDS.add(TrainBackendSpec(
     name="dp", engine="flowrl.backends.train.dp_policy:TorchDPEngine",
     checkpoint=CheckpointKind.FULL, shard_style=ShardStyle.HF, lora=_LORA, token_stats=_SMOOTHING,
+    sequence_parallel=True,
 ))
 TRAIN_BACKENDS.add(TrainBackendSpec(
     name="megatron", engine="flowrl.backends.train.megatron.policy:MegatronTrainEngine",
@@ -308,12 +314,13 @@ TRAIN_BACKENDS.add(TrainBackendSpec(
     name="fsdp", engine="flowrl.backends.train.fsdp_policy:FSDPEngine", config_keys=frozenset({_DISTRIBUTED_OPTIMIZER}),
     checkpoint=CheckpointKind.SHARDED, shard_style=ShardStyle.HF, axes_in_preflight=True, fully_sharded=True,
     engine_kwargs=f"{_FSDP}:engine_kwargs", preflight=f"{_FSDP}:check_fsdp", model_kwargs=f"{_FSDP}:model_kwargs",
-    lora=_LORA, token_stats=_SMOOTHING,
+    lora=_LORA, token_stats=_SMOOTHING, sequence_parallel=True,
 ))
 
 VALUE_BACKENDS: BackendRegistry[ValueBackendSpec] = BackendRegistry("value backend", ValueBackendSpec)
 VALUE_BACKENDS.add(ValueBackendSpec(
     name="dp", engine="flowrl.backends.train.dp_value:TorchDPValueEngine", checkpoint=CheckpointKind.FULL,
+    sequence_parallel=True,
 ))
 VALUE_BACKENDS.add(ValueBackendSpec(
     name="megatron", engine="flowrl.backends.train.megatron.value:MegatronValueTrainEngine",
@@ -322,7 +329,7 @@ VALUE_BACKENDS.add(ValueBackendSpec(
 ))
 VALUE_BACKENDS.add(ValueBackendSpec(
     name="fsdp", engine="flowrl.backends.train.fsdp_value:FSDPValueEngine", checkpoint=CheckpointKind.SHARDED,
-    fully_sharded=True,
+    fully_sharded=True, sequence_parallel=True,
     engine_kwargs=f"{_FSDP}:engine_kwargs", preflight=f"{_FSDP}:check_fsdp_critic",
 ))
 

@@ -14,10 +14,11 @@ from typing import Literal
 from flowrl.catalog.algos import AGG_MODES
 from flowrl.catalog.backends import (GEN_BACKENDS, TRAIN_BACKENDS, VALUE_BACKENDS, BackendRegistry, ParallelAxis,
                                      either)
-from flowrl.config.errors import ConfigError, check, check_one_of, check_positive
+from flowrl.config.errors import check, check_one_of, check_positive
 from flowrl.config.fsdp import FSDPConfig
 from flowrl.config.megatron import MEGATRON_SECTION, MegatronConfig, check_megatron_owner
 from flowrl.config.multi_turn import MultiTurnConfig
+from flowrl.config.sequence_parallel import check_ulysses
 from flowrl.config.sections import OptimConfig
 
 
@@ -93,18 +94,7 @@ def check_reference_budget(ref, actor) -> None:
                          either(TRAIN_BACKENDS.names_where(lambda s: s.owns(MEGATRON_SECTION))), key_prefix="ref.")
     ref_sp = ref.ulysses_sequence_parallel_size  # None: the actor's, as verl's ${oc.select:...actor...}
     check_ulysses("ref", actor.ulysses_sequence_parallel_size if ref_sp is None else ref_sp, strategy,
-                  ref.data_parallel_size, key_prefix="ref.")
-
-
-def check_ulysses(section: str, size, strategy: str, data_parallel_size: int, key_prefix: str = "") -> None:
-    """``{section}.ulysses_sequence_parallel_size``: Ulysses sequence parallelism of a dp or fsdp
-    group, in groups of that many of its ranks (``flowrl.backends.train.ulysses_options``); the
-    error's key under ``key_prefix`` (a section's own check: none, the loader places it)."""
-    from flowrl.backends.train.ulysses_options import check_sequence_parallel
-
-    problem = check_sequence_parallel(section, size, strategy, data_parallel_size)
-    if problem is not None:
-        raise ConfigError(f"{key_prefix}ulysses_sequence_parallel_size", size, *problem)
+                  ref.data_parallel_size, TRAIN_BACKENDS, key_prefix="ref.")
 
 
 @dataclass(kw_only=True)
@@ -352,7 +342,8 @@ class ActorConfig(ParallelFields):
         check_token_budget(self, ("ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu"),
                            self.use_dynamic_bsz is True or self.log_prob_use_dynamic_bsz is True, "actor")
         check_prefix_grouper(self, "actor")
-        check_ulysses("actor", self.ulysses_sequence_parallel_size, self.strategy, self.data_parallel_size)
+        check_ulysses("actor", self.ulysses_sequence_parallel_size, self.strategy, self.data_parallel_size,
+                      TRAIN_BACKENDS)
         check_one_of("loss_agg_mode", self.loss_agg_mode, AGG_MODES.names())
         for name in ("clip_ratio_low", "clip_ratio_high"):
             value = getattr(self, name)
@@ -485,7 +476,8 @@ class CriticConfig(ParallelFields):
                            "critic", VALUE_BACKENDS)
         check_prefix_grouper(self, "critic", VALUE_BACKENDS)
         check_positive("cliprange_value", self.cliprange_value, "use 0.5")
-        check_ulysses("critic", self.ulysses_sequence_parallel_size, self.strategy, self.data_parallel_size)
+        check_ulysses("critic", self.ulysses_sequence_parallel_size, self.strategy, self.data_parallel_size,
+                      VALUE_BACKENDS)
         check_one_of("loss_agg_mode", self.loss_agg_mode, AGG_MODES.names())
 
 

@@ -1,26 +1,15 @@
-"""Ulysses sequence parallelism's light functions (torch-free): which strategies build it, the
-engine keyword argument of a group's ``ulysses_sequence_parallel_size``, and its config check.
+"""Ulysses sequence parallelism's light functions (torch-free): the engine keyword argument of a
+group's ``ulysses_sequence_parallel_size`` and its pre-flight check against the model.
 
-The engines are ``flowrl.backends.train.ulysses``'s; the split arithmetic is
-``flowrl.data.sequence_split``'s.
+The config rule is ``flowrl.config.sequence_parallel``'s, the engines
+``flowrl.backends.train.ulysses``'s, the split arithmetic ``flowrl.data.sequence_split``'s.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["SEQUENCE_PARALLEL_STRATEGIES", "check_model", "check_sequence_parallel", "group_size", "sequence_parallel_kwargs"]
-
-SEQUENCE_PARALLEL_STRATEGIES = ("dp", "fsdp")
-"""The strategies whose engines split sequences (``TorchDPEngine`` and its FSDP2 subclass, policy
-and value). megatron's context parallelism is refused: see :func:`check_sequence_parallel`."""
-
-MEGATRON_CP_REASON = (
-    "megatron-core 0.16's context parallelism runs only inside Transformer Engine's attention "
-    "(DotProductAttention with cp_comm_type; its local attention asserts context_parallel_size == 1), "
-    "and Transformer Engine is not installed"
-)
-
+__all__ = ["check_model", "group_size", "sequence_parallel_kwargs"]
 
 def group_size(group_cfg: Any, actor: Any = None) -> int:
     """A group's ``ulysses_sequence_parallel_size``; the reference's unset one (None) is ``actor``'s
@@ -36,23 +25,6 @@ def sequence_parallel_kwargs(group_cfg: Any, actor: Any = None) -> dict:
     critic; :func:`group_size`); nothing at 1, so engines without it are never given it."""
     size = group_size(group_cfg, actor)
     return {"ulysses_sequence_parallel_size": size} if size > 1 else {}
-
-
-def check_sequence_parallel(section: str, size: Any, strategy: str, data_parallel_size: int) -> tuple[str, str] | None:
-    """``(problem, fix)`` for a group's ``ulysses_sequence_parallel_size``, or None: it is fine."""
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        return "must be an integer >= 1", f"set {section}.ulysses_sequence_parallel_size=1 (off) or e.g. 2"
-    if size == 1:
-        return None
-    if strategy not in SEQUENCE_PARALLEL_STRATEGIES:
-        return (f"Ulysses sequence parallelism runs in the {' and '.join(SEQUENCE_PARALLEL_STRATEGIES)} strategies, "
-                f"not {strategy} (megatron's context_parallel_size is not built either: {MEGATRON_CP_REASON})",
-                f"set the strategy to fsdp or dp, or {section}.ulysses_sequence_parallel_size=1")
-    if data_parallel_size % size:
-        return (f"must divide {section}.data_parallel_size={data_parallel_size} (groups of that many ranks split "
-                "each sequence; verl: dp = world / sp)",
-                f"set {section}.data_parallel_size to a multiple of {size}")
-    return None
 
 
 def check_model(cfg: Any, *, model_path: str) -> None:
