@@ -293,3 +293,28 @@ def test_collapse_image_tokens():
 
     assert collapse_image_tokens("<|vision_start|>" + "<|image_pad|>" * 16 + "<|vision_end|>hi") == \
         "<|vision_start|><|image_pad|>x16<|vision_end|>hi"
+
+
+def test_checkpoints_and_hf_export_carry_the_vision_weights(vlm_dir, tmp_path):
+    """A dp engine's checkpoint state holds the vision tower (names as named_parameters) and
+    restores it exactly; save_hf writes a directory that loads as the same VLM."""
+    from transformers import AutoModelForCausalLM
+
+    from flowrl.backends.train.dp_policy import TorchDPEngine
+    from flowrl.models.vlm import register_auto_classes, vision_tower
+
+    engine = TorchDPEngine(vlm_dir, seed=0)
+    with torch.no_grad():
+        for p in vision_tower(engine.model).parameters():
+            p.add_(0.25)
+    state = engine.checkpoint_state()
+    assert any(k.startswith("model.visual.") for k in state["params"])
+    fresh = TorchDPEngine(vlm_dir, seed=1)
+    fresh.load_checkpoint(state["params"])
+    for (n, a), (_, b) in zip(engine.model.named_parameters(), fresh.model.named_parameters()):
+        assert torch.equal(a, b), n
+    engine.save_hf(str(tmp_path / "export"))
+    register_auto_classes()
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "export")
+    for n, p in vision_tower(engine.model).named_parameters():
+        assert torch.equal(dict(vision_tower(back).named_parameters())[n], p), n
