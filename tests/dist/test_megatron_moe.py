@@ -134,8 +134,17 @@ def test_moe_ep2_tp2_and_ep2_pp2(models):
         test_moe_one_rank(models)
     grads = str(root / "qwen3_moe_w1.grads")
     results = launch(models, 4, [
-        job("(2,2,1,ep2,etp2) qwen3_moe", "qwen3_moe", dp=2, tp=2, ep=2, ref_grads_path=grads),
+        job("(2,2,1,ep2,etp2) qwen3_moe", "qwen3_moe", dp=2, tp=2, ep=2, ref_grads_path=grads,
+            export_dir=str(root / "export_ep2_tp2")),
         job("(2,1,2,ep2) qwen3_moe", "qwen3_moe", dp=2, pp=2, ep=2, ref_grads_path=grads),
     ])
     assert_parity(models, results)
     assert all("grad_vs_world1" in r for r in results)
+    # save_hf after the step wrote the checkpoint layout (per-expert names) whose transformers
+    # model gives the trained engine's log-probs
+    print(f"exported (2,2,1,ep2,etp2): max |logp(export) - logp(engine)| = {results[0]['export']:.2e}")
+    assert results[0]["export"] <= TOL
+    from safetensors import safe_open
+
+    with safe_open(str(root / "export_ep2_tp2" / "model.safetensors"), "pt") as f:
+        assert "model.layers.1.mlp.experts.3.down_proj.weight" in set(f.keys())

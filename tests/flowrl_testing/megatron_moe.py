@@ -195,7 +195,7 @@ def _grads(model) -> dict[str, torch.Tensor]:
 def check_layout(model_dir: str, ref: dict, batch: list[dict], *, dp: int, tp: int, pp: int,
                  ep: int, etp: int | None = None, micro_batch_size: int = 2,
                  grads_path: str | None = None, ref_grads_path: str | None = None,
-                 **engine_kwargs) -> dict[str, Any]:
+                 export_dir: str | None = None, **engine_kwargs) -> dict[str, Any]:
     """One layout against ``ref`` (and, with ``ref_grads_path``, against the single-rank megatron
     gradients that a ``grads_path`` run saved); the same result on every rank."""
     from megatron.core import parallel_state as ps
@@ -241,6 +241,15 @@ def check_layout(model_dir: str, ref: dict, batch: list[dict], *, dp: int, tp: i
         if ref_grads_path is not None:
             single = torch.load(ref_grads_path)
             result["grad_vs_world1"] = max(float((grads[k] - v).abs().max()) for k, v in single.items())
+    if export_dir is not None:  # save_hf after the step: the export's log-probs are the engine's
+        engine.save_hf(export_dir)
+        logps, _ = engine.forward_logprobs(batch[share], micro_batch_size=micro_batch_size)
+        shares = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+        dist.gather_object((dp_rank, [x.tolist() for x in logps]), shares, dst=0)
+        if dist.get_rank() == 0:
+            after = [x for d in range(dp) for x in dict(shares)[d]]
+            exported = testing.exported_logprobs(export_dir, batch)
+            result["export"] = float(max(max(abs(a - b) for a, b in zip(x, y)) for x, y in zip(after, exported)))
     engine.close()
     return result
 
