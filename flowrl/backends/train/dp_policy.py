@@ -30,7 +30,6 @@ from flowrl.backends.train.optim import AdamWSettings
 from flowrl.backends.train.precision import autocast, placement, to_host
 from flowrl.data.packed import PackedBatch
 from flowrl.metrics import names
-from flowrl.models import vlm
 from flowrl.models import moe_routing
 from flowrl.models import vlm
 from flowrl.parallel.dtypes import engine_precision
