@@ -324,7 +324,7 @@ VALUE_BACKENDS.add(ValueBackendSpec(
 ))
 VALUE_BACKENDS.add(ValueBackendSpec(
     name="megatron", engine="flowrl.backends.train.megatron.value:MegatronValueTrainEngine",
-    parallel_axes=frozenset({_DP, _TP, _PP}), checkpoint=None, token_budget=False, shared_prompts=False,
+    parallel_axes=frozenset({_DP, _TP, _PP}), checkpoint=CheckpointKind.SHARDED, token_budget=False, shared_prompts=False,
     engine_kwargs=f"{_MEGATRON}:value_engine_kwargs", preflight=f"{_MEGATRON}:check_value_layout",
 ))
 VALUE_BACKENDS.add(ValueBackendSpec(

@@ -414,7 +414,7 @@ class CriticConfig(ParallelFields):
     strategy: str = "dp"
     """Training backend of the critic: ``dp`` (plain torch, data parallel) or ``megatron``
     (megatron-core, ``data_parallel_size`` x ``tensor_model_parallel_size`` x
-    ``pipeline_model_parallel_size``; no critic checkpoints yet: needs ``trainer.save_freq=0``)."""
+    ``pipeline_model_parallel_size``; its checkpoints hold the head under the dp critic's names)."""
     model_path: str = ""
     """The value model's starting checkpoint (a causal-LM directory; a one-output head is added).
     Empty: ``model.path`` (verl's ``critic.model.path`` default)."""

@@ -97,8 +97,8 @@ class CriticRole:
     def save_checkpoint(self, path: str, *, step: int, extra: dict) -> dict | None:
         """Every rank: the value model's parameters and AdamW state as checkpoint ``path``
         (``extra`` plus ``optim_step`` in its meta); ``{"path", "optim_step"}`` on rank 0, None
-        elsewhere. Backends without a checkpoint kind (megatron) raise NotImplementedError
-        (refused in pre-flight)."""
+        elsewhere (dp: rank 0 writes the full state; fsdp, megatron: each rank its chunks, the
+        head under the dp critic's ``score.*`` names)."""
         with self.residency.resident(optimizer=True):
             return checkpoints.save(self.engine, self.checkpoint_kind, path, rank=self.rank, step=step, extra=extra)
 

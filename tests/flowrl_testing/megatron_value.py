@@ -132,3 +132,37 @@ def critic_layouts_worker(rank: int, world_size: int, port: int, ref_path: str, 
             json.dump(results, f, indent=1)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def critic_checkpoint_round(rank: int, world: int, model_dir: str, vocab_size: int, path: str, tp: int,
+                            pp: int) -> dict[str, Any]:
+    """The megatron critic at (dp, tp, pp) = (world / tp / pp, tp, pp): one update, a checkpoint at
+    ``path`` (the head whole, ``score.*``), its values; a fresh critic loads it: its values, and the
+    next update's stats (AdamW's state restored)."""
+    from megatron.core import parallel_state as ps
+
+    from flowrl.data import experience as ex
+    from flowrl.roles.critic import CriticRole
+
+    dp = world // (tp * pp)
+    cfg = critic_config(strategy="megatron", dp=dp, tp=tp, pp=pp)
+
+    def role() -> CriticRole:
+        return CriticRole(rank=rank, world_size=world, model_dir=model_dir, critic=cfg, response_length=5)
+
+    table = make_table(vocab_size)
+    first = role()
+    train = with_targets(table, first.compute_values(table).column("values"))
+    share = ex.split(train, dp)[ps.get_data_parallel_rank()]
+    first.update(share, mini_batch_rows=NUM_ROWS // dp)
+    saved = first.save_checkpoint(path, step=1, extra={"next_step": 1})
+    values = ex.token_column(first.compute_values(table), "values")[0]
+    first.close()
+    second = role()
+    optim_step = second.load_checkpoint(saved["path"] if saved else path)
+    loaded = ex.token_column(second.compute_values(table), "values")[0]
+    share = ex.split(train, dp)[ps.get_data_parallel_rank()]
+    metrics = second.update(share, mini_batch_rows=NUM_ROWS // dp)
+    second.close()
+    return {"saved": saved, "values": values, "loaded": loaded, "optim_step": optim_step, "train": train,
+            "next": {k: metrics[k] for k in ("critic/vf_loss", "critic/grad_norm")}}

@@ -90,7 +90,7 @@ def test_specs_are_typed_frozen_and_checked():
     megatron = TRAIN_BACKENDS.spec("megatron")
     assert megatron.shard_style is ShardStyle.MEGATRON and megatron.checkpoint is CheckpointKind.SHARDED
     assert not (megatron.token_budget or megatron.shared_prompts or megatron.shares_process)
-    assert VALUE_BACKENDS.spec("megatron").checkpoint is None and TRAIN_BACKENDS.spec("dp").trains_adapters
+    assert VALUE_BACKENDS.spec("megatron").checkpoint is CheckpointKind.SHARDED and TRAIN_BACKENDS.spec("dp").trains_adapters
     assert ShardStyle.FSDP == "fsdp" and f"{ShardStyle.HF}" == "hf"  # str-valued: YAML, messages unchanged
     with pytest.raises(Exception):
         vllm.sleeps = False  # frozen

@@ -31,21 +31,26 @@ HEAD = "score"
 """The sequence-classification head's module name (new: trained whole under LoRA)."""
 
 
-def load_reward_model(model_dir: str, dtype: torch.dtype) -> torch.nn.Module:
-    """``AutoModelForSequenceClassification(num_labels=1)`` of ``model_dir``: a causal LM's backbone
-    with a new ``score`` head (from torch's current seed), or a reward model's own."""
-    import transformers
-    from transformers import AutoConfig, AutoModelForSequenceClassification
+def reward_config(model_dir: str):  # noqa: ANN201 - a transformers config
+    """The reward model's config: one label, a pad id (transformers' own last-token search needs
+    one; we index ourselves)."""
+    from transformers import AutoConfig
 
-    verbosity = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()  # "score head newly initialised" is the point
-    try:
-        config = AutoConfig.from_pretrained(model_dir, num_labels=1)
-        if config.pad_token_id is None:
-            config.pad_token_id = 0  # transformers' own last-token search needs one (we index ourselves)
-        return AutoModelForSequenceClassification.from_pretrained(model_dir, config=config, dtype=dtype)
-    finally:
-        transformers.logging.set_verbosity(verbosity)
+    config = AutoConfig.from_pretrained(model_dir, num_labels=1)
+    if config.pad_token_id is None:
+        config.pad_token_id = 0
+    return config
+
+
+def load_reward_model(model_dir: str, dtype: torch.dtype, *, seed: int = 0) -> torch.nn.Module:
+    """``AutoModelForSequenceClassification(num_labels=1)`` of ``model_dir``: a causal LM's backbone
+    with a new ``score`` head (``value_head.new_head`` of ``seed``), or a reward model's own."""
+    from transformers import AutoModelForSequenceClassification
+
+    from flowrl.backends.train.value_head import load_classifier
+
+    return load_classifier(AutoModelForSequenceClassification, model_dir, reward_config(model_dir), dtype=dtype,
+                           seed=seed)
 
 
 def add_reward_adapters(model: torch.nn.Module, lora: dict) -> tuple[Any, Any]:
@@ -76,9 +81,15 @@ class TorchDPRewardEngine(TorchDPValueEngine):
     score at the row's last token."""
 
     def _load_model(self, model_dir: str, dtype: torch.dtype) -> torch.nn.Module:
-        """The checkpoint's backbone with a one-output sequence-classification head (new, or the
-        reward model's own when ``model_dir`` is one)."""
-        return load_reward_model(model_dir, dtype)
+        """The checkpoint's backbone with a one-output sequence-classification head (new: of the
+        engine's seed, ``torch.initial_seed()``; or the reward model's own when ``model_dir`` is one)."""
+        return load_reward_model(model_dir, dtype, seed=torch.initial_seed())
+
+    _classifier_class = "AutoModelForSequenceClassification"
+
+    @staticmethod
+    def _classifier_config(model_dir: str):  # noqa: ANN205 - a transformers config
+        return reward_config(model_dir)
 
     def _add_adapters(self, lora: dict | None) -> None:
         """With ``lora``: peft's adapters as a sequence classifier, the ``score`` head trained whole."""

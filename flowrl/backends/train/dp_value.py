@@ -22,18 +22,27 @@ from flowrl.data.packed import PackedBatch
 
 class TorchDPValueEngine(TorchDPEngine):
     def _load_model(self, model_dir: str, dtype: torch.dtype) -> torch.nn.Module:
-        """The checkpoint's backbone with a one-output token-classification head (the value)."""
-        import transformers
-        from transformers import AutoConfig, AutoModelForTokenClassification
+        """The checkpoint's backbone with a one-output token-classification head (the value); a
+        new head is ``value_head.new_head`` of the engine's seed (``torch.initial_seed()``, which
+        the engines set before loading), as every backend and rank draws it."""
+        from transformers import AutoModelForTokenClassification
 
-        verbosity = transformers.logging.get_verbosity()
-        transformers.logging.set_verbosity_error()  # "score head newly initialised" is the point
-        try:
-            config = AutoConfig.from_pretrained(model_dir, num_labels=1)
-            config.classifier_dropout = 0.0  # values must be deterministic
-            return AutoModelForTokenClassification.from_pretrained(model_dir, config=config, dtype=dtype)
-        finally:
-            transformers.logging.set_verbosity(verbosity)
+        from flowrl.backends.train.value_head import load_classifier
+
+        return load_classifier(AutoModelForTokenClassification, model_dir, self._classifier_config(model_dir),
+                               dtype=dtype, seed=torch.initial_seed())
+
+    @staticmethod
+    def _classifier_config(model_dir: str):  # noqa: ANN205 - a transformers config
+        """The classifier's config: one label, no dropout (values must be deterministic)."""
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model_dir, num_labels=1)
+        config.classifier_dropout = 0.0
+        return config
+
+    _classifier_class = "AutoModelForTokenClassification"
+    """The transformers auto class of the model (``_meta_model`` builds it on the meta device)."""
 
     def _values(self, mb: PackedBatch) -> torch.Tensor:
         padded, dev = mb.model_inputs(self.pad_id, self.pair_cost), self.device

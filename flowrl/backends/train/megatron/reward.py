@@ -32,17 +32,18 @@ SCORE_PAD = 0
 
 def load_hf_reward_model(model_dir: str, *, dtype: torch.dtype, seed: int) -> torch.nn.Module:
     """``AutoModelForSequenceClassification(num_labels=1)`` exactly as the dp reward engine builds
-    it (``TorchDPEngine`` seeds, then loads): the same seed gives the same new ``score`` head."""
+    it: the same seed gives the same new ``score`` head (``value_head.new_head``)."""
     from flowrl.backends.train.dp_reward import load_reward_model
 
-    torch.manual_seed(seed)
-    return load_reward_model(model_dir, dtype)
+    return load_reward_model(model_dir, dtype, seed=seed)
 
 
 class MegatronRewardEngine(MegatronValueEngine):
     """One rank's share of a megatron-core reward model: a score per row (items whose responses
     end with the appended :data:`SCORE_PAD`), Bradley-Terry train steps, HF sequence-classification
     export."""
+
+    head_bias = False  # AutoModelForSequenceClassification's score
 
     def _load_hf_model(self) -> torch.nn.Module:
         return load_hf_reward_model(self.model_dir, dtype=torch.float32, seed=self._seed)

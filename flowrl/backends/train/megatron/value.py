@@ -4,9 +4,11 @@ The same GPTModel backbone as :class:`~flowrl.backends.train.megatron.engine.Meg
 (embedding, decoder, final RMSNorm), with the vocabulary output layer of the last pipeline stage
 replaced by a plain ``hidden -> 1`` linear head (:class:`ValueHead`, replicated on the TP ranks,
 not vocab-parallel). It mirrors the ``dp`` critic (``flowrl.backends.train.dp_value``):
-``AutoModelForTokenClassification(num_labels=1)`` loaded from the same directory with the same
-seed, so a new ``score`` head starts from the same numbers, and ``score.weight`` / ``score.bias``
-map to ``output_layer.weight`` / ``output_layer.bias`` exactly, both ways.
+``AutoModelForTokenClassification(num_labels=1)`` of the same directory; each rank reads only its
+shard of the backbone from the safetensors files, and a new ``score`` head is
+``value_head.new_head`` of the same seed as dp's and FSDP's (no whole-model load), and
+``score.weight`` / ``score.bias`` map to ``output_layer.weight`` / ``output_layer.bias`` exactly,
+both ways (checkpoints too: :meth:`MegatronValueEngine.shard_spec`).
 
 The value of response token ``t`` is read where the policy reads its log-prob (``index_T`` of a
 micro-batch: the position that predicts it), the ``pos - 1`` convention of the dp critic and verl.
@@ -18,6 +20,7 @@ Shapes: B = micro-batch rows, S = padded sequence length, H = hidden size, T = r
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable
 
 import numpy as np
@@ -32,6 +35,8 @@ from flowrl.backends.train.megatron.model import build_gpt_model
 from flowrl.backends.train.optim import AdamWSettings
 from flowrl.backends.train.precision import placement
 from flowrl.parallel.dtypes import megatron_bf16
+
+log = logging.getLogger(__name__)
 
 ValueLossFn = Callable[[torch.Tensor, list, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 HEAD_PREFIX = "output_layer."  # the head sits where GPTModel calls its output layer
@@ -57,20 +62,15 @@ def _config_copy(hf_config: Any, **changes: Any) -> Any:
 
 
 def load_hf_value_model(model_dir: str, *, dtype: torch.dtype, seed: int) -> torch.nn.Module:
-    """``AutoModelForTokenClassification(num_labels=1)`` exactly as the dp critic builds it (the
-    same seed gives the same new ``score`` head)."""
-    import transformers
-    from transformers import AutoConfig, AutoModelForTokenClassification
+    """``AutoModelForTokenClassification(num_labels=1)`` exactly as the dp critic builds it (a new
+    head is ``value_head.new_head`` of ``seed``)."""
+    from transformers import AutoModelForTokenClassification
 
-    torch.manual_seed(seed)
-    verbosity = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()  # "score head newly initialised" is the point
-    try:
-        config = AutoConfig.from_pretrained(model_dir, num_labels=1)
-        config.classifier_dropout = 0.0
-        return AutoModelForTokenClassification.from_pretrained(model_dir, config=config, dtype=dtype)
-    finally:
-        transformers.logging.set_verbosity(verbosity)
+    from flowrl.backends.train.dp_value import TorchDPValueEngine
+    from flowrl.backends.train.value_head import load_classifier
+
+    return load_classifier(AutoModelForTokenClassification, model_dir, TorchDPValueEngine._classifier_config(model_dir),
+                           dtype=dtype, seed=seed)
 
 
 def value_shard_spec(hf_config: Any, *, tp: int, pp: int, dp: int, head_bias: bool,
@@ -115,11 +115,39 @@ class MegatronValueEngine(MegatronEngine):
         return load_hf_value_model(self.model_dir, dtype=torch.float32, seed=self._seed)
 
     # ----------------------------------------------------------------------------- construction
+    head_bias = True
+    """The head has a bias (token classification's ``score``; the reward model's has none)."""
+
     def _build_and_load(self) -> list[torch.nn.Module]:
+        """This rank's chunks: the backbone's shard read slice by slice from the causal LM's
+        safetensors (as the policy engine's), the head on the last stage: the checkpoint's own, or
+        ``value_head.new_head`` of the seed (the dp engine's numbers, without loading the model
+        whole); else (no safetensors, other tensor names) from a whole ``from_pretrained`` load."""
+        from flowrl.backends.train.tensor_source import safetensors_source
+        from flowrl.backends.train.value_head import head_from_checkpoint, new_head
+
+        values = head_from_checkpoint(self.model_dir) or new_head(self.hf_config, seed=self._seed,
+                                                                  bias=self.head_bias)
+        head = {"weight": values["weight"], **({"bias": values.get("bias", torch.zeros(1))} if self.head_bias else {})}
+        with safetensors_source(self.model_dir) as source:
+            try:
+                if source is not None:
+                    models = self._build_value_chunks(source, head)
+                    self.checkpoint_bytes_read = source.bytes_read
+                    return models
+            except KeyError as missing:
+                log.info("megatron value model: %s not in %s's safetensors by its HF name; loading the model whole",
+                         missing, self.model_dir)
         with torch.random.fork_rng(devices=[]):
             hf_model = self._load_hf_model()
         hf_state = hf_model.state_dict()
         head = {k[len(HF_HEAD_PREFIX):]: v for k, v in hf_state.items() if k.startswith(HF_HEAD_PREFIX)}
+        try:
+            return self._build_value_chunks(hf_state, head)
+        finally:
+            del hf_model, hf_state
+
+    def _build_value_chunks(self, hf_state: Any, head: dict[str, torch.Tensor]) -> list[torch.nn.Module]:
         if set(head) - {"weight", "bias"} or "weight" not in head or head["weight"].shape[0] != 1:
             raise RuntimeError(f"unexpected value head in {self.model_dir}: "
                                f"{ {k: tuple(v.shape) for k, v in head.items()} }")
@@ -144,8 +172,8 @@ class MegatronValueEngine(MegatronEngine):
                                                dtype=self.dtype)
                 shard.update({HEAD_PREFIX + k: v for k, v in head.items()})
             self._load_shard(model, shard)
+            del shard
             models.append(model.to(self.device))
-        del hf_model, hf_state
         return models
 
     def shard_spec(self) -> Any:
@@ -226,8 +254,8 @@ class MegatronValueTrainEngine:
     flat ``_T`` tensors out): ``forward_values``, ``train_step_values``, ``all_reduce_sum`` (over
     the data-parallel group), ``hf_state_dict``, ``save_hf``, ``close``."""
 
-    engine_class: type[MegatronValueEngine] = MegatronValueEngine
-    """The engine behind it (``megatron/reward.py``: the reward model's)."""
+    engine_class: type[MegatronValueEngine] | None = None
+    """The engine behind it (None: :class:`MegatronValueEngine`; ``megatron/reward.py``: the reward model's)."""
 
     def __init__(self, model_dir: str, *, tp: int, pp: int, dp: int, vpp: int | None = None,
                  dtype: str = "float32", device: str = "cpu", seed: int = 0, use_distributed_optimizer: bool = False,
@@ -235,7 +263,7 @@ class MegatronValueTrainEngine:
         """``optim``: the optimizer keywords of :class:`~flowrl.backends.train.optim.AdamWSettings`;
         ``device`` and ``dtype`` as :class:`~flowrl.backends.train.megatron.policy.MegatronTrainEngine`'s."""
         self.device, self.precision = placement(device, dtype)
-        self.engine = self.engine_class(
+        self.engine = (self.engine_class or MegatronValueEngine)(
             model_dir, tp=tp, pp=pp, vpp=vpp, dp=dp, **AdamWSettings(**optim).engine_kwargs(),
             use_distributed_optimizer=use_distributed_optimizer,
             bf16=megatron_bf16(self.precision), seed=seed, device=str(self.device))
