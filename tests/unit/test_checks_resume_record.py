@@ -1,0 +1,48 @@
+"""The resume record's comparison (issue 32 item 5), pure: an equal record passes; each field a
+restore can get wrong is named (the end-to-end faults: ``tests/dist/test_checks_resume.py``)."""
+
+from __future__ import annotations
+
+import copy
+
+from flowrl.checks.resume import compare, record, stream_position
+
+
+def _record(**over):
+    per_rank = [{"params": {"w": [1.5, 3.0], "b": [0.25, 0.5]}, "optim_step": 4,
+                 "optim_norms": {"exp_avg": 0.125, "exp_avg_sq": 1e-6}}, {"optim_norms": {}}]
+    base = dict(layout="dp x2", next_step=4, batch="abc", seed=1,
+                stream=stream_position({"weight_version": 4, "next": [4, 0], "queue": []}),
+                family={"kl_ctrl": {"value": 0.1}})
+    return record(per_rank, **{**base, **over})
+
+
+def test_an_equal_record_passes_and_an_old_checkpoint_is_not_judged():
+    assert compare(_record(), _record(), "ckpt").ok
+    assert compare(None, _record(), "ckpt").ok is None
+
+
+def test_each_field_a_restore_gets_wrong_is_named():
+    saved = _record()
+    live = copy.deepcopy(saved)
+    live["params"]["w"][0] += 1e-6  # a parameter moved by 1e-6 (its scale 3.0): caught
+    live["optim_norms"][0]["exp_avg_sq"] = 0.0  # a fresh optimizer state
+    live["optim_step"] = 0
+    verdict = compare(saved, live, "ckpt")
+    assert verdict.ok is False and verdict.value == 3
+    assert "parameters (1 of 2: w)" in verdict.message and "optimizer step 0 restored, 4 saved" in verdict.message
+    assert "optimizer state exp_avg_sq on trainer rank 0: squared norm 0 restored, 1e-06 saved" in verdict.message
+    moved = compare(saved, _record(next_step=3), "ckpt")
+    assert "data position: the run continues at step 3, the checkpoint was saved to continue at step 4" in moved.message
+    other = compare(saved, _record(batch="xyz", seed=2, family={"kl_ctrl": {"value": 0.2}},
+                                   stream=stream_position({"weight_version": 3, "next": [4, 0], "queue": []})), "ckpt")
+    assert other.value == 4 and "the prompts of step 4 differ" in other.message and "trainer.seed 2" in other.message
+    # another layout: the optimizer's per-rank norms are not comparable, the rest is
+    assert compare(saved, {**copy.deepcopy(saved), "layout": "fsdp x4", "optim_norms": [{}]}, "ckpt").ok
+
+
+def test_the_stream_position_is_the_first_request_a_resume_generates():
+    assert stream_position(None) is None
+    assert stream_position({"weight_version": 2, "next": [3, 1], "queue": [[2, 3, 2], [3, 0, 2]]}) == \
+        {"weight_version": 2, "first": [2, 3]}
+    assert stream_position({"weight_version": 2, "next": [2, 0], "queue": []}) == {"weight_version": 2, "first": [2, 0]}
