@@ -138,54 +138,73 @@ def _image_inputs(model: torch.nn.Module, images_B: Sequence[Sequence[bytes]]) -
     return {"pixel_values": pixel_values, "image_grid_thw": grids}, per_row
 
 
+def text_positions(padded: Padded) -> torch.Tensor:
+    """``[R, C]`` each slot's position in its own sequence: the layout's position ids (packed or
+    shared-prompt lines), or the column (right-padded rows)."""
+    if padded.position_ids_BL is not None:
+        return padded.position_ids_BL.long()
+    num_lines, width = padded.input_ids_BL.shape
+    return torch.arange(width).expand(num_lines, -1)
+
+
+def slot_rows(padded: Padded, mb: PackedBatch) -> torch.Tensor:
+    """``[R, C]`` the batch row each slot belongs to (-1: padding). Response slots: from the flat
+    order of the response tokens. Prompt slots: padded rows are their line's row; in lines, the
+    first row among the responses of their sequence (a segment: a prompt and its rows' responses,
+    starting where the position is 0), so a shared prompt belongs to its group's first row."""
+    num_lines, width = padded.input_ids_BL.shape
+    rows_T = torch.repeat_interleave(torch.arange(mb.num_rows), mb.response_cu_B1.diff().long())
+    if padded.position_ids_BL is None:  # right-padded rows: line r is row r
+        owner = torch.arange(num_lines)[:, None].expand(num_lines, width).clone()
+        return owner.masked_fill(padded.attention_mask_BL.cpu() == 0, -1)
+    owner = torch.full((num_lines, width), -1, dtype=torch.long)
+    owner[padded.row_T, padded.pos_T] = rows_T
+    segment = torch.cumsum((padded.position_ids_BL == 0).long(), dim=1)  # segment number within the line
+    key = torch.arange(num_lines)[:, None] * (width + 1) + segment
+    none = mb.num_rows + 1
+    first = torch.full((num_lines * (width + 1),), none, dtype=torch.long)
+    is_response = owner >= 0
+    first.scatter_reduce_(0, key[is_response], owner[is_response], reduce="amin")
+    prompt_owner = first[key]
+    return torch.where(is_response, owner, prompt_owner.masked_fill(prompt_owner == none, -1))
+
+
 def vlm_hidden(model: torch.nn.Module, mb: PackedBatch, padded: Padded, device: torch.device,
                attn_implementation: str = "sdpa") -> torch.Tensor:
     """The last hidden state ``[B or R, L, H]`` of ``padded`` (``mb.model_inputs``: padded rows,
     packed lines or shared-prompt lines) with ``mb``'s images.
 
     Every slot's rotary position is its sequence's (:func:`mrope_positions` of the row's prompt
-    and response, unpadded) at the slot's text position: a response slot's row is known
-    (responses are in flat row order), a prompt slot belongs to the row of the next response
-    slot in its line (a prompt precedes its responses in every layout). The images go to the
-    model in the order of their prompts' first slots in the layout (each shared prompt once)."""
+    and response, unpadded) at the slot's text position, the slot's row from :func:`slot_rows`.
+    The images go to the model in the order of their prompts' first slots in the layout (each
+    shared prompt once)."""
     from flowrl.backends.interfaces import block_attention_mask
 
     images_B = mb.images or [[] for _ in range(mb.num_rows)]
     ids = padded.input_ids_BL
     num_lines, width = ids.shape
-    text_RC = padded.position_ids_BL if padded.position_ids_BL is not None else torch.arange(width).expand(num_lines, -1)
-    # each slot's row: response slots from the flat order, prompt slots from the next response slot to their right
-    owner_RC = torch.full((num_lines, width), -1, dtype=torch.long)
-    rows_T = torch.repeat_interleave(torch.arange(mb.num_rows), mb.response_cu_B1.diff().long())
-    owner_RC[padded.row_T, padded.pos_T] = rows_T
-    for r in range(num_lines):
-        line, nxt = owner_RC[r], -1
-        for c in range(width - 1, -1, -1):  # backward fill
-            if int(line[c]) >= 0:
-                nxt = int(line[c])
-            elif int(text_RC[r, c]) == 0 or nxt >= 0:
-                line[c] = nxt
-                if int(text_RC[r, c]) == 0:
-                    nxt = -1  # a sequence (segment) starts here: nothing before it is this row's
-    # the images in the order of their sequences' starts in the layout
-    starts = [(r, c) for r in range(num_lines) for c in range(width)
-              if int(text_RC[r, c]) == 0 and int(owner_RC[r, c]) >= 0]
-    order = [int(owner_RC[r, c]) for r, c in starts]
+    text_RC = text_positions(padded)
+    owner_RC = slot_rows(padded, mb)
+    # the images in the order of their sequences' first slots in the layout (row-major, as the model scatters)
+    first_R, first_C = ((text_RC == 0) & (owner_RC >= 0)).nonzero(as_tuple=True)
+    order = owner_RC[first_R, first_C].tolist()
     inputs, grid_seq = _image_inputs(model, [images_B[b] for b in order])
-    grid_of = {b: grid_seq[i] for i, b in enumerate(order)}
-    seq_pos: dict[int, torch.Tensor] = {}
-    for b in set(order) | set(rows_T.tolist()):
-        seq = torch.cat([mb.prompt_P[int(mb.prompt_cu_B1[b]): int(mb.prompt_cu_B1[b + 1])],
-                         mb.response_T[int(mb.response_cu_B1[b]): int(mb.response_cu_B1[b + 1])]]).long()
-        grid = grid_of.get(b)
-        if grid is None:
-            _, rows = _image_inputs(model, [images_B[b]])
-            grid = rows[0]
-        seq_pos[b] = mrope_positions(model, seq, grid, int(mb.prompt_cu_B1[b + 1] - mb.prompt_cu_B1[b]))
+    grid_of = {tuple(images_B[b] or ()): grid_seq[i] for i, b in enumerate(order)}
+    # each slot's rotary position: its row's sequence's (computed once per row) at its text position
+    rows = sorted(set(owner_RC[owner_RC >= 0].tolist()))
+    pieces, offset_B = [], torch.zeros(mb.num_rows, dtype=torch.long)
+    at = 0
+    for b in rows:
+        p0, p1 = int(mb.prompt_cu_B1[b]), int(mb.prompt_cu_B1[b + 1])
+        seq = torch.cat([mb.prompt_P[p0:p1], mb.response_T[int(mb.response_cu_B1[b]): int(mb.response_cu_B1[b + 1])]])
+        grid = grid_of.get(tuple(images_B[b] or ()))
+        pieces.append(mrope_positions(model, seq.long(), grid, p1 - p0))
+        offset_B[b] = at
+        at += seq.numel()
     pos_3RC = torch.ones((3, num_lines, width), dtype=torch.long)
-    for b, pos in seq_pos.items():
-        r_idx, c_idx = (owner_RC == b).nonzero(as_tuple=True)
-        pos_3RC[:, r_idx, c_idx] = pos[:, text_RC[r_idx, c_idx].long()]
+    if pieces:
+        real = owner_RC >= 0
+        pos_3RC[:, real] = torch.cat(pieces, dim=1)[:, offset_B[owner_RC[real]] + text_RC[real].long()]
     inner = _inner(_unwrap(model))
     ids = ids.to(device)
     embeds = inner.get_input_embeddings()(ids)
