@@ -83,6 +83,13 @@ class RewardTrainerRole:
         self.rate.resume(path)
         return checkpoints.load(self.engine, self.checkpoint_kind, path)
 
+    def resume_state(self) -> dict:
+        """Every rank: its part of a checkpoint's resume record (``trainer.checks.resume``,
+        :func:`flowrl.checks.resume.engine_state`), as the policy role's."""
+        from flowrl.checks.resume import engine_state
+
+        return engine_state(self.engine, self.rank)
+
     def save_hf(self, directory: str) -> None:
         """A sequence-classification directory (``reward_model.model_path``); sharded: every rank."""
         from flowrl.catalog.backends import CheckpointKind
