@@ -50,7 +50,7 @@ class Agent:
                  remote: RemoteCall | None = None, connect: Callable[[], None] | None = None) -> None:
         from flowrl.agents.env import as_parser_and_tool, resolve_environment
         from flowrl.agents.parsers import resolve_parser
-        from flowrl.agents.tools import resolve_tools
+        from flowrl.agents.verl_tools import resolve_all_tools
 
         self.cfg = cfg
         self.codec = ChatCodec(tokenizer, extra_eos_ids=extra_eos_ids)
@@ -60,7 +60,7 @@ class Agent:
             self.tools: dict[str, Tool] = {env_tool.name: env_tool}
         else:
             self.parser = resolve_parser(cfg.parser)
-            self.tools = resolve_tools(cfg.tools, tool_config_path=getattr(cfg, "tool_config_path", ""))
+            self.tools = resolve_all_tools(cfg.tools, getattr(cfg, "tool_config_path", ""))
         on_dask = {n for n, t in self.tools.items() if n in cfg.dask_tools or getattr(t, "run_on", "rank") == "dask"}
         if on_dask and remote is None:
             raise RuntimeError(f"tools {sorted(on_dask)} run as Dask tasks, but this rank has no Dask executor")

@@ -65,19 +65,13 @@ TOOLS.register("calculator", "flowrl.agents.calculator:Calculator")
 TOOLS.register("python", "flowrl.agents.sandbox:PythonSandbox")
 
 
-def resolve_tools(names: list[str] | tuple[str, ...], options: dict | None = None, *,
-                  tool_config_path: str = "") -> dict[str, Tool]:
-    """Tool instances by the name the model calls them, from registered names or import strings,
-    and with ``tool_config_path`` the tools of verl's tool config file
-    (:func:`flowrl.agents.verl_tools.load_tool_config`).
+def resolve_tools(names: list[str] | tuple[str, ...], options: dict | None = None) -> dict[str, Tool]:
+    """Tool instances by the name the model calls them, from registered names or import strings
+    (with verl's tool config file too: :func:`flowrl.agents.verl_tools.resolve_all_tools`).
 
     ``options``: keyword arguments per registered name / import string (e.g. the sandbox's limits).
     """
     out: dict[str, Tool] = {}
-    if tool_config_path:
-        from flowrl.agents.verl_tools import load_tool_config
-
-        out.update(load_tool_config(tool_config_path))
     for entry in names:
         cls = TOOLS.get(entry)
         tool = cls(**(options or {}).get(entry, {})) if isinstance(cls, type) else cls

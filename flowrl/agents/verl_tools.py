@@ -22,9 +22,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from flowrl.agents.tools import Tool
+from flowrl.agents.tools import Tool, resolve_tools
 
-__all__ = ["Gsm8kTool", "VERL_TOOL_CLASSES", "create_kwargs", "load_tool_config", "verl_gsm8k_score"]
+__all__ = ["Gsm8kTool", "VERL_TOOL_CLASSES", "create_kwargs", "load_tool_config", "resolve_all_tools", "verl_gsm8k_score"]
 
 #: verl class names -> flowrl's equivalent (import string). verl moved its tools from
 #: ``verl.workers.tool`` to ``verl.tools``; both names are taken.
@@ -158,29 +158,14 @@ def load_tool_config(path: str) -> dict[str, Tool]:
     return out
 
 
-def check_tool_config(cfg: Any) -> None:
-    """Pre-flight: ``rollout.multi_turn.tool_config_path``'s tools load (the file is there, each
-    tool is one flowrl has); ConfigError naming the key, the path and the fix otherwise."""
-    from flowrl.config import ConfigError
-
-    mt = cfg.rollout.multi_turn
-    if not (mt.enable and mt.tool_config_path):
-        return
-    key = "rollout.multi_turn.tool_config_path"
-    try:
-        tools = load_tool_config(mt.tool_config_path)
-    except OSError as exc:
-        raise ConfigError(key, mt.tool_config_path, f"cannot be read ({exc.strerror or exc})",
-                          "point it at verl's tool config YAML") from None
-    except (ValueError, TypeError, ImportError, AttributeError) as exc:
-        raise ConfigError(key, mt.tool_config_path, str(exc), "fix the tool config, or drop it") from None
-    clash = sorted(set(tools) & set(_names(mt.tools)))
-    if clash:
-        raise ConfigError(key, mt.tool_config_path, f"declares {clash}, which rollout.multi_turn.tools names too",
-                          "name each tool once")
-
-
-def _names(entries: list[str]) -> list[str]:
-    from flowrl.agents.tools import resolve_tools
-
-    return list(resolve_tools(entries)) if entries else []
+def resolve_all_tools(names: list[str] | tuple[str, ...], tool_config_path: str = "") -> dict[str, Tool]:
+    """The tools of ``rollout.multi_turn``: verl's tool config file's (``tool_config_path``) and the
+    registered names or import strings ``names`` (:func:`flowrl.agents.tools.resolve_tools`); a name
+    both declare is refused."""
+    out = load_tool_config(tool_config_path) if tool_config_path else {}
+    for name, tool in resolve_tools(names).items():
+        if name in out:
+            raise ValueError(f"two tools are called {name!r} (rollout.multi_turn.tools and {tool_config_path}); "
+                             "tool names must be unique")
+        out[name] = tool
+    return out

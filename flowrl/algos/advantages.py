@@ -438,8 +438,8 @@ def optimal_token_baseline_advantages(
     valid at ``t``, with ``G`` the reward-to-go and ``W_t = sum_{j<=t} (1 - 2 pi_j + sum_v pi_v**2)``
     (``pi_j = exp(old_logprobs)``: the path-variance proxy); ``A = (G - B)`` on valid tokens. A
     group of one keeps ``A = G``; where one row is strictly the group's longest its baseline is 0
-    past the second-longest row's length (verl's ``handle_zero_tail``). Returns are ``G``. The
-    keywords are unused (verl's are too)."""
+    past the second-longest row's length (verl's ``handle_zero_tail``). Returns are ``G`` (0 on
+    masked tokens). The keywords are unused (verl's are too)."""
     if inputs.old_logprobs_T is None or inputs.sum_pi_squared_T is None:
         raise ValueError("optimal_token_baseline reads old_logprobs and sum_pi_squared (the actor's pre-update pass "
                          "computes both when algorithm.adv_estimator=optimal_token_baseline); the batch lacks them")
@@ -467,4 +467,5 @@ def optimal_token_baseline_advantages(
             baselines_BL[idx[at_max[0]], second:] = 0.0
     adv_BL = (returns_BL - baselines_BL) * mask_BL
     dtype = inputs.token_rewards_T.dtype if inputs.token_rewards_T.is_floating_point() else torch.float32
-    return adv_BL[rows_T, positions_T].to(dtype), returns_BL[rows_T, positions_T].to(dtype)
+    # returns 0 on masked tokens (flowrl's convention; verl leaves a masked token its reward-to-go)
+    return adv_BL[rows_T, positions_T].to(dtype), (returns_BL * mask_BL)[rows_T, positions_T].to(dtype)

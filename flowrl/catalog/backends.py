@@ -172,7 +172,8 @@ class TrainBackendSpec(BackendSpec):
     token_stats: frozenset[str] = frozenset({"entropy"})
     """The per-token statistics of the logits its ``train_step`` can give a loss (``token_stat``):
     ``entropy``, and where declared ``uniform_nll`` (``logsumexp(z) - mean_v z``, SFT's label
-    smoothing)."""
+    smoothing) and ``sum_pi_squared`` (``sum_v softmax(z)_v**2``, also from its pre-update pass:
+    ``optimal_token_baseline``'s input)."""
     fully_sharded: bool = False
     """Shards parameters, gradients and optimizer state over its dp ranks (FSDP): the memory
     model's ``layout_cost.Setup.fully_sharded`` (``flowrl.parallel.rank_memory``)."""
@@ -294,11 +295,12 @@ _LORA = "flowrl.backends.train.lora:check_lora"
 _DP, _TP, _PP, _VPP = ParallelAxis.DP, ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.VPP
 _DISTRIBUTED_OPTIMIZER = "use_distributed_optimizer"
 _SMOOTHING = frozenset({"entropy", "uniform_nll"})  # train_step(token_stat=...) of dp_policy (fsdp inherits it), megatron
+_DP_STATS = _SMOOTHING | {"sum_pi_squared"}  # dp_policy's TOKEN_STATS (forward_logprobs too)
 
 TRAIN_BACKENDS: BackendRegistry[TrainBackendSpec] = BackendRegistry("train backend", TrainBackendSpec)
 TRAIN_BACKENDS.add(TrainBackendSpec(
     name="dp", engine="flowrl.backends.train.dp_policy:TorchDPEngine",
-    checkpoint=CheckpointKind.FULL, shard_style=ShardStyle.HF, lora=_LORA, token_stats=_SMOOTHING,
+    checkpoint=CheckpointKind.FULL, shard_style=ShardStyle.HF, lora=_LORA, token_stats=_DP_STATS,
     sequence_parallel=True,
 ))
 TRAIN_BACKENDS.add(TrainBackendSpec(
@@ -314,7 +316,7 @@ TRAIN_BACKENDS.add(TrainBackendSpec(
     name="fsdp", engine="flowrl.backends.train.fsdp_policy:FSDPEngine", config_keys=frozenset({_DISTRIBUTED_OPTIMIZER}),
     checkpoint=CheckpointKind.SHARDED, shard_style=ShardStyle.HF, axes_in_preflight=True, fully_sharded=True,
     engine_kwargs=f"{_FSDP}:engine_kwargs", preflight=f"{_FSDP}:check_fsdp", model_kwargs=f"{_FSDP}:model_kwargs",
-    lora=_LORA, token_stats=_SMOOTHING, sequence_parallel=True,
+    lora=_LORA, token_stats=_DP_STATS, sequence_parallel=True,
 ))
 
 VALUE_BACKENDS: BackendRegistry[ValueBackendSpec] = BackendRegistry("value backend", ValueBackendSpec)

@@ -92,15 +92,15 @@ class MultiTurnConfig:
               "list names of rollout.multi_turn.tools (as the model calls them)")
 
     def _tool_names(self) -> list[str]:
-        from flowrl.agents.tools import resolve_tools
-
         from pathlib import Path
+
+        from flowrl.agents.verl_tools import resolve_all_tools
 
         # a verl tool config that is not there yet is checked at the start of the run (check_tool_config)
         path = self.tool_config_path if self.tool_config_path and Path(self.tool_config_path).is_file() else ""
         try:
             later = list(self.dask_tools) if self.tool_config_path and not path else []
-            return list(resolve_tools(self.tools, tool_config_path=path)) + later
+            return list(resolve_all_tools(self.tools, path)) + later
         except (ValueError, TypeError, OSError) as exc:
             if path:
                 raise ConfigError("tool_config_path", path, str(exc), "fix the tool config, or drop it") from None
@@ -112,7 +112,7 @@ class MultiTurnConfig:
         format, as verl and transformers take them); None when off or with an environment."""
         if not self.enable or self.environment or not (self.tools or self.tool_config_path):
             return None
-        from flowrl.agents.tools import resolve_tools
+        from flowrl.agents.verl_tools import resolve_all_tools
 
-        tools = resolve_tools(self.tools, tool_config_path=self.tool_config_path)
+        tools = resolve_all_tools(self.tools, self.tool_config_path)
         return [tool.chat_schema() for tool in tools.values()]

@@ -13,9 +13,12 @@ KEY, VALUE = "algorithm.adv_estimator", "optimal_token_baseline"
 
 def check_otb(cfg: Any) -> None:
     """Raise ``ConfigError`` naming the key and the fix where OTB's inputs cannot be had."""
-    check(cfg.actor.strategy != "megatron", KEY, VALUE, "reads sum_pi_squared (sum over the vocabulary of pi**2 at "
-          "each token) from the actor's pre-update pass, which is not built for actor.strategy=megatron "
-          "(vocabulary-parallel logits)", "use actor.strategy=fsdp or dp")
+    from flowrl.catalog.backends import TRAIN_BACKENDS, either
+
+    check("sum_pi_squared" in TRAIN_BACKENDS.spec(cfg.actor.strategy).token_stats, KEY, VALUE,
+          "reads sum_pi_squared (sum over the vocabulary of pi**2 at each token) from the actor's pre-update pass, "
+          f"which actor.strategy={cfg.actor.strategy} does not compute",
+          "use actor.strategy=" + either(TRAIN_BACKENDS.names_where(lambda s: "sum_pi_squared" in s.token_stats)))
     check(not cfg.algorithm.rollout_is_bypass, KEY, VALUE, "reads the pre-update pass's log-probs and sum_pi_squared, "
           "which bypass mode (algorithm.rollout_is_bypass) skips", "set algorithm.rollout_is_bypass=false")
     check(not cfg.algorithm.rollout_is, KEY, VALUE, "with algorithm.rollout_is=true verl scales W by the squared "

@@ -82,3 +82,21 @@ def document(entries: Iterable[Any], refused_values: dict[tuple[str, str], tuple
     out += [f"| `{key}` | `{value}` | {_cell(what)} | {_cell(fix)} |"
             for (key, value), (what, fix) in sorted(refused_values.items())]
     return "\n".join(out) + "\n"
+
+
+
+def write_document(argv: list[str] | None, keys: Iterable[Any], refused_values: dict) -> int:
+    """``python -m flowrl.config.verl_keys [--write PATH]`` of the table ``keys``: print (or write)
+    ``docs/verl-keys.md``."""
+    import argparse
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(prog="python -m flowrl.config.verl_keys", description=write_document.__doc__)
+    parser.add_argument("--write", metavar="PATH", help="write the document to PATH instead of printing it")
+    args = parser.parse_args(argv)
+    text = document(keys, refused_values)
+    if args.write:
+        Path(args.write).write_text(text)
+    else:
+        print(text, end="")
+    return 0

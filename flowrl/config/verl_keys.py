@@ -13,33 +13,9 @@ table; ``python -m flowrl.config.verl_keys --write docs/verl-keys.md`` writes it
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 # the verl values and names refused by name, and the knock-on refusals, live in verl_names
 from flowrl.config.verl_names import AR, KNOCK_ON, REFUSED_VALUES, VERL_NAMES  # noqa: F401
-
-_NO = object()  # no verl default recorded
-
-
-@dataclass(frozen=True)
-class VerlKey:
-    verl: str
-    kind: str  # map | dyn | noop | refuse | derive
-    flowrl: str = ""
-    does: str = ""
-    nearest: str = ""
-    accept: tuple = ()
-    verl_default: Any = _NO
-    adopt: bool = True  # a verl YAML's default value of this key is applied (False: flowrl's stays)
-
-
-def _k(verl: str, kind: str, flowrl: str = "", does: str = "", nearest: str = "", accept: tuple = (),
-       default: Any = _NO, adopt: bool = True) -> VerlKey:
-    return VerlKey(verl, kind, flowrl, does, nearest, accept, default, adopt)
-
-
-_OFF = (False, None, 0, 0.0, "", "none", "null")
+from flowrl.config.verl_key import _NO, _OFF, VerlKey, _k  # noqa: F401 - the record of one key
 
 #: verl key -> flowrl key (or why not). Exact keys win over ``.*`` prefixes; longer prefixes win.
 VERL_KEYS: tuple[VerlKey, ...] = (
@@ -401,24 +377,20 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k(f"{AR}.rollout.multi_turn.*", "refuse", does="verl's multi-turn tool and interaction configs",
        nearest="rollout.multi_turn.tools, rollout.multi_turn.parser, rollout.multi_turn.max_turns", accept=_OFF),
     _k(f"{AR}.rollout.multi_turn.enable", "map", "rollout.multi_turn.enable"),
-    # verl's tool config file: its tools join flowrl's (flowrl.agents.verl_tools); tool rewards stay
-    # out of the score as in verl (derive: rollout.multi_turn.tool_reward_coef=0)
+    # verl's tool config: its tools join flowrl's (flowrl.agents.verl_tools); tool_reward_coef=0 as verl (derive)
     _k(f"{AR}.rollout.multi_turn.tool_config_path", "map", "rollout.multi_turn.tool_config_path"),
     # algorithm
     _k("algorithm.use_pf_ppo", "refuse", does="preference-feedback PPO", nearest="algorithm.adv_estimator",
        accept=_OFF),
     _k("algorithm.pf_ppo.*", "noop", does="options of PF-PPO", nearest="read only with algorithm.use_pf_ppo"),
-    _k("algorithm.rollout_correction.rollout_is", "derive", does="token or sequence: truncated weights pi_old / pi_rollout"),
-    _k("algorithm.rollout_correction.rollout_is_threshold", "derive",
-       does="their bound; IcePop's lower_upper in bypass mode (refused in decoupled mode)"),
-    _k("algorithm.rollout_correction.bypass_mode", "derive",
-       does="bypass mode: pi_old := pi_rollout, the loss per micro-batch (flowrl.algos.rollout_correction)"),
-    _k("algorithm.rollout_correction.loss_type", "derive", does="bypass mode's loss: ppo_clip or reinforce"),
-    _k("algorithm.rollout_correction.rollout_is_batch_normalize", "derive",
-       does="bypass mode: the weights divided by their mean (refused in decoupled mode)"),
-    _k("algorithm.rollout_correction.rollout_rs", "derive",
-       does="bypass mode's rejection sampling, verl's k1/k2/k3 options (refused in decoupled mode)"),
-    _k("algorithm.rollout_correction.rollout_rs_threshold", "derive", does="the bounds of rollout_rs"),
+    *(_k(f"algorithm.rollout_correction.{key}", "derive", does=does) for key, does in (
+        ("rollout_is", "token or sequence: truncated weights pi_old / pi_rollout"),
+        ("rollout_is_threshold", "their bound; IcePop's lower_upper in bypass mode (refused in decoupled mode)"),
+        ("bypass_mode", "bypass mode: pi_old := pi_rollout, the loss per micro-batch (flowrl.algos.rollout_correction)"),
+        ("loss_type", "bypass mode's loss: ppo_clip or reinforce"),
+        ("rollout_is_batch_normalize", "bypass mode: the weights divided by their mean (refused in decoupled mode)"),
+        ("rollout_rs", "bypass mode's rejection sampling, verl's k1/k2/k3 options (refused in decoupled mode)"),
+        ("rollout_rs_threshold", "the bounds of rollout_rs"))),
     _k("algorithm.rollout_correction.*", "refuse", does="an option of verl's rollout correction flowrl lacks",
        nearest="algorithm.rollout_is*, algorithm.rollout_rs*", accept=_OFF),
     # data
@@ -500,22 +472,12 @@ VERL_KEYS: tuple[VerlKey, ...] = (
 )
 
 
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m flowrl.config.verl_keys [--write PATH]``: print (or write) ``docs/verl-keys.md``."""
-    import argparse
-    from pathlib import Path
+    from flowrl.config.verl_docs import write_document
 
-    from flowrl.config.verl_docs import document
-
-    parser = argparse.ArgumentParser(prog="python -m flowrl.config.verl_keys", description=main.__doc__)
-    parser.add_argument("--write", metavar="PATH", help="write the document to PATH instead of printing it")
-    args = parser.parse_args(argv)
-    text = document(VERL_KEYS, REFUSED_VALUES)
-    if args.write:
-        Path(args.write).write_text(text)
-    else:
-        print(text, end="")
-    return 0
+    return write_document(argv, VERL_KEYS, REFUSED_VALUES)
 
 
 if __name__ == "__main__":

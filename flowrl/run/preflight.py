@@ -46,7 +46,7 @@ def resolve_inputs(cfg: RunConfig) -> RunConfig:
     model_path, train_files, val_files = _inputs(cfg)
     check_model_dir("model.path", model_path)
     check_vlm(cfg, model_path=model_path)  # a vision-language model: dp/fsdp, hf, hybrid only (flowrl.models.vlm_checks)
-    from flowrl.models.lora_adapter import resolve_adapter
+    from flowrl.config.lora_adapter_path import resolve_adapter
 
     cfg = resolve_adapter(cfg)  # model.lora_adapter_path: the adapter's rank, alpha and targets
     _check_files("data.train_files", train_files)
@@ -65,7 +65,7 @@ def resolve_inputs(cfg: RunConfig) -> RunConfig:
     check_loggers(cfg)
     check_reward_fn(cfg)
     check_sandbox(cfg)  # code the policy writes runs in a working sandbox (issue 38)
-    from flowrl.agents.verl_tools import check_tool_config
+    from flowrl.config.verl_tool_config import check_tool_config
 
     check_tool_config(cfg)  # rollout.multi_turn.tool_config_path: verl's tool config loads
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(model_path)),

@@ -114,14 +114,19 @@ def test_remax_needs_a_baseline():
 
 
 def _any_inputs() -> AdvantageInputs:
-    # 4 rows in 2 groups, ragged, a masked token inside row 1; values and baselines for everyone.
-    return _inputs(
+    # 4 rows in 2 groups, ragged, a masked token inside row 1; values, baselines and the pre-update
+    # pass's log-probs and sum_pi_squared (optimal_token_baseline) for everyone.
+    import dataclasses
+
+    inputs = _inputs(
         [[0, 1], [0, 0, 0, 1], [0, 0], [1]],
         [[1, 1], [1, 0, 1, 1], [1, 1], [1]],
         [4, 4, 9, 9],
         rows_values=[[0.1, 0.2], [0.3, 0.4, 0.5, 0.6], [0.0, -0.1], [0.5]],
         baseline=[0.5, 0.5, 0.0, 0.0],
     )
+    n = inputs.token_rewards_T.numel()
+    return dataclasses.replace(inputs, old_logprobs_T=-torch.linspace(0.1, 2.0, n), sum_pi_squared_T=torch.full((n,), 0.3))
 
 
 @pytest.mark.parametrize("name", ADVANTAGE_ESTIMATORS.names())

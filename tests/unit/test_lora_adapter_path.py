@@ -13,7 +13,7 @@ import torch
 
 from flowrl.config import ConfigError, load_config
 from flowrl.models.lora import LoraSpec, add_adapters
-from flowrl.models.lora_adapter import adapter_settings, resolve_adapter
+from flowrl.config.lora_adapter_path import adapter_settings, resolve_adapter
 
 
 def _saved_adapter(model_dir, out, *, rank=4, alpha=8, targets=("q_proj", "v_proj"), seed=0):

@@ -113,7 +113,7 @@ def test_sum_pi_squared_from_the_actors_pass(tiny_model_dir):
 def test_config_needs_the_pre_update_pass_and_refuses_what_cannot_feed_it():
     cfg = load_config(None, ["algorithm.adv_estimator=optimal_token_baseline"])
     assert cfg.needs_old_logprobs  # one optimizer step per batch: the pass still runs, for W and pi2
-    for extra, match in ((["actor.strategy=megatron"], "not built for actor.strategy=megatron"),
+    for extra, match in ((["actor.strategy=megatron"], "actor.strategy=megatron does not compute"),
                          (["algorithm.rollout_is=true", "algorithm.rollout_is_threshold=2"], "squared"),
                          (["algorithm.rollout_is_bypass=true"], "bypass mode")):
         with pytest.raises(ConfigError, match=match):

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from flowrl.agents.verl_tools import Gsm8kTool, check_tool_config, create_kwargs, load_tool_config, verl_gsm8k_score
+from flowrl.agents.verl_tools import Gsm8kTool, create_kwargs, load_tool_config, verl_gsm8k_score
+from flowrl.config.verl_tool_config import check_tool_config
 from flowrl.config import ConfigError, load_config
 from flowrl.config.verl_yaml import verl_config_dir
 
