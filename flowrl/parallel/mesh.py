@@ -51,6 +51,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from flowrl.parallel.shard_keys import ShardKeys
+
 __all__ = [
     "RANK_ORDER",
     "ModelLayout",
@@ -101,8 +103,9 @@ def _layout_list(layouts: list[ParallelDims], limit: int = 8) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ParallelDims:
-    """Sizes of the data, tensor and pipeline parallel axes of one worker group."""
+class ParallelDims(ShardKeys):
+    """Sizes of the data, tensor and pipeline parallel axes of one worker group (and of its
+    experts' axes); ``ShardKeys`` adds which ranks hold the same parameters."""
 
     dp: int
     """``data_parallel_size``: model replicas, each seeing a different slice of the batch."""
@@ -252,77 +255,6 @@ class ParallelDims:
             key = tuple(coords[a] for a in names if a != axis)
             groups.setdefault(key, []).append(rank)  # ranks arrive in increasing order
         return sorted(groups.values())
-
-    # -- shard keys: which ranks hold the same parameters ----------------------------------------
-
-    @property
-    def key_period(self) -> int:
-        """``L``: within a stage, a rank's shard key is a function of ``rank mod L`` (module doc)."""
-        period = self.__dict__.get("_period")
-        if period is None:
-            period = math.lcm(self.tp, self.expert_tp * self.ep) if self.expert_keys else self.tp
-            object.__setattr__(self, "_period", period)
-        return period
-
-    @property
-    def num_replicas(self) -> int:
-        """Ranks holding each shard key: world / (pp * L) (dp when ep = 1 and etp = tp)."""
-        return self.world_size // (self.pp * self.key_period)
-
-    def _key_at(self, r: int, pp_rank: int) -> tuple[int, ...]:
-        if not self.expert_keys:
-            return (r % self.tp, pp_rank)
-        etp = self.expert_tp
-        return (r % self.tp, pp_rank, (r // etp) % self.ep, r % etp)
-
-    def shard_key(self, rank: int) -> tuple[int, ...]:
-        """The shard key of a global rank (module doc): ranks with one key hold the same tensors."""
-        if not _is_int(rank) or not 0 <= rank < self.world_size:
-            raise ValueError(f"rank={rank!r} must be an integer in [0, {self.world_size})")
-        stage = self.world_size // self.pp
-        return self._key_at(rank % stage, rank // stage)
-
-    def shard_replica(self, rank: int) -> int:
-        """Which replica of its shard key ``rank`` is (0 .. num_replicas - 1, in rank order)."""
-        return (rank % (self.world_size // self.pp)) // self.key_period
-
-    @property
-    def _key_residues(self) -> dict[tuple[int, ...], int]:
-        """Shard key without its pp_rank -> its first rank within a stage (cached)."""
-        cache = self.__dict__.get("_residues")
-        if cache is None:
-            cache = {}
-            for r in range(self.key_period):
-                key = self._key_at(r, 0)
-                cache[key[:1] + key[2:]] = r
-            object.__setattr__(self, "_residues", cache)
-        return cache
-
-    @property
-    def _key_first(self) -> dict[tuple[int, ...], int]:
-        """Shard key -> its first (replica 0) global rank (cached)."""
-        cache = self.__dict__.get("_first")
-        if cache is None:
-            stage = self.world_size // self.pp
-            cache = {self._key_at(r, p): p * stage + r
-                     for p in range(self.pp) for r in range(self.key_period)}
-            object.__setattr__(self, "_first", cache)
-        return cache
-
-    def shard_rank(self, key: tuple[int, ...], replica: int) -> int:
-        """The global rank of replica ``replica`` of shard key ``key`` (inverse of ``shard_key``
-        and ``shard_replica``)."""
-        return self._key_first[key] + replica * self.key_period
-
-    def shard_key_index(self, key: tuple[int, ...]) -> int:
-        """A number per shard key, ``r0 + L * pp_rank`` (``tp_rank + tp * pp_rank`` when the keys
-        carry no expert coordinates), ``r0`` the key's first rank within its stage."""
-        return self._key_first[key] % (self.world_size // self.pp) + self.key_period * key[1]
-
-    def shard_keys(self) -> list[tuple[int, ...]]:
-        """Every shard key, in the order of their first ranks."""
-        stage = self.world_size // self.pp
-        return [self.shard_key(p * stage + r) for p in range(self.pp) for r in range(self.key_period)]
 
     def __str__(self) -> str:
         vpp = f",vpp={self.vpp}" if self.vpp is not None else ""
