@@ -78,10 +78,14 @@ def check_megatron_owner(section: str, megatron: MegatronConfig, spec: Any, stra
     """``{section}.megatron.*`` switched on needs a strategy whose spec owns the section (the
     error's key: ``{key_prefix}megatron.<switch>``)."""
     on = megatron.switched_on
-    check(not on or spec.owns(MEGATRON_SECTION), f"{key_prefix}megatron.{on[0] if on else ''}", True,
+    if not on or spec.owns(MEGATRON_SECTION):
+        return
+    key = on[0]
+    near = " (fsdp: fsdp_config.param_offload / optimizer_offload)" if key not in _MOE_DEFAULTS else \
+        " (fsdp shards experts like any parameter)"
+    check(False, f"{key_prefix}megatron.{key}", getattr(megatron, key),
           f"is not an actor.strategy={strategy} option" + (f" (the {section} runs on actor.strategy)" if section != "actor" else ""),
-          f"set actor.strategy={owners}, or {section}.megatron.{on[0] if on else ''}="
-          f"{_off(on[0]) if on else 'false'} (fsdp: fsdp_config.param_offload / optimizer_offload)")
+          f"set actor.strategy={owners}, or {section}.megatron.{key}={_off(key)}{near}")
 
 
 def _off(key: str) -> str:

@@ -296,7 +296,6 @@ class ActorConfig(ParallelFields):
     actor's ranks (a divisor of ``data_parallel_size``; dp = data_parallel_size / it, as verl's
     world / sp), attention over the whole sequence by an all-to-all over heads; the same
     log-probs and gradients as unsplit. dp and fsdp strategies (``flowrl.backends.train.ulysses``)."""
-
     router_replay: bool = False
     """Routing replay ("R3", mixture-of-experts models): the old-log-prob pass and the update route
     every token to the experts the rollout chose (``rollout.name=hf`` records them in the

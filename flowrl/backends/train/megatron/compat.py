@@ -146,6 +146,20 @@ def define_missing_te_names() -> None:
         moe_utils.te_general_gemm = None
 
 
+def _patch_moe(dispatcher: types.ModuleType) -> None:
+    """The MoE token dispatcher on CPU/gloo (patches 6 and 7 of :func:`apply_cpu_compat`)."""
+    # 6. The MoE all-to-all dispatcher creates a device-to-host side stream (token_dispatcher.py:445)
+    #    and copies the split sizes on it (:871-899): on the CPU the copies are plain and in order.
+    #    Its split sizes become numpy arrays only when they were on a GPU (moe_utils.py:1093); the
+    #    all-to-all's split sizes must be a sequence of ints, not a tensor: convert host ones too.
+    dispatcher.torch = _TORCH_HOST_STREAMS
+    dispatcher.maybe_move_tensor_to_cpu = _host_split_sizes
+    # 7. With expert tensor parallelism the dispatcher gathers and reduce-scatters tokens over the
+    #    expert-tp ranks in uneven parts (token_dispatcher.py:696 and :787): gloo has neither.
+    mappings = importlib.import_module("megatron.core.tensor_parallel.mappings")
+    mappings._gather_along_first_dim, mappings._reduce_scatter_along_first_dim = _uneven_collectives(mappings)
+
+
 def apply_cpu_compat() -> bool:
     """Patch megatron-core for CPU; returns True if patches are (now) in place, False on CUDA."""
     global _applied
@@ -184,17 +198,7 @@ def apply_cpu_compat() -> bool:
     for name in ("pipeline_parallel.schedules", "optimizer.optimizer", "optimizer.clip_grads",
                  "utils", "transformer.utils", "tensor_parallel.random", "transformer.moe.moe_utils"):
         m[name].torch = _TORCH_ON_CPU
-    # 6. The MoE all-to-all dispatcher creates a device-to-host side stream (token_dispatcher.py:445)
-    #    and copies the split sizes on it (:871-899): on the CPU the copies are plain and in order.
-    #    Its split sizes become numpy arrays only when they were on a GPU (moe_utils.py:1093); the
-    #    all-to-all's split sizes must be a sequence of ints, not a tensor: convert host ones too.
-    dispatcher = m["transformer.moe.token_dispatcher"]
-    dispatcher.torch = _TORCH_HOST_STREAMS
-    dispatcher.maybe_move_tensor_to_cpu = _host_split_sizes
-    # 7. With expert tensor parallelism the dispatcher gathers and reduce-scatters tokens over the
-    #    expert-tp ranks in uneven parts (token_dispatcher.py:696 and :787): gloo has neither.
-    mappings = importlib.import_module("megatron.core.tensor_parallel.mappings")
-    mappings._gather_along_first_dim, mappings._reduce_scatter_along_first_dim = _uneven_collectives(mappings)
+    _patch_moe(m["transformer.moe.token_dispatcher"])  # 6 and 7
     # 4. The CUDA RNG tracker (tensor_parallel/random.py:41 and :72 read/write the CUDA generator,
     #    :235-238 and :422 seed it): the tracked "cuda" state is the CPU generator's state.
     rnd = m["tensor_parallel.random"]

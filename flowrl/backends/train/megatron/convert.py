@@ -207,6 +207,14 @@ def check_expert_layout(arch: ArchSpec, *, ep: int, etp: int) -> None:
                          f"{arch.moe.ffn_hidden_size}; use a divisor of it")
 
 
+def _check_tp(arch: ArchSpec, tp: int) -> None:
+    if arch.num_heads % tp or (arch.num_kv_heads % tp and tp % arch.num_kv_heads):
+        raise ValueError(f"tp={tp} must divide num_attention_heads={arch.num_heads}, and it and "
+                         f"num_key_value_heads={arch.num_kv_heads} must divide one another")
+    if arch.moe is None and arch.ffn_hidden_size % tp:  # experts split by etp (check_expert_layout)
+        raise ValueError(f"tp={tp} must divide intermediate_size={arch.ffn_hidden_size}")
+
+
 def hf_to_megatron(hf_state: Any, hf_config: Any, *, tp_rank: int, tp: int,
                    pp_rank: int, pp: int, vpp_rank: int | None = None, vpp: int | None = None,
                    ep_rank: int = 0, ep: int = 1, etp_rank: int | None = None,
@@ -222,11 +230,7 @@ def hf_to_megatron(hf_state: Any, hf_config: Any, *, tp_rank: int, tp: int,
     arch = arch_spec(hf_config)
     etp, etp_rank = (tp, tp_rank) if etp is None else (etp, etp_rank)
     check_expert_layout(arch, ep=ep, etp=etp)
-    if arch.num_heads % tp or (arch.num_kv_heads % tp and tp % arch.num_kv_heads):
-        raise ValueError(f"tp={tp} must divide num_attention_heads={arch.num_heads}, and it and "
-                         f"num_key_value_heads={arch.num_kv_heads} must divide one another")
-    if arch.ffn_hidden_size % tp:
-        raise ValueError(f"tp={tp} must divide intermediate_size={arch.ffn_hidden_size}")
+    _check_tp(arch, tp)
     src = as_source(hf_state)
     pre, post = chunk_role(pp_rank=pp_rank, pp=pp, vpp_rank=vpp_rank, vpp=vpp)
     vocab = padded_vocab_size(arch.vocab_size, tp, make_vocab_size_divisible_by)
@@ -267,16 +271,38 @@ def hf_to_megatron(hf_state: Any, hf_config: Any, *, tp_rank: int, tp: int,
         if arch.moe is None:
             out[m + "mlp.linear_fc1.weight"] = torch.cat([col(h + "mlp.gate_proj.weight"), col(h + "mlp.up_proj.weight")])
             out[m + "mlp.linear_fc2.weight"] = row(h + "mlp.down_proj.weight")
-            continue
-        out[m + "mlp.router.weight"] = src.full(h + "mlp.gate.weight")
-        experts = _ExpertReader(src, h + "mlp.experts.")
-        num_local = arch.moe.num_experts // ep
-        for k in range(num_local):
-            e, x = ep_rank * num_local + k, f"{m}{_LOCAL_EXPERTS}{k}."
-            out[x + "linear_fc1.weight"] = torch.cat([experts.rows(e, p, *chunk_range(arch.moe.ffn_hidden_size, etp, etp_rank))
-                                                      for p in ("gate_proj", "up_proj")])
-            out[x + "linear_fc2.weight"] = experts.cols(e, "down_proj", *chunk_range(arch.moe.ffn_hidden_size, etp, etp_rank))
+        else:
+            out.update(_moe_layer(src, arch, h, m, ep_rank=ep_rank, ep=ep, etp_rank=etp_rank, etp=etp))
     return {name: t.detach().clone().contiguous() for name, t in out.items()}
+
+
+def _moe_layer(src: Any, arch: ArchSpec, h: str, m: str, *, ep_rank: int, ep: int, etp_rank: int,
+               etp: int) -> dict[str, torch.Tensor]:
+    """One MoE layer's router and expert-parallel rank ``ep_rank``'s experts (HF prefix ``h``,
+    megatron prefix ``m``), each split by expert-tensor-parallel rank ``etp_rank``."""
+    out = {m + "mlp.router.weight": src.full(h + "mlp.gate.weight")}
+    experts = _ExpertReader(src, h + "mlp.experts.")
+    num_local = arch.moe.num_experts // ep
+    part = chunk_range(arch.moe.ffn_hidden_size, etp, etp_rank)
+    for k in range(num_local):
+        e, x = ep_rank * num_local + k, f"{m}{_LOCAL_EXPERTS}{k}."
+        out[x + "linear_fc1.weight"] = torch.cat([experts.rows(e, p, *part) for p in ("gate_proj", "up_proj")])
+        out[x + "linear_fc2.weight"] = experts.cols(e, "down_proj", *part)
+    return out
+
+
+def _moe_layer_back(shards: Shards, arch: ArchSpec, h: str, m: str, *, pp_rank: int, vpp_rank: int | None,
+                    etp: int) -> dict[str, torch.Tensor]:
+    """One MoE layer's router and experts under HF per-expert names, from gathered shards."""
+    out = {h + "mlp.gate.weight": shards[(0, pp_rank, vpp_rank)][m + "mlp.router.weight"]}
+    for e in range(arch.moe.num_experts):
+        x, y = f"{m}{_LOCAL_EXPERTS}{e}.", f"{h}mlp.experts.{e}."
+        parts = [shards[(r, pp_rank, vpp_rank)] for r in range(etp)]
+        fc1 = [part[x + "linear_fc1.weight"].chunk(2) for part in parts]
+        out[y + "gate_proj.weight"] = torch.cat([g for g, _ in fc1])
+        out[y + "up_proj.weight"] = torch.cat([u for _, u in fc1])
+        out[y + "down_proj.weight"] = torch.cat([part[x + "linear_fc2.weight"] for part in parts], dim=1)
+    return out
 
 
 class _ExpertReader:
@@ -402,14 +428,7 @@ def megatron_to_hf(shards: Shards, hf_config: Any, *, tp: int, pp: int, vpp: int
                     for p in "qk":
                         out[f"{h}self_attn.{p}_norm.weight"] = first[f"{m}self_attention.{p}_layernorm.weight"]
                 if arch.moe is not None:
-                    out[h + "mlp.gate.weight"] = first[m + "mlp.router.weight"]
-                    for e in range(arch.moe.num_experts):
-                        x, y = f"{m}{_LOCAL_EXPERTS}{e}.", f"{h}mlp.experts.{e}."
-                        fc1 = [shards[(r, pp_rank, vpp_rank)][x + "linear_fc1.weight"].chunk(2) for r in range(etp)]
-                        out[y + "gate_proj.weight"] = torch.cat([g for g, _ in fc1])
-                        out[y + "up_proj.weight"] = torch.cat([u for _, u in fc1])
-                        out[y + "down_proj.weight"] = torch.cat(
-                            [shards[(r, pp_rank, vpp_rank)][x + "linear_fc2.weight"] for r in range(etp)], dim=1)
+                    out.update(_moe_layer_back(shards, arch, h, m, pp_rank=pp_rank, vpp_rank=vpp_rank, etp=etp))
                     continue
                 fc1 = [shards[(r, pp_rank, vpp_rank)][m + "mlp.linear_fc1.weight"].chunk(2)
                        for r in range(tp)]

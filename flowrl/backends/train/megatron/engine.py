@@ -75,6 +75,9 @@ def check_expert_mesh(*, world: int, tp: int, pp: int, ep: int, etp: int, arch) 
 
 def _check_layout(*, world: int, dp: int, tp: int, pp: int, vpp: int | None, arch,
                   make_vocab_size_divisible_by: int, ep: int = 1, etp: int | None = None) -> None:
+    if vpp is not None and arch.moe is not None:
+        raise ValueError(f"virtual_pipeline_model_parallel_size={vpp} with a mixture-of-experts model "
+                         "is not supported (its padding micro-batches have no tokens to route); set it to 1")
     dims = ParallelDims(dp=dp, tp=tp, pp=pp, vpp=vpp)
     dims.check_world_size(world, group="MegatronEngine")
     validate_model_layout(dims, num_attention_heads=arch.num_heads,
@@ -117,11 +120,8 @@ class MegatronEngine:
         CUDA is available, else the CPU (the multi-process test harnesses). ``bf16``: bf16
         weights and compute, fp32 main parameters in the optimizer and fp32 gradient reduction
         (``flowrl.parallel.dtypes.megatron_bf16``). ``*_offload``: that state in host memory
-        between phases (:meth:`offload_state`, ``flowrl.backends.train.megatron.offload``).
-        ``ep`` / ``etp``: the experts' expert- and tensor-parallel sizes of a mixture-of-experts
-        model (``etp`` None: ``tp``, megatron's default); ``moe_aux_loss_coeff`` /
-        ``moe_z_loss_coeff``: megatron's load-balancing and router z-losses, added to every step's
-        gradient (``moe_stats``)."""
+        between phases (:meth:`offload_state`, ``flowrl.backends.train.megatron.offload``). ``ep`` /
+        ``etp`` (None: tp) / ``moe_*_coeff``: a mixture-of-experts model's expert mesh, router losses."""
         from transformers import AutoConfig
 
         if not dist.is_initialized():
@@ -133,32 +133,24 @@ class MegatronEngine:
         self.hf_config = AutoConfig.from_pretrained(model_dir)
         self.arch = arch_spec(self.hf_config)
         vpp = None if vpp == 1 else vpp
-        if vpp is not None and self.arch.moe is not None:
-            raise ValueError(f"virtual_pipeline_model_parallel_size={vpp} with a mixture-of-experts model "
-                             "is not supported (its padding micro-batches have no tokens to route); set it to 1")
-        etp = tp if etp is None else etp
+        etp = tp if etp is None else etp  # megatron's default
         _check_layout(world=dist.get_world_size(), dp=dp, tp=tp, pp=pp, vpp=vpp, arch=self.arch,
                       make_vocab_size_divisible_by=make_vocab_size_divisible_by, ep=ep, etp=etp)
-        self.tp, self.pp, self.vpp, self.dp = tp, pp, vpp, dp
-        self.ep, self.etp = ep, etp
+        self.tp, self.pp, self.vpp, self.dp, self.ep, self.etp = tp, pp, vpp, dp, ep, etp
         self.lr, self.weight_decay = lr, weight_decay
         self.make_vocab_size_divisible_by = make_vocab_size_divisible_by
         self.dtype = torch.bfloat16 if bf16 else torch.float32
         self.device = _engine_device(device)
         if self.device.type == "cpu":
             apply_cpu_compat()
-        if self.arch.moe is not None:
-            define_missing_te_names()
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                     virtual_pipeline_model_parallel_size=vpp,
+        define_missing_te_names()
+        ps.initialize_model_parallel(tp, pp, virtual_pipeline_model_parallel_size=vpp,
                                      expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
         torch.manual_seed(seed)
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
-        self.config = transformer_config_from_hf(self.hf_config, tp=tp, pp=pp, vpp=vpp,
-                                                 params_dtype=self.dtype,
-                                                 use_cpu_initialization=self.device.type == "cpu",
-                                                 ep=ep, etp=etp, moe_aux_loss_coeff=moe_aux_loss_coeff,
-                                                 moe_z_loss_coeff=moe_z_loss_coeff)
+        self.config = transformer_config_from_hf(
+            self.hf_config, tp=tp, pp=pp, vpp=vpp, params_dtype=self.dtype, use_cpu_initialization=self.device.type == "cpu",
+            ep=ep, etp=etp, moe_aux_loss_coeff=moe_aux_loss_coeff, moe_z_loss_coeff=moe_z_loss_coeff)
         self.models = self._build_and_load()
         self.moe_stats = MoeStats(self.config, self.models) if self.arch.moe else None
         self.chunks = self._wrap_ddp(use_distributed_optimizer)

@@ -126,10 +126,8 @@ def transformer_config_from_hf(hf_config: Any, *, tp: int, pp: int, vpp: int | N
         overlap_p2p_comm=vpp is not None,
         batch_p2p_comm=vpp is None,
     )
-    kwargs.update(moe_config_kwargs(arch, ep=ep, etp=etp, tp=tp, aux_loss_coeff=moe_aux_loss_coeff,
-                                    z_loss_coeff=moe_z_loss_coeff))
-    kwargs.update(overrides)
-    return TransformerConfig(**kwargs)
+    moe = moe_config_kwargs(arch, ep=ep, etp=etp, tp=tp, aux_loss_coeff=moe_aux_loss_coeff, z_loss_coeff=moe_z_loss_coeff)
+    return TransformerConfig(**{**kwargs, **moe, **overrides})
 
 
 def _rope_kwargs(hf_config: Any) -> dict:
