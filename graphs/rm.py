@@ -24,6 +24,7 @@ import pyarrow as pa
 from flowrl.actors.dispatch import Gather, Scatter
 from flowrl.actors.group import BoundCall
 from flowrl.backends.train.reward import REWARD_ENGINES, reward_engine
+from flowrl.catalog.backends import TRAIN_BACKENDS, ShardStyle
 from flowrl.config import ConfigError, RunConfig
 from flowrl.graphs import post_training as pt
 from flowrl.metrics import names
@@ -75,7 +76,7 @@ class RewardModel(Family):
         except ValueError:
             raise ConfigError("actor.strategy", a.strategy, "has no reward-model engine yet (the rm family)",
                               f"use one of {', '.join(REWARD_ENGINES)}") from None
-        if a.strategy == "megatron":
+        if TRAIN_BACKENDS.spec(a.strategy).shard_style is ShardStyle.MEGATRON:
             _check_megatron(cfg)
 
     def group_specs(self) -> list[Any]:

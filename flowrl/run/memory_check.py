@@ -20,6 +20,7 @@ from __future__ import annotations
 import subprocess
 from typing import Any, Callable
 
+from flowrl.catalog.backends import GEN_BACKENDS
 from flowrl.config import ConfigError
 from flowrl.parallel.mesh import ParallelDims
 from flowrl.parallel.layout_cost import RESERVED_GB
@@ -259,7 +260,8 @@ def check_shared_gpus(cfg: Any, plan: Any, estimates: dict[str, TrainerMemory], 
         return {}
     limit = actor.limit_gb
     shared_critic = critic is not None and bool(_gpu_set(plan, group) & _gpu_set(plan, "critic"))
-    hybrid_vllm = group == HYBRID_GROUP and cfg.rollout.name == "vllm"
+    # an engine of its own that joins the trainer's group (vLLM) keeps its pool beside the trainer's state
+    hybrid_vllm = group == HYBRID_GROUP and GEN_BACKENDS.spec(cfg.rollout.name).joins_trainer_group
     if not (shared_critic or hybrid_vllm):
         return {}
     actor_keep, actor_fixes = _resident_gb(cfg, "actor", actor)
