@@ -46,15 +46,17 @@ def batch_digest(prompts: Any) -> str:
     return digest(repr(prompts))
 
 
-def engine_state(engine: Any, rank: int) -> dict:
+def engine_state(engine: Any, rank: int, *, sharded: bool) -> dict:
     """One trainer rank's part of the record: the parameters' fingerprints (rank 0, of the HF
     state; every rank takes part in gathering it), the optimizer's step and its states' squared
-    norms over the tensors this rank holds."""
+    norms over the tensors this rank holds. ``sharded``: the engine's checkpoint kind is
+    ``sharded`` (FSDP, megatron), whose ranks each hold a part: every rank then takes part in the
+    gather (an FSDP engine also has a collective ``checkpoint_state``, which rank 0 alone must not
+    call: it waited on the others forever)."""
     from flowrl.checks.fingerprint import WHOLE, state_fingerprints
 
-    full = getattr(engine, "checkpoint_state", None)
-    if callable(full):  # full-state engines (dp): rank 0 holds everything
-        state = full() if rank == 0 else None
+    if not sharded:  # full-state engines (dp): rank 0 holds everything
+        state = engine.checkpoint_state() if rank == 0 else None
         params = state["params"] if state is not None else None
         optim = state["optim"] if state is not None else {}
         step = int(state["optim_step"]) if state is not None else None

@@ -210,7 +210,7 @@ class PolicyRole:
         from flowrl.checks.resume import engine_state
 
         with self.residency.resident(optimizer=True):
-            return engine_state(self.engine, self.rank)
+            return engine_state(self.engine, self.rank, sharded=self.checkpoint_kind is CheckpointKind.SHARDED)
 
     def reshard(self, job: "ReshardJob | AdapterJob", fingerprint: bool = False) -> dict:
         """Send this rank's parameter shards to the generation layout (``flowrl.backends.reshard``);

@@ -16,7 +16,7 @@ import pyarrow as pa
 from flowrl.algos.rm_loss import RM_LOSS
 from flowrl.backends.train.reward import reward_engine_class, reward_engine_kwargs
 from flowrl.backends.train.optim import AdamWSettings, ScheduledRate
-from flowrl.catalog.backends import TRAIN_BACKENDS
+from flowrl.catalog.backends import TRAIN_BACKENDS, CheckpointKind
 from flowrl.config import ActorConfig
 from flowrl.data.packed import PackedBatch
 from flowrl.metrics import names
@@ -88,7 +88,7 @@ class RewardTrainerRole:
         :func:`flowrl.checks.resume.engine_state`), as the policy role's."""
         from flowrl.checks.resume import engine_state
 
-        return engine_state(self.engine, self.rank)
+        return engine_state(self.engine, self.rank, sharded=self.checkpoint_kind is CheckpointKind.SHARDED)
 
     def save_hf(self, directory: str) -> None:
         """A sequence-classification directory (``reward_model.model_path``); sharded: every rank."""

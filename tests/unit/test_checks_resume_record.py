@@ -46,3 +46,36 @@ def test_the_stream_position_is_the_first_request_a_resume_generates():
     assert stream_position({"weight_version": 2, "next": [3, 1], "queue": [[2, 3, 2], [3, 0, 2]]}) == \
         {"weight_version": 2, "first": [2, 3]}
     assert stream_position({"weight_version": 2, "next": [2, 0], "queue": []}) == {"weight_version": 2, "first": [2, 0]}
+
+
+class _Engine:
+    """An engine with both a full ``checkpoint_state`` and a gathered ``hf_state_dict``, recording
+    which of them a rank called (an FSDP engine has both; its ``checkpoint_state`` is collective)."""
+
+    def __init__(self, rank: int):
+        import torch
+
+        self.rank, self.calls = rank, []
+        self.params = {"w": torch.arange(4, dtype=torch.float32)}
+
+    def checkpoint_state(self):
+        self.calls.append("checkpoint_state")
+        return {"params": self.params, "optim": {"exp_avg": {"w": self.params["w"] * 0 + 1}}, "optim_step": 3}
+
+    def hf_state_dict(self):
+        self.calls.append("hf_state_dict")
+        return self.params if self.rank == 0 else None
+
+
+def test_sharded_engines_gather_on_every_rank_and_full_ones_on_rank_zero():
+    from flowrl.checks.resume import engine_state
+
+    sharded = [_Engine(r) for r in range(2)]
+    outs = [engine_state(e, e.rank, sharded=True) for e in sharded]
+    assert [e.calls for e in sharded] == [["hf_state_dict"], ["hf_state_dict"]]  # never rank 0 alone
+    assert set(outs[0]["params"]) == {"w"} and "params" not in outs[1]
+    full = [_Engine(r) for r in range(2)]
+    outs = [engine_state(e, e.rank, sharded=False) for e in full]
+    assert [e.calls for e in full] == [["checkpoint_state"], []]
+    assert outs[0]["optim_step"] == 3 and outs[0]["optim_norms"] == {"exp_avg": 4.0}
+    assert outs[1]["optim_step"] is None and "params" not in outs[1]
