@@ -108,7 +108,7 @@ def answers(model: Any, tokenizer: Any, processor: Any, rows: Sequence[dict], *,
     import torch
 
     from flowrl.backends.interfaces import SamplingParams
-    from flowrl.models.vlm import decode_with_images
+    from flowrl.backends.vlm import decode_with_images
 
     params = SamplingParams(n=1 if not temperature else num_samples, temperature=temperature,
                             max_new_tokens=RESPONSE_LENGTH)

@@ -72,8 +72,8 @@ class HFGenerator:
         routes: list[torch.Tensor] | None = [] if is_moe(self.model) else None
         self.last_routed_experts = None
         self.last_stats = DecodeStats()
-        if images is not None and any(images):  # each prompt's encoded images (a VLM): flowrl.models.vlm
-            from flowrl.models.vlm import generate_with_images
+        if images is not None and any(images):  # each prompt's encoded images (a VLM): flowrl.backends.vlm
+            from flowrl.backends.vlm import generate_with_images
 
             return generate_with_images(self, prompts, images, params, micro_batch_size)
         prompts_per_call = max(1, micro_batch_size // params.n)

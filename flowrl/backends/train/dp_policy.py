@@ -28,6 +28,7 @@ from flowrl.algos.sft_loss import UNIFORM_NLL, uniform_nll_from_logits
 from flowrl.backends.interfaces import LossFn, model_kwargs, torch_dtype
 from flowrl.backends.train.optim import AdamWSettings
 from flowrl.backends.train.precision import autocast, placement, to_host
+from flowrl.backends.vlm import vlm_hidden
 from flowrl.data.packed import PackedBatch
 from flowrl.metrics import names
 from flowrl.models import moe_routing
@@ -212,8 +213,8 @@ class TorchDPEngine:
         kwargs = model_kwargs(padded, dev, self.model.config._attn_implementation)
         tap = moe_routing.router_tap(self, mb, padded)  # MoE: routing replay and router stats (else None)
         with autocast(dev, self.precision), tap or contextlib.nullcontext():
-            hidden_BLH = (vlm.vlm_hidden(self.model, mb, padded, dev, self.model.config._attn_implementation)
-                          if mb.images is not None  # images: flowrl.models.vlm
+            hidden_BLH = (vlm_hidden(self.model, mb, padded, dev, self.model.config._attn_implementation)
+                          if mb.images is not None  # images: flowrl.backends.vlm
                           else self.model.get_decoder()(**kwargs).last_hidden_state)
             # Logits only where a response token is predicted: at pred_T (pos - 1 unless prompts are shared).
             hidden_TH = hidden_BLH[padded.row_T.to(dev), padded.pred_T.to(dev)]

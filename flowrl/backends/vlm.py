@@ -1,0 +1,182 @@
+"""Vision-language models (Qwen2-VL / Qwen2.5-VL) in flowrl's engines: the trainers' forward and
+the ``hf`` backend's decode loop when a batch has images (the model-level pieces they use, rotary
+positions, the image inputs, the slot layout, are :mod:`flowrl.models.vlm`).
+
+* :func:`vlm_hidden` is the decoder's last hidden state for a :class:`~flowrl.data.packed.PackedBatch`
+  with images: the rows' images decoded (:func:`flowrl.data.images.pixel_inputs`) in the order of
+  their image tokens in the layout, through the vision tower (frozen or trained:
+  ``actor.freeze_vision_tower``, :func:`flowrl.models.vlm.freeze_vision_tower`) and scattered into
+  the ``<|image_pad|>`` embeddings.
+* :func:`decode_with_images` is the ``hf`` backend's decode loop for prompts with images: the
+  prompts prefilled once with their pixels and rotary positions, each sample then continuing at
+  its prompt's last position + 1 (``hf_decode``'s loop otherwise: finished rows leave the cache).
+
+The model-level functions are called through the module (``vlm.mrope_positions``), so a test that
+replaces one there replaces it here too.
+
+Shape letters: B rows, L padded length, R packed lines, C line capacity, H hidden, V vocabulary,
+N = B * n samples, A rows still decoding.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+
+from flowrl.models import vlm
+
+if TYPE_CHECKING:
+    from flowrl.backends.interfaces import SamplingParams
+    from flowrl.data.packed import PackedBatch, Padded
+
+
+def vlm_hidden(model: torch.nn.Module, mb: PackedBatch, padded: Padded, device: torch.device,
+               attn_implementation: str = "sdpa") -> torch.Tensor:
+    """The last hidden state ``[B or R, L, H]`` of ``padded`` (``mb.model_inputs``: padded rows,
+    packed lines or shared-prompt lines) with ``mb``'s images.
+
+    Every slot's rotary position is its sequence's (:func:`flowrl.models.vlm.mrope_positions` of the row's prompt
+    and response, unpadded) at the slot's text position, the slot's row from :func:`flowrl.models.vlm.slot_rows`.
+    The images go to the model in the order of their prompts' first slots in the layout (each
+    shared prompt once)."""
+    from flowrl.backends.interfaces import block_attention_mask
+
+    images_B = mb.images or [[] for _ in range(mb.num_rows)]
+    ids = padded.input_ids_BL
+    num_lines, width = ids.shape
+    text_RC = vlm.text_positions(padded)
+    owner_RC = vlm.slot_rows(padded, mb)
+    # the images in the order of their sequences' first slots in the layout (row-major, as the model scatters)
+    first_R, first_C = ((text_RC == 0) & (owner_RC >= 0)).nonzero(as_tuple=True)
+    order = owner_RC[first_R, first_C].tolist()
+    inputs, grid_seq = vlm.image_inputs(model, [images_B[b] for b in order])
+    grid_of = {tuple(images_B[b] or ()): grid_seq[i] for i, b in enumerate(order)}
+    # each slot's rotary position: its row's sequence's (computed once per row) at its text position
+    rows = sorted(set(owner_RC[owner_RC >= 0].tolist()))
+    pieces, offset_B = [], torch.zeros(mb.num_rows, dtype=torch.long)
+    at = 0
+    for b in rows:
+        p0, p1 = int(mb.prompt_cu_B1[b]), int(mb.prompt_cu_B1[b + 1])
+        seq = torch.cat([mb.prompt_P[p0:p1], mb.response_T[int(mb.response_cu_B1[b]): int(mb.response_cu_B1[b + 1])]])
+        grid = grid_of.get(tuple(images_B[b] or ()))
+        pieces.append(vlm.mrope_positions(model, seq.long(), grid, p1 - p0))
+        offset_B[b] = at
+        at += seq.numel()
+    pos_3RC = torch.ones((3, num_lines, width), dtype=torch.long)
+    if pieces:
+        real = owner_RC >= 0
+        pos_3RC[:, real] = torch.cat(pieces, dim=1)[:, offset_B[owner_RC[real]] + text_RC[real].long()]
+    inner = vlm.inner_model(vlm.unwrap_peft(model))
+    ids = ids.to(device)
+    embeds = inner.get_input_embeddings()(ids)
+    if inputs:  # image features into the prompts' <|image_pad|> slots (a response's are text)
+        features = inner.get_image_features(inputs["pixel_values"].to(device), inputs["image_grid_thw"].to(device),
+                                            return_dict=True).pooler_output
+        features = torch.cat(list(features)).to(embeds.dtype)
+        in_prompt = torch.ones(ids.shape, dtype=torch.bool)
+        in_prompt[padded.row_T, padded.pos_T] = False
+        slots = (ids == model.config.image_token_id) & in_prompt.to(device)
+        if int(slots.sum()) != features.shape[0]:
+            raise ValueError(f"{int(slots.sum())} image tokens in the prompts, {features.shape[0]} image features: "
+                             "each <image> must be expanded to its image's tokens (flowrl.data.images)")
+        embeds = embeds.masked_scatter(slots[..., None], features)
+    kwargs: dict[str, Any] = {"inputs_embeds": embeds, "use_cache": False}
+    if padded.block_mask_BLL is not None:  # shared prompts: the block mask
+        kwargs["attention_mask"] = block_attention_mask(padded.block_mask_BLL, attn_implementation).to(device)
+        kwargs["position_ids"] = pos_3RC.to(device)
+    elif padded.position_ids_BL is not None:  # packed lines: text positions first (the block-causal mask)
+        kwargs["position_ids"] = torch.cat([padded.position_ids_BL[None], pos_3RC]).to(device)
+    else:
+        kwargs["attention_mask"] = padded.attention_mask_BL.to(device)
+        kwargs["position_ids"] = pos_3RC.to(device)
+    return inner.language_model(**kwargs).last_hidden_state
+
+
+# ----------------------------------------------------------------- generation
+@torch.no_grad()
+def decode_with_images(model: torch.nn.Module, prompts: list[list[int]], images: Sequence[Sequence[bytes]],
+                       params: SamplingParams, *, eos_ids: set[int], pad_id: int,
+                       device: torch.device | str = "cpu") -> tuple[list[list[int]], list[list[float]], Any]:
+    """``hf_decode.decode`` for prompts with images (``images[i]``: prompt i's encoded images):
+    the same sampling and results, with the pixels in the prefill and multimodal rotary positions."""
+    from transformers import DynamicCache
+
+    from flowrl.backends.generate.hf_decode import DecodeStats, _choose, _left_padded, _warpers
+
+    n, max_new = params.n, params.max_new_tokens
+    ids_BP, mask = _left_padded(prompts, pad_id)
+    width = ids_BP.shape[1]
+    inputs, grid_B = vlm.image_inputs(model, images)
+    pos_3BP = torch.ones((3, len(prompts), width), dtype=torch.long)
+    next_B = torch.zeros(len(prompts), dtype=torch.long)
+    for b, p in enumerate(prompts):
+        pos = vlm.mrope_positions(model, torch.tensor(p, dtype=torch.long), grid_B[b])
+        pos_3BP[:, b, width - len(p):] = pos
+        next_B[b] = int(pos.max()) + 1
+    ids_BP, mask = ids_BP.to(device), mask.to(device)
+    stats = DecodeStats(slots=ids_BP.numel(), tokens=int(mask.sum()))
+    text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    cache = DynamicCache(config=text_config)
+    extra = {k: v.to(device) for k, v in inputs.items()}
+    hidden = vlm.inner_model(model)(input_ids=ids_BP, attention_mask=mask, position_ids=pos_3BP.to(device),
+                           past_key_values=cache, use_cache=True, **extra).last_hidden_state[:, -1]
+    logits_AV = model.get_output_embeddings()(hidden).float()
+    next_A = next_B.to(device)
+    if n > 1:
+        logits_AV, mask, next_A = logits_AV.repeat_interleave(n, 0), mask.repeat_interleave(n, 0), next_A.repeat_interleave(n, 0)
+        cache.batch_repeat_interleave(n)
+    num_rows, vocab = logits_AV.shape
+    warpers = [] if params.greedy else _warpers(params)
+    eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)
+    live = torch.arange(num_rows, device=device)
+    tokens_NL = torch.full((num_rows, max_new), pad_id, dtype=torch.long, device=device)
+    logp_NL = torch.zeros((num_rows, max_new), device=device)
+    lengths_N = torch.full((num_rows,), max_new, dtype=torch.long, device=device)
+    for step in range(max_new):
+        token_A = _choose(logits_AV, live, num_rows, vocab, warpers, params.greedy)
+        scaled = logits_AV if params.greedy or params.temperature == 1.0 else logits_AV / params.temperature
+        logp_NL[live, step] = torch.log_softmax(scaled, -1).gather(-1, token_A[:, None]).squeeze(-1)
+        tokens_NL[live, step] = token_A
+        done_A = torch.isin(token_A, eos)
+        lengths_N[live[done_A]] = step + 1
+        if step == max_new - 1 or bool(done_A.all()):
+            break
+        if bool(done_A.any()):
+            keep = (~done_A).nonzero().squeeze(1)
+            cache.batch_select_indices(keep)
+            live, mask, token_A, next_A = live[keep], mask[keep], token_A[keep], next_A[keep]
+        mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+        stats.slots += live.numel()
+        stats.tokens += live.numel()
+        position_3A1 = (next_A + step)[None, :, None].expand(3, -1, 1)
+        hidden = vlm.inner_model(model)(input_ids=token_A[:, None], attention_mask=mask, position_ids=position_3A1,
+                               past_key_values=cache, use_cache=True).last_hidden_state[:, -1]
+        logits_AV = model.get_output_embeddings()(hidden).float()
+    stats.response_tokens = int(lengths_N.sum())
+    tokens_NL, logp_NL, lengths = tokens_NL.cpu(), logp_NL.cpu(), lengths_N.tolist()
+    responses = [row[:k].tolist() for row, k in zip(tokens_NL, lengths)]
+    logprobs = [row[:k].tolist() for row, k in zip(logp_NL, lengths)]
+    return responses, logprobs, stats
+
+
+def generate_with_images(generator: Any, prompts: list[list[int]], images: Sequence[Sequence[bytes]],
+                         params: SamplingParams, micro_batch_size: int) -> tuple[list[list[int]], list[list[float]]]:
+    """``HFGenerator.generate`` for prompts with images: :func:`decode_with_images` over chunks of
+    ``micro_batch_size // n`` prompts (the caller has seeded torch); stats in ``last_stats``."""
+    from flowrl.backends.generate.hf_decode import DecodeStats
+    from flowrl.backends.train.precision import autocast
+
+    responses: list[list[int]] = []
+    logprobs: list[list[float]] = []
+    generator.last_stats = DecodeStats()
+    per_call = max(1, micro_batch_size // params.n)
+    for start in range(0, len(prompts), per_call):
+        with autocast(generator.device, generator.precision):
+            r, lp, stats = decode_with_images(generator.model, prompts[start:start + per_call],
+                                              images[start:start + per_call], params, eos_ids=generator.eos_ids,
+                                              pad_id=generator.pad_id, device=generator.device)
+        responses += r
+        logprobs += lp
+        generator.last_stats.add(stats)
+    return responses, logprobs
