@@ -32,6 +32,9 @@ from typing import Any, Sequence
 import pyarrow as pa
 
 PLACEHOLDER = "<image>"
+VISION_START, IMAGE_PAD, VISION_END, VIDEO_PAD = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"
+VISION_TOKENS = (VISION_START, IMAGE_PAD, VISION_END, VIDEO_PAD)
+"""Qwen2-VL's vision tokens (the tokenizer of :mod:`flowrl.models.tiny_vlm` adds them too)."""
 IMAGES_COLUMN = "images"
 IMAGES_TYPE = pa.list_(pa.binary())
 ACCEPTED_MODES = ("RGB", "RGBA", "L", "LA", "P")
@@ -111,8 +114,6 @@ def image_token_count(width: int, height: int, processor: Any) -> int:
 def expand_placeholders(text: str, counts: Sequence[int]) -> str:
     """``text`` with its i-th ``<image>`` as ``<|vision_start|>`` + ``counts[i]`` x
     ``<|image_pad|>`` + ``<|vision_end|>``; ValueError when the placeholders and images differ."""
-    from flowrl.models.tiny_vlm import IMAGE_PAD, VISION_END, VISION_START
-
     parts = text.split(PLACEHOLDER)
     if len(parts) - 1 != len(counts):
         raise ValueError(f"prompt has {len(parts) - 1} {PLACEHOLDER} placeholders but the row has {len(counts)} "

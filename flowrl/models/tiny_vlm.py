@@ -19,11 +19,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from flowrl.data.images import IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START, VISION_TOKENS  # noqa: F401 (re-exported)
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-VISION_START, IMAGE_PAD, VISION_END, VIDEO_PAD = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"
-VISION_TOKENS = (VISION_START, IMAGE_PAD, VISION_END, VIDEO_PAD)
 VLM_ARCHITECTURES = ("qwen2_vl", "qwen2_5_vl")
 
 TINY_VLM_PRESETS: dict[str, dict[str, Any]] = {
