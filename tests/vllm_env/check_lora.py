@@ -49,7 +49,11 @@ def _flat(rows):
 def test_adapter_gives_the_merged_weights_greedy_tokens_and_logprobs(engine, model_dir, peft_model, seed):
     base_tokens, _ = engine.generate(PROMPTS, GREEDY) if seed == 1 else (None, None)
     adapters = _adapters(peft_model, seed)
+    sent = {k: v.clone() for k, v in adapters.items()}
     engine.load_hf_state(adapters)  # the adapters only: the LoRA path
+    # vLLM merges alpha/r into lora_B in place: the caller's tensors (the trainer's, the weight-sync
+    # fingerprints') must not be scaled with them
+    assert all(torch.equal(adapters[k], sent[k]) for k in sent), "load_lora scaled the caller's tensors"
     assert engine._lora_request is not None and engine._lora_request.lora_int_id == seed
     tokens_a, logp_a = engine.generate(PROMPTS, GREEDY)
     hf = HFGenerator(str(model_dir))

@@ -49,14 +49,17 @@ def adapter_payload(adapters: dict[str, Any]) -> dict[str, Any]:
 def install_adapter(llm: Any, lora: dict, adapters: dict[str, Any], *, lora_id: int, in_process: bool) -> Any:
     """Install ``adapters`` in every worker of ``llm`` as adapter ``lora_id`` (dropping the
     previous one) and return the ``LoRARequest`` that selects it. Tensors go by reference when
-    the engine runs in this process, as safetensors bytes otherwise."""
+    the engine runs in this process (copies: vLLM merges ``lora_alpha / r`` into ``lora_B`` in
+    place, ``LoRALayerWeights.optimize``, which would scale the caller's tensors, and with them the
+    trainer's when they share storage and the weight-sync fingerprints taken of them), as
+    safetensors bytes otherwise."""
     from vllm.lora.request import LoRARequest
 
     from flowrl.backends.generate.vllm_worker import encode_state
     from flowrl.models.lora import LoraSpec
 
     tensors = adapter_payload(adapters)
-    payload = tensors if in_process else encode_state(tensors)
+    payload = {k: v.clone() for k, v in tensors.items()} if in_process else encode_state(tensors)
     config = LoraSpec.from_dict(lora).adapter_config()
     counts = llm.collective_rpc("flowrl_load_lora", args=(payload, config, lora_id))
     if any(c != len(tensors) // 2 for c in counts):
