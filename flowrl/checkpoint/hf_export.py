@@ -149,7 +149,7 @@ def _export_lora(path: str | os.PathLike, out_dir: str, config_dir: str, lora: d
     adapters = load_full(path, as_torch=True)
     dtype = next(iter(adapters.values())).dtype
     if REWARD_HEAD.replace(".", ".modules_to_save.default.") in adapters:  # the rm family's head, trained whole
-        from flowrl.backends.train.dp_reward import add_reward_adapters, load_reward_model
+        from flowrl.models.reward_model import add_reward_adapters, load_reward_model
 
         model = load_reward_model(config_dir, dtype)
         peft_model = add_reward_adapters(model, lora)[1]

@@ -33,7 +33,7 @@ SCORE_PAD = 0
 def load_hf_reward_model(model_dir: str, *, dtype: torch.dtype, seed: int) -> torch.nn.Module:
     """``AutoModelForSequenceClassification(num_labels=1)`` exactly as the dp reward engine builds
     it: the same seed gives the same new ``score`` head (``value_head.new_head``)."""
-    from flowrl.backends.train.dp_reward import load_reward_model
+    from flowrl.models.reward_model import load_reward_model
 
     return load_reward_model(model_dir, dtype, seed=seed)
 
