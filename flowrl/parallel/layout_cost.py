@@ -1,7 +1,8 @@
 """The layout cost model: per-GPU memory and step time of one (dp, tp, pp) layout of a model.
 
 ``train_entry`` / ``generate_entry`` estimate one layout for a ``Setup`` (the model, the cluster
-and the batch); ``layout_search.plan_parallelism`` enumerates and ranks the layouts. Pure code:
+and the batch); ``layout_search.plan_parallelism`` enumerates and ranks the layouts. ``Setup``,
+``PlanEntry`` and the constants below live in ``layout_setup`` (re-exported here). Pure code:
 no torch, no I/O.
 
 Letters: s sequence length, b micro-batch size, h hidden, f ffn, L layers, V padded vocabulary,
@@ -78,193 +79,35 @@ parallel, as verl's FSDP recipes do.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal
 
+from flowrl.parallel.layout_setup import (  # noqa: F401  (re-exported: the planner and its tests import them here)
+    _GRAD_BYTES,
+    _LOGIT_BYTES,
+    DP_COMM_EXPOSED,
+    GB,
+    GPU_TFLOPS,
+    HBM_GBPS,
+    INTERCONNECTS,
+    LONG_SEQUENCE,
+    MEMORY_HEADROOM,
+    MIN_LAYERS_PER_STAGE,
+    NO_AXES,
+    OPTIMIZER_BYTES,
+    REFERENCE_BYTES,
+    RESERVED_GB,
+    TIE_TOLERANCE,
+    WEIGHT_BYTES,
+    Axes,
+    Interconnect,
+    PlanEntry,
+    Setup,
+)
 from flowrl.parallel.mesh import ParallelDims, padded_vocab_size
 from flowrl.parallel.model_spec import ModelSpec
 
 __all__ = ["INTERCONNECTS", "NO_AXES", "Axes", "Interconnect", "PlanEntry", "Setup", "generate_entry", "train_entry",
            "train_memory"]
-
-GB = 1e9
-
-# -- constants (see "Calibration" above) ----------------------------------------------------------
-
-GPU_TFLOPS = 150.0
-"""Sustained dense bf16 TFLOP/s per GPU: an A100 at ~48% of its 312 peak (an H100 reaches ~400)."""
-HBM_GBPS = 1600.0
-"""Achieved HBM bandwidth per GPU (A100-80GB: 2039 peak); bounds decoding."""
-RESERVED_GB = 3.0
-"""CUDA context, NCCL/cuBLAS workspaces and allocator fragmentation, per GPU."""
-MEMORY_HEADROOM = 0.10
-"""Fraction of each GPU left free for allocation spikes."""
-DP_COMM_EXPOSED = 0.5
-"""Share of the data-parallel gradient/parameter traffic not overlapped with the backward pass
-(Megatron's overlap_grad_reduce hides the early buckets; the last ones and the all-gather show)."""
-LONG_SEQUENCE = 16384
-"""Sequences of at least this many tokens make the search try context parallelism (cp > 1)."""
-MIN_LAYERS_PER_STAGE = 4
-"""The search does not propose pipeline stages thinner than this (pin ``pp`` to go below): thin
-stages buy nothing the cost model sees but pay p2p latency and end-stage imbalance in practice."""
-TIE_TOLERANCE = 0.005
-"""Step times within 0.5% count as equal; ties go to layouts without recompute, then to the
-shallower pipeline, then to less communication."""
-REFERENCE_BYTES = 2
-"""A colocated frozen reference policy: bf16 weights in the actor's layout."""
-_LOGIT_BYTES = 6  # bf16 logits + the fp32 copy inside the fused vocab-parallel cross-entropy
-_GRAD_BYTES = 4  # fp32 main_grad buffers (Megatron-LM with bf16/fp16), fp32 anyway for fp32
-WEIGHT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-OPTIMIZER_BYTES = {  # state per parameter: (with low-precision weights, with fp32 weights)
-    "adam": (12, 8),  # fp32 master copy + m + v; no master copy when the weights are fp32
-    "sgd": (8, 4),  # fp32 master copy + momentum
-}
-
-
-@dataclass(frozen=True, kw_only=True)
-class Interconnect:
-    """Link speeds as NCCL bus bandwidths (GB/s per GPU) and per-collective latencies."""
-
-    name: str
-    description: str
-    intra_node_gbps: float
-    inter_node_gbps: float
-    intra_latency_us: float
-    inter_latency_us: float
-
-
-INTERCONNECTS: dict[str, Interconnect] = {
-    "nvlink_ib": Interconnect(
-        name="nvlink_ib",
-        description="NVSwitch (NVLink 4, H100-class) in a node, InfiniBand NDR 400 Gb/s per GPU between nodes",
-        intra_node_gbps=360.0, inter_node_gbps=45.0, intra_latency_us=10.0, inter_latency_us=15.0,
-    ),
-    "ib": Interconnect(
-        name="ib",
-        description="NVLink (A100-class) in a node, InfiniBand HDR 200 Gb/s per GPU between nodes",
-        intra_node_gbps=230.0, inter_node_gbps=22.0, intra_latency_us=10.0, inter_latency_us=20.0,
-    ),
-    "ethernet": Interconnect(
-        name="ethernet",
-        description="PCIe in a node (no NVLink), ~50 Gb/s Ethernet per GPU between nodes",
-        intra_node_gbps=20.0, inter_node_gbps=6.0, intra_latency_us=20.0, inter_latency_us=60.0,
-    ),
-}
-
-
-
-@dataclass(frozen=True, kw_only=True)
-class PlanEntry:
-    """One layout with its estimated memory (GB per GPU) and time (seconds per step)."""
-
-    dims: ParallelDims
-    for_: Literal["train", "generate"]
-    layers_per_stage: tuple[int, ...]
-    recompute_layers: int
-    """Train: layers per stage whose activations are recomputed (0: none)."""
-    weights_gb: float
-    grads_gb: float
-    optimizer_gb: float
-    reference_gb: float
-    """The colocated reference policy's weights (train with reference_model=True)."""
-    activations_gb: float
-    """Train: activations and logits of the fullest stage. Generate: KV cache and logits."""
-    reserved_gb: float
-    memory_gb: float
-    """Total per GPU."""
-    memory_limit_gb: float
-    """What a GPU may hold: (1 - MEMORY_HEADROOM) * gpu_memory_gb."""
-    compute_s: float
-    bubble_s: float
-    tp_comm_s: float
-    pp_comm_s: float
-    dp_comm_s: float
-    step_s: float
-    """Train: one optimizer step over global_batch_tokens. Generate: decoding that many tokens."""
-    comm_gb: float
-    """Bytes each GPU sends per step over all axes."""
-    micro_batches: int
-    """Train: micro-batches per dp rank per step. Generate: concurrent sequences per replica."""
-    tokens: int
-    """Tokens per step (global_batch_tokens)."""
-    notes: tuple[str, ...] = ()
-    ep: int = 1
-    """expert_model_parallel_size: ranks the routed experts are split over."""
-    etp: int = 1
-    """expert_tensor_parallel_size: ranks each expert's width is split over."""
-    cp: int = 1
-    """context_parallel_size: ranks each sequence is split over (dims.dp * tp * pp * cp GPUs)."""
-    expert_weights_gb: float = 0.0
-    """The routed experts' share of weights_gb."""
-    ep_comm_s: float = 0.0
-    """Expert-parallel all-to-all time (part of step_s)."""
-    cp_comm_s: float = 0.0
-    """Context-parallel K/V exchange time (part of step_s)."""
-
-    @property
-    def num_gpus(self) -> int:
-        return self.dims.world_size * self.cp
-
-    @property
-    def fits(self) -> bool:
-        return self.memory_gb <= self.memory_limit_gb
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Whole-cluster throughput implied by step_s."""
-        return self.tokens / self.step_s
-
-
-@dataclass(frozen=True, kw_only=True)
-class Setup:
-    spec: ModelSpec
-    num_gpus: int
-    gpu_memory_gb: float
-    link: Interconnect
-    gpus_per_node: int
-    seq_len: int
-    micro_batch_size: int
-    global_batch_tokens: int
-    weight_bytes: int
-    optimizer: str
-    distributed_optimizer: bool
-    reference_model: bool
-    generate_batch_size: int
-    gpu_tflops: float
-    fully_sharded: bool = False
-    """FSDP (``actor.strategy=fsdp``): tp = pp = 1; weights, gradients, Adam state and the
-    reference all sharded over d, plus one gathered block (its weights and gradients) at a time;
-    the parameters are all-gathered in forward and in backward and the gradients reduce-scattered
-    for every micro-batch."""
-    lora_rank: int = 0
-    """LoRA (``model.lora_rank``, all-linear) under FSDP: the base weights frozen and sharded as
-    above; gradients and Adam state of the adapters only (:func:`lora_params_per_layer`); no
-    reference copy (the base model with adapters disabled); only adapter gradients reduce-scattered."""
-
-    @property
-    def memory_limit_gb(self) -> float:
-        return (1 - MEMORY_HEADROOM) * self.gpu_memory_gb
-
-    @property
-    def act_bytes(self) -> int:
-        return 2 if self.weight_bytes == 2 else 4
-
-
-@dataclass(frozen=True)
-class Axes:
-    """The expert and context axes of a layout beside ``ParallelDims``' dp, tp, pp (1: unused)."""
-
-    ep: int = 1
-    etp: int = 1
-    cp: int = 1
-
-    def edp(self, dims: ParallelDims) -> int:
-        """Expert data parallel size: replicas of each expert shard."""
-        return dims.tp * self.cp * dims.dp // (self.ep * self.etp)
-
-
-NO_AXES = Axes()
 
 
 def _links(setup: Setup, dims: ParallelDims, axes: Axes = NO_AXES) -> dict[str, tuple[float, float]]:
@@ -411,26 +254,109 @@ def _fully_sharded(parts: tuple[float, ...], block: int, setup: Setup, d: int) -
     return (weights / d + block * setup.weight_bytes, grads / d + block_grads * _GRAD_BYTES,
             optimizer * (1 if setup.distributed_optimizer else 1 / d), reference / d, activations)
 
+def _train_compute(setup: Setup, dims: ParallelDims, stages: tuple[int, ...], k: int, axes: Axes, m: int,
+                   vocab: int) -> tuple[float, float]:
+    """(compute, bubble) seconds of a step. The slowest stage paces the pipeline; a recomputed layer
+    runs its forward twice. Tokens pass through the active parameters only (top-k of the experts)."""
+    spec = setup.spec
+    s = setup.seq_len / axes.cp  # tokens of each sequence on this rank
+    attention_flops = 6 * setup.seq_len * spec.num_attention_heads * spec.dh  # per token and layer, causal
+    stage_flops = [(6 * active + n * attention_flops) * (1 + min(k, n) / n / 3)
+                   for n, active in zip(stages, _stage_active(spec, stages))]
+    stage_flops[-1] += 6 * vocab * spec.hidden_size  # the output layer
+    t_mb = s * setup.micro_batch_size * max(stage_flops) / (dims.tp * setup.gpu_tflops * 1e12)
+    return m * t_mb, (dims.pp - 1) * t_mb
+
+
+def _expert_comm(setup: Setup, dims: ParallelDims, stages: tuple[int, ...], axes: Axes, m: int, msg: float,
+                 links: dict[str, tuple[float, float]]) -> tuple[float, float]:
+    """(bytes, seconds) of a step's expert-parallel all-to-alls and, with etp > 1, the etp
+    all-gather before dispatch and reduce-scatter after combine."""
+    spec = setup.spec
+    ep_bytes = ep_s = 0.0
+    n_sparse = max(_sparse_layers(spec, stages))
+    if axes.ep > 1 and n_sparse:
+        n_coll = m * 4 * n_sparse  # dispatch and combine, forward and backward
+        bw, lat = links["ep"]
+        # each rank dispatches its s*b/t sequence-parallel tokens, all-gathered over etp first
+        routed = spec.experts_per_token * msg * axes.etp / dims.tp
+        ep_bytes = n_coll * (axes.ep - 1) / axes.ep * routed
+        ep_s = ep_bytes / bw + n_coll * (axes.ep - 1) * lat  # an all-to-all pays a latency per peer
+    if axes.etp > 1 and n_sparse:
+        n_coll = m * 4 * n_sparse
+        bw, lat = links["tp"]
+        etp_bytes = n_coll * (axes.etp - 1) / axes.etp * spec.experts_per_token * msg
+        ep_bytes += etp_bytes
+        ep_s += etp_bytes / bw + n_coll * lat
+    return ep_bytes, ep_s
+
+
+def _context_comm(setup: Setup, dims: ParallelDims, stages: tuple[int, ...], axes: Axes, m: int,
+                  links: dict[str, tuple[float, float]]) -> tuple[float, float]:
+    """(bytes, seconds) of a step's context-parallel K/V ring passes (3 per layer)."""
+    if axes.cp <= 1:
+        return 0.0, 0.0
+    spec = setup.spec
+    kv = spec.num_attention_heads if spec.is_mla else spec.num_key_value_heads
+    n_coll = m * 3 * max(stages)
+    bw, lat = links["cp"]
+    cp_bytes = (n_coll * (axes.cp - 1) / axes.cp * 2 * setup.seq_len * setup.micro_batch_size * kv * spec.dh
+                * setup.act_bytes / dims.tp)
+    return cp_bytes, cp_bytes / bw + n_coll * (axes.cp - 1) * lat
+
+
+def _dp_comm(setup: Setup, dims: ParallelDims, stages: tuple[int, ...], axes: Axes, m: int, vocab: int,
+             links: dict[str, tuple[float, float]]) -> tuple[float, float]:
+    """(bytes, exposed seconds) of a step's data-parallel gradient (and parameter) traffic: over
+    dp x cp for the dense part, over edp for the experts; every micro-batch under FSDP."""
+    spec, t, d = setup.spec, dims.tp, dims.dp
+    dpc, edp = d * axes.cp, axes.edp(dims)
+    if not (dpc > 1 or edp > 1):
+        return 0.0, 0.0
+    dense_gpu, expert_gpu = (x for x in max(_stage_split(spec, stages, vocab), key=sum))
+    dense_gpu, expert_gpu = dense_gpu / t, expert_gpu / (axes.ep * axes.etp)
+    if setup.lora_rank:  # LoRA: only the adapters' gradients travel
+        trained = spec.num_layers * lora_params_per_layer(spec, setup.lora_rank) / (t * dims.pp)
+    else:
+        trained = dense_gpu + expert_gpu
+    if setup.fully_sharded:  # gather in forward and backward, reduce-scatter: every micro-batch
+        params_gpu = dense_gpu + expert_gpu
+        dp_bytes = m * (d - 1) / d * (params_gpu * 2 * setup.weight_bytes + trained * _GRAD_BYTES)
+    else:
+        per_param = _GRAD_BYTES + setup.weight_bytes if setup.distributed_optimizer else 2 * _GRAD_BYTES
+        if setup.lora_rank:
+            dp_bytes = (dpc - 1) / dpc * trained * per_param
+        else:
+            dp_bytes = ((dpc - 1) / dpc * dense_gpu + (edp - 1) / edp * expert_gpu) * per_param
+    bw, lat = links["dp"]
+    return dp_bytes, DP_COMM_EXPOSED * (dp_bytes / bw + 2 * lat)
+
+
+def _train_notes(spec: ModelSpec, stages: tuple[int, ...], k: int, m: int, p: int, axes: Axes,
+                 experts_gb: float) -> tuple[str, ...]:
+    notes = []
+    if len(set(stages)) > 1:
+        notes.append(f"layers_per_stage={list(stages)}")
+    if k:
+        notes.append(f"recompute {min(k, max(stages))} of {max(stages)} layers per stage")
+    if m < p:
+        notes.append(f"only {m} micro-batches for {p} stages")
+    if spec.is_moe:
+        notes.append(f"experts {experts_gb:.1f} GB of the weights ({spec.num_experts // axes.ep} of "
+                     f"{spec.num_experts} per rank{f', etp {axes.etp}' if axes.etp > 1 else ''})")
+    return tuple(notes)
+
 
 def train_entry(setup: Setup, dims: ParallelDims, stages: tuple[int, ...], k: int,
                 axes: Axes = NO_AXES) -> PlanEntry:
-    spec, b, t, p, d = setup.spec, setup.micro_batch_size, dims.tp, dims.pp, dims.dp
-    s_full = setup.seq_len
-    s = s_full / axes.cp  # tokens of each sequence on this rank
+    spec, b, t, p = setup.spec, setup.micro_batch_size, dims.tp, dims.pp
+    s = setup.seq_len / axes.cp  # tokens of each sequence on this rank
     vocab = padded_vocab_size(spec.vocab_size, t)
     m = _micro_batches(setup, dims)
     weights, grads, optimizer, reference, activations, total, experts = (
         x / GB for x in _train_memory(setup, dims, stages, k, axes))
     links = _links(setup, dims, axes)
-
-    # Compute: the slowest stage paces the pipeline; a recomputed layer runs its forward twice.
-    # Tokens pass through the active parameters only (top-k of the experts).
-    attention_flops = 6 * s_full * spec.num_attention_heads * spec.dh  # per token and layer, causal
-    stage_flops = [(6 * active + n * attention_flops) * (1 + min(k, n) / n / 3)
-                   for n, active in zip(stages, _stage_active(spec, stages))]
-    stage_flops[-1] += 6 * vocab * spec.hidden_size  # the output layer
-    t_mb = s * b * max(stage_flops) / (t * setup.gpu_tflops * 1e12)
-    compute_s, bubble_s = m * t_mb, (p - 1) * t_mb
+    compute_s, bubble_s = _train_compute(setup, dims, stages, k, axes, m, vocab)
 
     msg = s * b * spec.hidden_size * setup.act_bytes  # one micro-batch's hidden states
     tp_bytes = tp_s = 0.0
@@ -444,59 +370,9 @@ def train_entry(setup: Setup, dims: ParallelDims, stages: tuple[int, ...], k: in
         bw, lat = links["pp"]
         pp_bytes = 2 * m * msg / t
         pp_s = 2 * (m + p - 1) * (msg / t / bw + lat)
-    ep_bytes = ep_s = 0.0
-    n_sparse = max(_sparse_layers(spec, stages))
-    if axes.ep > 1 and n_sparse:
-        n_coll = m * 4 * n_sparse  # dispatch and combine, forward and backward
-        bw, lat = links["ep"]
-        # each rank dispatches its s*b/t sequence-parallel tokens, all-gathered over etp first
-        routed = spec.experts_per_token * msg * axes.etp / t
-        ep_bytes = n_coll * (axes.ep - 1) / axes.ep * routed
-        ep_s = ep_bytes / bw + n_coll * (axes.ep - 1) * lat  # an all-to-all pays a latency per peer
-    if axes.etp > 1 and n_sparse:  # the etp all-gather before dispatch and reduce-scatter after combine
-        n_coll = m * 4 * n_sparse
-        bw, lat = links["tp"]
-        etp_bytes = n_coll * (axes.etp - 1) / axes.etp * spec.experts_per_token * msg
-        ep_bytes += etp_bytes
-        ep_s += etp_bytes / bw + n_coll * lat
-    cp_bytes = cp_s = 0.0
-    if axes.cp > 1:
-        kv = spec.num_attention_heads if spec.is_mla else spec.num_key_value_heads
-        n_coll = m * 3 * max(stages)
-        bw, lat = links["cp"]
-        cp_bytes = n_coll * (axes.cp - 1) / axes.cp * 2 * s_full * b * kv * spec.dh * setup.act_bytes / t
-        cp_s = cp_bytes / bw + n_coll * (axes.cp - 1) * lat
-    dp_bytes = dp_s = 0.0
-    dpc, edp = d * axes.cp, axes.edp(dims)  # gradients reduce over dp x cp (dense), edp (experts)
-    if dpc > 1 or edp > 1:
-        dense_gpu, expert_gpu = (x for x in max(_stage_split(spec, stages, vocab), key=sum))
-        dense_gpu, expert_gpu = dense_gpu / t, expert_gpu / (axes.ep * axes.etp)
-        if setup.lora_rank:  # LoRA: only the adapters' gradients travel
-            trained = spec.num_layers * lora_params_per_layer(spec, setup.lora_rank) / (t * p)
-        else:
-            trained = dense_gpu + expert_gpu
-        if setup.fully_sharded:  # gather in forward and backward, reduce-scatter: every micro-batch
-            params_gpu = dense_gpu + expert_gpu
-            dp_bytes = m * (d - 1) / d * (params_gpu * 2 * setup.weight_bytes + trained * _GRAD_BYTES)
-        else:
-            per_param = _GRAD_BYTES + setup.weight_bytes if setup.distributed_optimizer else 2 * _GRAD_BYTES
-            if setup.lora_rank:
-                dp_bytes = (dpc - 1) / dpc * trained * per_param
-            else:
-                dp_bytes = ((dpc - 1) / dpc * dense_gpu + (edp - 1) / edp * expert_gpu) * per_param
-        bw, lat = links["dp"]
-        dp_s = DP_COMM_EXPOSED * (dp_bytes / bw + 2 * lat)
-
-    notes = []
-    if len(set(stages)) > 1:
-        notes.append(f"layers_per_stage={list(stages)}")
-    if k:
-        notes.append(f"recompute {min(k, max(stages))} of {max(stages)} layers per stage")
-    if m < p:
-        notes.append(f"only {m} micro-batches for {p} stages")
-    if spec.is_moe:
-        notes.append(f"experts {experts:.1f} GB of the weights ({spec.num_experts // axes.ep} of "
-                     f"{spec.num_experts} per rank{f', etp {axes.etp}' if axes.etp > 1 else ''})")
+    ep_bytes, ep_s = _expert_comm(setup, dims, stages, axes, m, msg, links)
+    cp_bytes, cp_s = _context_comm(setup, dims, stages, axes, m, links)
+    dp_bytes, dp_s = _dp_comm(setup, dims, stages, axes, m, vocab, links)
     return PlanEntry(
         dims=dims, for_="train", layers_per_stage=stages, recompute_layers=min(k, max(stages)),
         weights_gb=weights, grads_gb=grads, optimizer_gb=optimizer, reference_gb=reference,
@@ -505,7 +381,7 @@ def train_entry(setup: Setup, dims: ParallelDims, stages: tuple[int, ...], k: in
         tp_comm_s=tp_s, pp_comm_s=pp_s, dp_comm_s=dp_s,
         step_s=compute_s + bubble_s + tp_s + pp_s + dp_s + ep_s + cp_s,
         comm_gb=(tp_bytes + pp_bytes + dp_bytes + ep_bytes + cp_bytes) / GB,
-        micro_batches=m, tokens=setup.global_batch_tokens, notes=tuple(notes),
+        micro_batches=m, tokens=setup.global_batch_tokens, notes=_train_notes(spec, stages, k, m, p, axes, experts),
         ep=axes.ep, etp=axes.etp, cp=axes.cp, expert_weights_gb=experts, ep_comm_s=ep_s, cp_comm_s=cp_s,
     )
 
