@@ -93,23 +93,14 @@ class FSDPEngine(TorchDPEngine):
         # FSDP2 casts itself (MixedPrecisionPolicy), so the forward runs without autocast
         self.precision = Precision(precision.param_dtype, precision.compute_dtype, autocast=False)
         param_dtype, reduce_dtype = fsdp_mixed_precision(precision, param_dtype, reduce_dtype)
-        # None: this model loads whole (no safetensors; or peft's modules_to_save, whose copies of
-        # the base modules have no checkpoint entry of their own)
-        whole = bool(lora and lora.get("modules_to_save"))
-        meta = None if whole else self._meta_model(model_dir, torch_dtype(precision.param_dtype))
-        self.model = meta[0] if meta else self._load_model(model_dir, torch_dtype(precision.param_dtype)).to(self.device)
-        self._add_adapters_on(meta is not None, lora)  # LoRA: before sharding, sharded with their blocks
-        if freeze_vision:
-            vlm.freeze_vision_tower(self.model)
+        meta = self._build_model(model_dir, torch_dtype(precision.param_dtype), lora, freeze_vision)
         self.pad_id = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
         self.grad_clip = settings.grad_clip
         offload_policy = offload_policy or (param_offload and not trainable)  # a frozen one: verl's ref policy
         self._offload = self._offload_switch(param_offload and not offload_policy, optimizer_offload and not offload_policy)
         param_offload = offload_policy  # CPUOffloadPolicy below: parameters, gradients, AdamW's step on the host
         if buffer_dtype is not None:
-            for buf in self.model.buffers():
-                if buf.is_floating_point():
-                    buf.data = buf.data.to(torch_dtype(buffer_dtype))
+            self._cast_buffers(torch_dtype(buffer_dtype))
         if gradient_checkpointing and trainable:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if meta:  # the real tensors (adapters, buffers) set aside; each rank then reads its own rows
@@ -119,6 +110,30 @@ class FSDPEngine(TorchDPEngine):
             self._broadcast_parameters()  # heads new in the checkpoint (the critic's) start equal
             self._root = self._shard(reshard_after_forward, param_offload, param_dtype, reduce_dtype)
         self._sequence_parallel(ulysses_sequence_parallel_size)  # Ulysses (flowrl.backends.train.ulysses)
+        self._set_mode(trainable, settings)
+
+    def _build_model(self, model_dir: str, param_dtype: torch.dtype, lora: dict | None,
+                     freeze_vision: bool) -> tuple[torch.nn.Module, dict, dict] | None:
+        """Set ``self.model`` (on the meta device where it can be read shard by shard, adapters
+        added, a VLM's vision tower frozen on request); returns ``_meta_model``'s answer, None
+        where the model was loaded whole onto the device."""
+        # None: this model loads whole (no safetensors; or peft's modules_to_save, whose copies of
+        # the base modules have no checkpoint entry of their own)
+        whole = bool(lora and lora.get("modules_to_save"))
+        meta = None if whole else self._meta_model(model_dir, param_dtype)
+        self.model = meta[0] if meta else self._load_model(model_dir, param_dtype).to(self.device)
+        self._add_adapters_on(meta is not None, lora)  # LoRA: before sharding, sharded with their blocks
+        if freeze_vision:
+            vlm.freeze_vision_tower(self.model)
+        return meta
+
+    def _cast_buffers(self, dtype: torch.dtype) -> None:
+        for buf in self.model.buffers():
+            if buf.is_floating_point():
+                buf.data = buf.data.to(dtype)
+
+    def _set_mode(self, trainable: bool, settings: AdamWSettings) -> None:
+        """Train mode and AdamW over the trainable parameters, or eval mode without gradients."""
         self.optimizer = None
         if trainable:
             self.model.train()
