@@ -180,6 +180,19 @@ class TrainBackendSpec(BackendSpec):
     sequence_parallel: bool = False
     """Splits sequences over groups of its ranks (Ulysses, ``ulysses_sequence_parallel_size``;
     ``flowrl.backends.train.ulysses``)."""
+    router_replay: bool = False
+    """Hooks a mixture-of-experts model's routers in its forward (``flowrl.models.moe_routing``):
+    routing replay (``actor.router_replay``) and the router losses (``actor.moe_aux_loss_coeff``,
+    ``moe_z_loss_coeff``); False: those options are refused."""
+    vision_language: bool = False
+    """Builds a vision-language model (Qwen2-VL / Qwen2.5-VL) with its vision tower and feeds it a
+    batch's images (``flowrl.backends.vlm``; ``actor.freeze_vision_tower``); False: a VLM's
+    ``model.path`` is refused in pre-flight (``flowrl.config.vlm_checks``)."""
+    whole_module: bool = False
+    """Its engine's ``generation_module()`` holds every parameter whole on each rank, so an
+    in-process generator under ``cluster.placement=hybrid`` decodes with the trainer's module
+    itself and no weight sync by reshard runs (``flowrl.roles.hybrid.shares_layout``). A VLM runs
+    only so: the reshard's layouts know a text model's names only."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -235,6 +248,13 @@ class GenerateBackendSpec(BackendSpec):
     """Can release its memory between generations (``rollout.free_cache_engine``)."""
     adapter_sync: bool = False
     """Serves LoRA adapters: a weight sync sends the adapters only (``AdapterJob``)."""
+    records_routes: bool = False
+    """Records the experts a mixture-of-experts model routed each generated token to (the
+    ``routed_experts`` column, ``flowrl.models.moe_routing``), which routing replay
+    (``actor.router_replay``) needs; False: routing replay is refused with it."""
+    takes_images: bool = False
+    """Is given a prompt's images and generates with a vision-language model
+    (``flowrl.backends.vlm``); False: a VLM's ``model.path`` is refused with it."""
     role_kwargs: str | None = None
     """Import string of ``fn(rollout_cfg, *, max_prompt_length, seed) -> dict``, extra
     ``RolloutRole`` keyword arguments; None: none."""
@@ -301,7 +321,7 @@ TRAIN_BACKENDS: BackendRegistry[TrainBackendSpec] = BackendRegistry("train backe
 TRAIN_BACKENDS.add(TrainBackendSpec(
     name="dp", engine="flowrl.backends.train.dp_policy:TorchDPEngine",
     checkpoint=CheckpointKind.FULL, shard_style=ShardStyle.HF, lora=_LORA, token_stats=_DP_STATS,
-    sequence_parallel=True,
+    sequence_parallel=True, router_replay=True, vision_language=True, whole_module=True,
 ))
 TRAIN_BACKENDS.add(TrainBackendSpec(
     name="megatron", engine="flowrl.backends.train.megatron.policy:MegatronTrainEngine",
@@ -316,7 +336,8 @@ TRAIN_BACKENDS.add(TrainBackendSpec(
     name="fsdp", engine="flowrl.backends.train.fsdp_policy:FSDPEngine", config_keys=frozenset({_DISTRIBUTED_OPTIMIZER}),
     checkpoint=CheckpointKind.SHARDED, shard_style=ShardStyle.HF, axes_in_preflight=True, fully_sharded=True,
     engine_kwargs=f"{_FSDP}:engine_kwargs", preflight=f"{_FSDP}:check_fsdp", model_kwargs=f"{_FSDP}:model_kwargs",
-    lora=_LORA, token_stats=_DP_STATS, sequence_parallel=True,
+    lora=_LORA, token_stats=_DP_STATS, sequence_parallel=True, router_replay=True,
+    vision_language=True,  # computed exactly (tests/dist/test_vlm_fsdp.py); not whole_module: its shards sync by reshard
 ))
 
 VALUE_BACKENDS: BackendRegistry[ValueBackendSpec] = BackendRegistry("value backend", ValueBackendSpec)
@@ -339,7 +360,7 @@ _VLLM = "flowrl.backends.generate.vllm"
 GEN_BACKENDS: BackendRegistry[GenerateBackendSpec] = BackendRegistry("generation backend", GenerateBackendSpec)
 GEN_BACKENDS.add(GenerateBackendSpec(
     name="hf", engine="flowrl.backends.generate.hf:HFGenerator",
-    shard_style=ShardStyle.HF, reshard=ReshardMode.IN_PLACE, in_process=True,
+    shard_style=ShardStyle.HF, reshard=ReshardMode.IN_PLACE, in_process=True, records_routes=True, takes_images=True,
 ))
 GEN_BACKENDS.add(GenerateBackendSpec(
     name="vllm", engine=f"{_VLLM}:VLLMGenerator", parallel_axes=frozenset({_DP, _TP}),

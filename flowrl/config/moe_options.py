@@ -8,12 +8,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from flowrl.catalog.backends import GEN_BACKENDS, TRAIN_BACKENDS, either
 from flowrl.config.errors import ConfigError
 
 MOE_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 """``config.json`` keys that give a transformers MoE model's expert count (Qwen2/3-MoE, Mixtral, DeepSeek)."""
-ROUTER_STRATEGIES = ("dp", "fsdp")
-"""The actor strategies whose forward hooks the routers (``flowrl.models.moe_routing``)."""
 
 
 def num_experts(model_path: str) -> int:
@@ -27,7 +26,8 @@ def num_experts(model_path: str) -> int:
 
 def check_moe_options(cfg: Any, *, model_path: str) -> None:
     """Routing replay and the router losses need an MoE model on a strategy that hooks its routers;
-    replay also a generation backend that records routes (``hf``, single-turn, whole responses).
+    replay also a generation backend that records routes (``records_routes``: ``hf``; single-turn,
+    whole responses).
     LoRA on an MoE model names its target modules (``all-linear`` would wrap the fused experts)."""
     m = cfg.model
     if m.lora_rank > 0 and m.target_modules == "all-linear" and num_experts(model_path) > 0:
@@ -40,9 +40,10 @@ def check_moe_options(cfg: Any, *, model_path: str) -> None:
         return
     key, value = ("actor.router_replay", True) if a.router_replay else next(
         (f"actor.{k}", v) for k, v in coeffs.items())
-    if a.strategy not in ROUTER_STRATEGIES:
-        raise ConfigError(key, value, f"is built for actor.strategy={' or '.join(ROUTER_STRATEGIES)}, not {a.strategy}",
-                          f"set actor.strategy=dp or fsdp, or {key}={'false' if value is True else 0}")
+    if not TRAIN_BACKENDS.spec(a.strategy).router_replay:  # its forward hooks the routers (flowrl.models.moe_routing)
+        hooks = either(TRAIN_BACKENDS.names_where(lambda s: s.router_replay))
+        raise ConfigError(key, value, f"is built for actor.strategy={hooks}, not {a.strategy}",
+                          f"set actor.strategy={hooks}, or {key}={'false' if value is True else 0}")
     if getattr(a, "ulysses_sequence_parallel_size", 1) > 1:
         raise ConfigError(key, value, "maps routes to whole sequences; Ulysses splits them over ranks",
                           f"set actor.ulysses_sequence_parallel_size=1, or {key}={'false' if value is True else 0}")
@@ -56,9 +57,10 @@ def check_moe_options(cfg: Any, *, model_path: str) -> None:
                           "use an MoE model (the default task's: model.tiny=moe), or drop the option")
     if not a.router_replay:
         return
-    if cfg.rollout.name != "hf":
+    if not GEN_BACKENDS.spec(cfg.rollout.name).records_routes:
+        recorders = either(GEN_BACKENDS.names_where(lambda s: s.records_routes))
         raise ConfigError(key, value, f"replays the experts the rollout recorded, and rollout.name={cfg.rollout.name} "
-                          "does not record them", "set rollout.name=hf, or actor.router_replay=false")
+                          "does not record them", f"set rollout.name={recorders}, or actor.router_replay=false")
     if cfg.rollout.multi_turn.enable:
         raise ConfigError(key, value, "replays routes of single-turn generation; multi-turn trajectories have none",
                           "set rollout.multi_turn.enable=false, or actor.router_replay=false")

@@ -12,89 +12,21 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from flowrl.catalog.algos import AGG_MODES
-from flowrl.catalog.backends import (GEN_BACKENDS, TRAIN_BACKENDS, VALUE_BACKENDS, BackendRegistry, ParallelAxis,
-                                     either)
+from flowrl.catalog.backends import GEN_BACKENDS, TRAIN_BACKENDS, VALUE_BACKENDS, ParallelAxis, either
 from flowrl.config.errors import check, check_one_of, check_positive
 from flowrl.config.fsdp import FSDPConfig
+from flowrl.config.group_checks import (  # noqa: F401 (re-exported: the sections' shared part)
+    ParallelFields,
+    backends_with,
+    check_prefix_grouper,
+    check_reference_budget,
+    check_switches,
+    check_token_budget,
+)
 from flowrl.config.megatron import MEGATRON_SECTION, MegatronConfig, check_megatron_owner
 from flowrl.config.multi_turn import MultiTurnConfig
 from flowrl.config.sequence_parallel import check_ulysses
 from flowrl.config.sections import OptimConfig
-
-
-@dataclass(kw_only=True)
-class ParallelFields:
-    """Mesh sizes shared by every worker group (names as in verl and Megatron)."""
-
-    data_parallel_size: int = 1
-    """Data-parallel ranks of this group."""
-    tensor_model_parallel_size: int = 1
-    """Tensor-parallel ranks (megatron strategy only)."""
-    pipeline_model_parallel_size: int = 1
-    """Pipeline stages (megatron strategy only)."""
-
-    @property
-    def world_size(self) -> int:
-        return self.data_parallel_size * self.tensor_model_parallel_size * self.pipeline_model_parallel_size
-
-    def _check_mesh(self) -> None:
-        for name in ("data_parallel_size", "tensor_model_parallel_size", "pipeline_model_parallel_size"):
-            value = getattr(self, name)
-            check(isinstance(value, int) and value >= 1, name, value, "must be an integer >= 1", f"set {name}=1")
-
-
-def _with(registry: BackendRegistry, capability: str) -> str:
-    """The backends of ``registry`` whose spec has ``capability`` true, for a fix: "dp or fsdp"."""
-    return either(registry.names_where(lambda spec: getattr(spec, capability)))
-
-
-def check_switches(section, keys: tuple[str, ...]) -> None:
-    """The batching switches are ``true``, ``false`` or ``auto`` (resolved by
-    ``flowrl.config.batching_auto``: on where the backend has it and the estimate says it wins)."""
-    for key in keys:
-        value = getattr(section, key)
-        check(value is True or value is False or value == "auto", key, value, "must be true, false or auto",
-              f"write {key}=auto (flowrl decides), true or false")
-
-
-def check_token_budget(section, keys: tuple[str, ...], dynamic: bool, name: str,
-                       registry: BackendRegistry = TRAIN_BACKENDS) -> None:
-    """Token budgets are >= 0 (0: derived); explicit token-budget micro-batches (``dynamic``: a
-    switch set to true) need a backend with a ``token_budget`` (``registry``: the section's kind)."""
-    for key in keys:
-        value = getattr(section, key)
-        check(isinstance(value, int) and not isinstance(value, bool) and value >= 0, key, value,
-              "must be an integer >= 0", f"use 0 (derived from the micro-batch rows and lengths) or e.g. {key}=16384")
-    check(not dynamic or registry.spec(section.strategy).token_budget, "use_dynamic_bsz", True,
-          f"token-budget micro-batching is not built in flowrl for {name}.strategy={section.strategy} (it forms "
-          "its micro-batches by rows)", f"set {name}.use_dynamic_bsz=auto or false "
-          f"(and log_prob_use_dynamic_bsz), or {name}.strategy={_with(registry, 'token_budget')}")
-
-
-def check_prefix_grouper(section, name: str, registry: BackendRegistry = TRAIN_BACKENDS) -> None:
-    """Explicit shared-prompt forwards (``use_prefix_grouper=true``) need a backend with ``shared_prompts``."""
-    check(section.use_prefix_grouper is not True or registry.spec(section.strategy).shared_prompts,
-          "use_prefix_grouper", True,
-          f"shared-prompt forwards are not built in flowrl for {name}.strategy={section.strategy} (it computes "
-          "every row's prompt)",
-          f"set {name}.use_prefix_grouper=auto or false, or {name}.strategy={_with(registry, 'shared_prompts')}")
-
-
-def check_reference_budget(ref, actor) -> None:
-    """The reference runs on ``actor.strategy``: explicit token-budget and shared-prompt forwards
-    need its ``token_budget`` and ``shared_prompts``."""
-    spec, strategy = TRAIN_BACKENDS.spec(actor.strategy), actor.strategy
-    check(ref.log_prob_use_dynamic_bsz is not True or spec.token_budget, "ref.log_prob_use_dynamic_bsz", True,
-          f"the reference runs on actor.strategy={strategy}, which forms micro-batches by rows",
-          f"set ref.log_prob_use_dynamic_bsz=auto or false, or actor.strategy={_with(TRAIN_BACKENDS, 'token_budget')}")
-    check(ref.use_prefix_grouper is not True or spec.shared_prompts, "ref.use_prefix_grouper", True,
-          f"the reference runs on actor.strategy={strategy}, which has no shared-prompt layout",
-          f"set ref.use_prefix_grouper=auto or false, or actor.strategy={_with(TRAIN_BACKENDS, 'shared_prompts')}")
-    check_megatron_owner("ref", ref.megatron, spec, strategy,
-                         either(TRAIN_BACKENDS.names_where(lambda s: s.owns(MEGATRON_SECTION))), key_prefix="ref.")
-    ref_sp = ref.ulysses_sequence_parallel_size  # None: the actor's, as verl's ${oc.select:...actor...}
-    check_ulysses("ref", actor.ulysses_sequence_parallel_size if ref_sp is None else ref_sp, strategy,
-                  ref.data_parallel_size, TRAIN_BACKENDS, key_prefix="ref.")
 
 
 @dataclass(kw_only=True)
@@ -215,7 +147,7 @@ class RolloutConfig(ParallelFields):
               "must be true, false or auto", "use auto (on where the engine shares the trainer's devices)")
         check(self.free_cache_engine is not True or spec.sleeps, "free_cache_engine", self.free_cache_engine,
               f"releases a sleeping engine's memory; rollout.name={self.name} cannot sleep",
-              f"set rollout.free_cache_engine=false, or use rollout.name={_with(GEN_BACKENDS, 'sleeps')}")
+              f"set rollout.free_cache_engine=false, or use rollout.name={backends_with(GEN_BACKENDS, 'sleeps')}")
         if spec.supports(ParallelAxis.TP) and not spec.supports(ParallelAxis.PP):
             check(self.pipeline_model_parallel_size == 1, "pipeline_model_parallel_size",
                   self.pipeline_model_parallel_size, f"pipeline-parallel {self.name} engines are not built in "
@@ -316,15 +248,17 @@ class ActorConfig(ParallelFields):
             value = getattr(self, name)
             check(isinstance(value, (int, float)) and value >= 0, name, value, "must be a number >= 0",
                   f"use {name}=0 (measured only) or e.g. 0.001")
-        check(not self.router_replay or self.strategy in ("dp", "fsdp"), "router_replay", self.router_replay,
-              f"routing replay runs in the dp and fsdp strategies, not actor.strategy={self.strategy}",
-              "set actor.strategy=dp or fsdp, or actor.router_replay=false")
-        check(not self.freeze_vision_tower or self.strategy in ("dp", "fsdp"), "freeze_vision_tower",
-              self.freeze_vision_tower, f"vision-language models train in the dp and fsdp strategies, not "
-              f"actor.strategy={self.strategy}", "set actor.strategy=dp or fsdp")
+        spec = TRAIN_BACKENDS.spec(self.strategy)
+        replay = TRAIN_BACKENDS.names_where(lambda s: s.router_replay)
+        check(not self.router_replay or spec.router_replay, "router_replay", self.router_replay,
+              f"routing replay runs in the {' and '.join(replay)} strategies, not actor.strategy={self.strategy}",
+              f"set actor.strategy={either(replay)}, or actor.router_replay=false")
+        vision = TRAIN_BACKENDS.names_where(lambda s: s.vision_language)
+        check(not self.freeze_vision_tower or spec.vision_language, "freeze_vision_tower",
+              self.freeze_vision_tower, f"vision-language models train in the {' and '.join(vision)} strategies, not "
+              f"actor.strategy={self.strategy}", f"set actor.strategy={either(vision)}")
         vpp = self.virtual_pipeline_model_parallel_size
         check(isinstance(vpp, int) and vpp >= 1, "virtual_pipeline_model_parallel_size", vpp, "must be an integer >= 1", "use 1")
-        spec = TRAIN_BACKENDS.spec(self.strategy)
         if vpp > 1:
             check(
                 spec.supports(ParallelAxis.VPP) and self.pipeline_model_parallel_size > 1,

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from flowrl.config import ConfigError, RunConfig
-from flowrl.models.vlm_checks import check_vlm
+from flowrl.config.vlm_checks import check_vlm
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +39,13 @@ def resolve_inputs(cfg: RunConfig) -> RunConfig:
 
         check_script_guard()
     from flowrl.backends.preflight import check_backends
-    from flowrl.models.moe_options import check_moe_options
+    from flowrl.config.moe_options import check_moe_options
     from flowrl.run.run_dir import resolve_run_dir
     from flowrl.run.sandbox_check import check_sandbox
 
     model_path, train_files, val_files = _inputs(cfg)
     check_model_dir("model.path", model_path)
-    check_vlm(cfg, model_path=model_path)  # a vision-language model: dp/fsdp, hf, hybrid only (flowrl.models.vlm_checks)
+    check_vlm(cfg, model_path=model_path)  # a vision-language model: dp/fsdp, hf, hybrid only (flowrl.config.vlm_checks)
     from flowrl.config.lora_adapter_path import resolve_adapter
 
     cfg = resolve_adapter(cfg)  # model.lora_adapter_path: the adapter's rank, alpha and targets

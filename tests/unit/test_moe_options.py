@@ -7,7 +7,7 @@ import pytest
 
 from flowrl.config import ConfigError
 from flowrl.config.loader import load_config
-from flowrl.models.moe_options import check_moe_options, num_experts
+from flowrl.config.moe_options import check_moe_options, num_experts
 from flowrl.tasks.default_task import default_task_dir, prepare_default_task
 from flowrl.tasks.warmup import WarmupConfig
 

@@ -240,7 +240,7 @@ def test_freeze_vision_tower_keeps_the_tower_and_trains_the_rest(vlm_dir):
 
 def test_preflight_refuses_a_vlm_on_megatron_and_vllm(vlm_dir):
     from flowrl.config import ConfigError, load_config
-    from flowrl.models.vlm_checks import check_vlm
+    from flowrl.config.vlm_checks import check_vlm
 
     cfg = load_config(None, [f"model.path={vlm_dir}", "actor.strategy=megatron"])
     with pytest.raises(ConfigError, match="actor.strategy='megatron'.*vision-language"):
