@@ -94,17 +94,15 @@ def vlm_hidden(model: torch.nn.Module, mb: PackedBatch, padded: Padded, device: 
 
 
 # ----------------------------------------------------------------- generation
-@torch.no_grad()
-def decode_with_images(model: torch.nn.Module, prompts: list[list[int]], images: Sequence[Sequence[bytes]],
-                       params: SamplingParams, *, eos_ids: set[int], pad_id: int,
-                       device: torch.device | str = "cpu") -> tuple[list[list[int]], list[list[float]], Any]:
-    """``hf_decode.decode`` for prompts with images (``images[i]``: prompt i's encoded images):
-    the same sampling and results, with the pixels in the prefill and multimodal rotary positions."""
+def _prefill(model: torch.nn.Module, prompts: list[list[int]], images: Sequence[Sequence[bytes]], *, pad_id: int,
+             device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any, Any]:
+    """The prompts (left-padded) prefilled once with their pixels and multimodal rotary positions:
+    ``(logits_BV at each prompt's last token, attention mask, next_B: each prompt's last position + 1,
+    the KV cache, DecodeStats of the prefill)``."""
     from transformers import DynamicCache
 
-    from flowrl.backends.generate.hf_decode import DecodeStats, _choose, _left_padded, _warpers
+    from flowrl.backends.generate.hf_decode import DecodeStats, _left_padded
 
-    n, max_new = params.n, params.max_new_tokens
     ids_BP, mask = _left_padded(prompts, pad_id)
     width = ids_BP.shape[1]
     inputs, grid_B = vlm.image_inputs(model, images)
@@ -120,8 +118,20 @@ def decode_with_images(model: torch.nn.Module, prompts: list[list[int]], images:
     cache = DynamicCache(config=text_config)
     extra = {k: v.to(device) for k, v in inputs.items()}
     hidden = vlm.inner_model(model)(input_ids=ids_BP, attention_mask=mask, position_ids=pos_3BP.to(device),
-                           past_key_values=cache, use_cache=True, **extra).last_hidden_state[:, -1]
-    logits_AV = model.get_output_embeddings()(hidden).float()
+                                    past_key_values=cache, use_cache=True, **extra).last_hidden_state[:, -1]
+    return model.get_output_embeddings()(hidden).float(), mask, next_B, cache, stats
+
+
+@torch.no_grad()
+def decode_with_images(model: torch.nn.Module, prompts: list[list[int]], images: Sequence[Sequence[bytes]],
+                       params: SamplingParams, *, eos_ids: set[int], pad_id: int,
+                       device: torch.device | str = "cpu") -> tuple[list[list[int]], list[list[float]], Any]:
+    """``hf_decode.decode`` for prompts with images (``images[i]``: prompt i's encoded images):
+    the same sampling and results, with the pixels in the prefill and multimodal rotary positions."""
+    from flowrl.backends.generate.hf_decode import _choose, _warpers
+
+    n, max_new = params.n, params.max_new_tokens
+    logits_AV, mask, next_B, cache, stats = _prefill(model, prompts, images, pad_id=pad_id, device=device)
     next_A = next_B.to(device)
     if n > 1:
         logits_AV, mask, next_A = logits_AV.repeat_interleave(n, 0), mask.repeat_interleave(n, 0), next_A.repeat_interleave(n, 0)
@@ -151,7 +161,7 @@ def decode_with_images(model: torch.nn.Module, prompts: list[list[int]], images:
         stats.tokens += live.numel()
         position_3A1 = (next_A + step)[None, :, None].expand(3, -1, 1)
         hidden = vlm.inner_model(model)(input_ids=token_A[:, None], attention_mask=mask, position_ids=position_3A1,
-                               past_key_values=cache, use_cache=True).last_hidden_state[:, -1]
+                                        past_key_values=cache, use_cache=True).last_hidden_state[:, -1]
         logits_AV = model.get_output_embeddings()(hidden).float()
     stats.response_tokens = int(lengths_N.sum())
     tokens_NL, logp_NL, lengths = tokens_NL.cpu(), logp_NL.cpu(), lengths_N.tolist()
