@@ -92,9 +92,7 @@ def decode(model, prompts: list[list[int]], params: SamplingParams, *, eos_ids: 
     stats = DecodeStats(slots=ids_BP.numel(), tokens=int(mask.sum()))
     cache = DynamicCache(config=model.config)
     recorder = RouteRecorder(model) if routes is not None else None
-    with recorder or contextlib.nullcontext():
-        logits_AV = model(input_ids=ids_BP, attention_mask=mask, position_ids=_positions(mask), past_key_values=cache,
-                          use_cache=True).logits[:, -1].float()
+    logits_AV = _forward(model, ids_BP, mask, _positions(mask), cache, recorder)
     if recorder is not None:
         prompt_routes_BPRk = recorder.take().reshape(*ids_BP.shape, len(recorder.routers), -1).cpu()
         gen_routes_NLRk = torch.full((len(prompts) * n, max_new, *prompt_routes_BPRk.shape[2:]), NO_ROUTE,
@@ -125,22 +123,41 @@ def decode(model, prompts: list[list[int]], params: SamplingParams, *, eos_ids: 
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
         stats.slots += live.numel()
         stats.tokens += live.numel()
-        with recorder or contextlib.nullcontext():
-            logits_AV = model(input_ids=token_A[:, None], attention_mask=mask,
-                              position_ids=mask.sum(-1, keepdim=True) - 1, past_key_values=cache,
-                              use_cache=True).logits[:, -1].float()
+        logits_AV = _forward(model, token_A[:, None], mask, mask.sum(-1, keepdim=True) - 1, cache, recorder)
         if recorder is not None:  # the experts of the token fed at this step (response position `step`)
             gen_routes_NLRk[live.cpu(), step] = recorder.take().reshape(live.numel(), *gen_routes_NLRk.shape[2:]).cpu()
     stats.response_tokens = int(lengths_N.sum())
-    tokens_NL, logp_NL, lengths = tokens_NL.cpu(), logp_NL.cpu(), lengths_N.tolist()  # to the host once
+    responses, logprobs, lengths = _to_host(tokens_NL, logp_NL, lengths_N)
+    if recorder is not None:
+        _append_routes(routes, prompts, n, lengths, prompt_routes_BPRk, gen_routes_NLRk)
+    return responses, logprobs, stats
+
+
+def _forward(model, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache, recorder) -> torch.Tensor:
+    """The fp32 logits of the last position of ``ids`` fed after ``cache`` (which it extends),
+    the experts of the tokens recorded by ``recorder`` (None: not recorded)."""
+    with recorder or contextlib.nullcontext():
+        return model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                     use_cache=True).logits[:, -1].float()
+
+
+def _to_host(tokens_NL: torch.Tensor, logp_NL: torch.Tensor,
+             lengths_N: torch.Tensor) -> tuple[list[list[int]], list[list[float]], list[int]]:
+    """Each row's tokens and log-probs up to its length, as host lists (one copy to the host)."""
+    tokens_NL, logp_NL, lengths = tokens_NL.cpu(), logp_NL.cpu(), lengths_N.tolist()
     responses = [row[:k].tolist() for row, k in zip(tokens_NL, lengths)]
     logprobs = [row[:k].tolist() for row, k in zip(logp_NL, lengths)]
-    if recorder is not None:
-        longest = ids_BP.shape[1]
-        for i, k in enumerate(lengths):
-            b = i // n
-            routes.append(torch.cat([prompt_routes_BPRk[b, longest - len(prompts[b]):], gen_routes_NLRk[i, :k]]))
-    return responses, logprobs, stats
+    return responses, logprobs, lengths
+
+
+def _append_routes(routes: list, prompts: list[list[int]], n: int, lengths: list[int],
+                   prompt_routes_BPRk: torch.Tensor, gen_routes_NLRk: torch.Tensor) -> None:
+    """Each sequence's experts, ``(P + R, layers, top_k)``: its prompt's without the left padding,
+    then its response's ``R`` tokens."""
+    longest = prompt_routes_BPRk.shape[1]
+    for i, k in enumerate(lengths):
+        b = i // n
+        routes.append(torch.cat([prompt_routes_BPRk[b, longest - len(prompts[b]):], gen_routes_NLRk[i, :k]]))
 
 
 def _choose(logits_AV: torch.Tensor, live: torch.Tensor, num_rows: int, vocab: int, warpers: list,
