@@ -72,6 +72,72 @@ TINY_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+def _check_shape(arch: str, hidden_size: int, num_heads: int, num_kv_heads: int) -> None:
+    """ValueError for an unknown ``arch`` or heads that do not divide the hidden size / each other."""
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"arch={arch!r} is not supported; use one of {', '.join(ARCHITECTURES)}")
+    if hidden_size % num_heads != 0:
+        raise ValueError(
+            f"hidden_size={hidden_size} is not divisible by num_heads={num_heads}; "
+            "pick a hidden_size that is a multiple of num_heads"
+        )
+    if num_heads % num_kv_heads != 0:
+        raise ValueError(
+            f"num_heads={num_heads} is not divisible by num_kv_heads={num_kv_heads}; "
+            "pick num_kv_heads that divides num_heads"
+        )
+
+
+def _moe_kwargs(arch: str, *, num_experts: int, num_experts_per_tok: int, moe_intermediate_size: int,
+                intermediate_size: int, head_dim: int) -> tuple[dict[str, Any], int]:
+    """The config's mixture-of-experts keywords for ``arch`` (none for a dense one) and its
+    ``intermediate_size`` (mixtral's experts are that wide); ValueError for experts on a dense arch."""
+    moe: dict[str, Any] = {}
+    if arch in MOE_ARCHITECTURES:
+        if not 1 <= num_experts_per_tok <= num_experts:
+            raise ValueError(
+                f"a {arch} model needs 1 <= num_experts_per_tok <= num_experts, got "
+                f"num_experts_per_tok={num_experts_per_tok}, num_experts={num_experts}; "
+                "e.g. num_experts=4, num_experts_per_tok=2"
+            )
+        width = moe_intermediate_size or intermediate_size
+        if arch == "qwen3_moe":
+            moe = dict(num_experts=num_experts, num_experts_per_tok=num_experts_per_tok,
+                       moe_intermediate_size=width, head_dim=head_dim,
+                       norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
+        else:  # mixtral: the expert width is intermediate_size
+            moe = dict(num_local_experts=num_experts, num_experts_per_tok=num_experts_per_tok,
+                       head_dim=head_dim)
+            intermediate_size = width
+    elif num_experts:
+        raise ValueError(
+            f"num_experts={num_experts} needs a mixture-of-experts arch "
+            f"({', '.join(MOE_ARCHITECTURES)}), not arch={arch!r}"
+        )
+    return moe, intermediate_size
+
+
+def _classes(arch: str) -> tuple[Any, Any]:
+    """transformers' config and causal-LM classes of ``arch``."""
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MixtralConfig,
+        MixtralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+    )
+
+    return {
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+        "mixtral": (MixtralConfig, MixtralForCausalLM),
+    }[arch]
+
+
 def build_tiny_model(
     tokenizer: PreTrainedTokenizerBase,
     *,
@@ -95,57 +161,12 @@ def build_tiny_model(
     ``moe_intermediate_size`` (each expert's width; 0 means ``intermediate_size``).
     """
     import torch
-    from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
-        MixtralConfig,
-        MixtralForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-        Qwen3MoeConfig,
-        Qwen3MoeForCausalLM,
-    )
 
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"arch={arch!r} is not supported; use one of {', '.join(ARCHITECTURES)}")
-    if hidden_size % num_heads != 0:
-        raise ValueError(
-            f"hidden_size={hidden_size} is not divisible by num_heads={num_heads}; "
-            "pick a hidden_size that is a multiple of num_heads"
-        )
-    if num_heads % num_kv_heads != 0:
-        raise ValueError(
-            f"num_heads={num_heads} is not divisible by num_kv_heads={num_kv_heads}; "
-            "pick num_kv_heads that divides num_heads"
-        )
-    moe: dict[str, Any] = {}
-    if arch in MOE_ARCHITECTURES:
-        if not 1 <= num_experts_per_tok <= num_experts:
-            raise ValueError(
-                f"a {arch} model needs 1 <= num_experts_per_tok <= num_experts, got "
-                f"num_experts_per_tok={num_experts_per_tok}, num_experts={num_experts}; "
-                "e.g. num_experts=4, num_experts_per_tok=2"
-            )
-        width = moe_intermediate_size or intermediate_size
-        if arch == "qwen3_moe":
-            moe = dict(num_experts=num_experts, num_experts_per_tok=num_experts_per_tok,
-                       moe_intermediate_size=width, head_dim=hidden_size // num_heads,
-                       norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
-        else:  # mixtral: the expert width is intermediate_size
-            moe = dict(num_local_experts=num_experts, num_experts_per_tok=num_experts_per_tok,
-                       head_dim=hidden_size // num_heads)
-            intermediate_size = width
-    elif num_experts:
-        raise ValueError(
-            f"num_experts={num_experts} needs a mixture-of-experts arch "
-            f"({', '.join(MOE_ARCHITECTURES)}), not arch={arch!r}"
-        )
-    config_cls, model_cls = {
-        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-        "llama": (LlamaConfig, LlamaForCausalLM),
-        "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
-        "mixtral": (MixtralConfig, MixtralForCausalLM),
-    }[arch]
+    _check_shape(arch, hidden_size, num_heads, num_kv_heads)
+    moe, intermediate_size = _moe_kwargs(arch, num_experts=num_experts, num_experts_per_tok=num_experts_per_tok,
+                                         moe_intermediate_size=moe_intermediate_size,
+                                         intermediate_size=intermediate_size, head_dim=hidden_size // num_heads)
+    config_cls, model_cls = _classes(arch)
     config = config_cls(
         **moe,
         vocab_size=len(tokenizer),
