@@ -78,3 +78,7 @@ def test_grpo_with_vllm_rollout_raises_the_reward():
 
 def test_multi_turn_tool_rollouts_on_vllm():
     _run_checks("check_agent.py", timeout=400)
+
+
+def test_mixture_of_experts_generation_and_weight_sync():
+    _run_checks("check_moe.py", timeout=400)

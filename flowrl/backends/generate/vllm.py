@@ -59,6 +59,7 @@ from flowrl.backends.interfaces import SamplingParams, eos_token_ids
 from flowrl.backends.generate.vllm_install import (  # noqa: F401 - re-exported: the backend's pre-flight
     CPU_HEAD_SIZES, CUDA_COMPANIONS, INSTALL_HINT, MIN_VERSION, VLLMUnavailableError, check_installed,
     import_vllm, model_head_size, vllm_problem, _installed_version)
+from flowrl.backends.generate.checkpoint_layout import checkpoint_layout
 from flowrl.backends.generate.vllm_lora import install_adapter, lora_engine_kwargs
 from flowrl.backends.generate.vllm_weights import (  # noqa: F401 - _read_safetensors re-exported for the checks
     _chunks, _read_safetensors, _rng_state, _set_rng_state, ipc_bucket)
@@ -260,6 +261,7 @@ class VLLMGenerator:
         self.on_cuda = current_platform.is_cuda_alike()
         self.free_cache_engine = free_cache_engine
         self.eos_ids = set(eos_token_ids(model_dir))
+        self.model_dir = model_dir
         self.tensor_parallel_size = tensor_parallel_size
         if not self.on_cuda:
             _cpu_environment(tensor_parallel_size)
@@ -356,6 +358,7 @@ class VLLMGenerator:
             self.load_lora(state)
             return
         self._lora_request = None
+        state = checkpoint_layout(state, self.model_dir)  # transformers 5's fused experts -> vLLM's loader's names
         with self._weights_awake():
             if self.uses_ipc:
                 self._load_ipc(state)
