@@ -276,6 +276,17 @@ def _sharded(setup: Setup, fully_sharded: bool, lora_rank: int, tp: int | None,
     return setup, tp, pp
 
 
+def _checked_pins(setup: Setup, for_: str, fully_sharded: bool, pins: Pins) -> Pins:
+    """``pins`` (the pinned tp, pp, ep, etp, cp), checked against the setup; ValueError naming the fix."""
+    if fully_sharded and ((pins.ep or 1) > 1 or (pins.etp or 1) > 1):
+        raise ValueError(f"fully_sharded (actor.strategy=fsdp) shards experts like any parameter over dp; "
+                         f"drop --ep={pins.ep}/--etp={pins.etp}, or plan without --fully-sharded (megatron)")
+    if (pins.cp or 1) == 1:
+        _check_pinned(setup, pins.tp, pins.pp)
+    _check_pinned_axes(setup, for_, pins)
+    return pins
+
+
 def plan_parallelism(
     model: ModelSpec | Mapping[str, Any] | str | float, *, num_gpus: int, gpu_memory_gb: float = 80.0,
     interconnect: Literal["nvlink_ib", "ib", "ethernet"] = "ib", gpus_per_node: int = 8, seq_len: int = 4096,
@@ -325,13 +336,7 @@ def plan_parallelism(
         recompute=recompute, generate_batch_size=generate_batch_size, gpu_tflops=gpu_tflops,
     )
     setup, tp, pp = _sharded(setup, fully_sharded, lora_rank, tp, pp)
-    pins = Pins(tp=tp, pp=pp, ep=ep, etp=etp, cp=cp)
-    if fully_sharded and ((ep or 1) > 1 or (etp or 1) > 1):
-        raise ValueError(f"fully_sharded (actor.strategy=fsdp) shards experts like any parameter over dp; "
-                         f"drop --ep={ep}/--etp={etp}, or plan without --fully-sharded (megatron)")
-    if (cp or 1) == 1:
-        _check_pinned(setup, tp, pp)
-    _check_pinned_axes(setup, for_, pins)
+    pins = _checked_pins(setup, for_, fully_sharded, Pins(tp=tp, pp=pp, ep=ep, etp=etp, cp=cp))
     entries = _evaluate(setup, for_, recompute, tp, pp, pins)
     if not entries:  # only when num_gpus cannot be split at all, e.g. a prime count above a node
         raise ValueError(
@@ -341,8 +346,7 @@ def plan_parallelism(
     fitting = [e for e in entries if e.fits]
     if not fitting:
         raise _no_fit_error(setup, for_, recompute, pins, entries)
-    ranked = _rank(fitting)
-    return ranked[:top_k] if top_k is not None else ranked
+    return _rank(fitting)[:top_k]  # top_k None: all
 
 
 def format_plan(entries: list[PlanEntry]) -> str:
