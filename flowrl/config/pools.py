@@ -177,7 +177,7 @@ def _hybrid_refusals(cfg: Any) -> list[_HybridRule]:
 def _generation_refusals(cfg: Any) -> list[_HybridRule]:
     """What the generation backend (its spec's ``in_process`` and ``joins_trainer_group``) keeps
     from running in the trainer's processes: an engine of its own that cannot join the trainer's
-    group, or one that can but would take LoRA adapters there (not built)."""
+    group, or one that can but takes no LoRA adapters (``adapter_sync``) while the run trains them."""
     spec = GEN_BACKENDS.spec(cfg.rollout.name)
     hybrid_able = either(GEN_BACKENDS.names_where(lambda s: s.in_process or s.joins_trainer_group))
     if not (spec.in_process or spec.joins_trainer_group):
@@ -187,12 +187,12 @@ def _generation_refusals(cfg: Any) -> list[_HybridRule]:
             f"trainer's process (cluster.placement=hybrid supports {hybrid_able})",
             "use cluster.placement=colocated with rollout.free_cache_engine=true (the engine sleeps while the trainer "
             f"runs), or rollout.name={hybrid_able}", f"rollout.name={cfg.rollout.name} runs its own engine")]
-    if not spec.in_process and cfg.model.lora_rank:
+    if not spec.in_process and not spec.adapter_sync and cfg.model.lora_rank:
         return [_HybridRule(
             "model.lora_rank", cfg.model.lora_rank,
-            f"with rollout.name={cfg.rollout.name} in the trainer's processes (cluster.placement=hybrid): LoRA "
-            "adapters into an engine that joins the trainer's group are not built yet",
-            "use cluster.placement=colocated (the adapters alone are synced to the engine), or model.lora_rank=0",
+            f"with rollout.name={cfg.rollout.name} in the trainer's processes (cluster.placement=hybrid): this "
+            "engine takes merged weights, not LoRA adapters, from the trainer's group",
+            "use cluster.placement=colocated, or model.lora_rank=0",
             f"LoRA adapters with rollout.name={cfg.rollout.name} sync to an engine of its own")]
     return []
 

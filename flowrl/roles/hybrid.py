@@ -36,7 +36,7 @@ from flowrl.registry import import_string
 from flowrl.roles.rollout import RolloutRole
 
 if TYPE_CHECKING:
-    from flowrl.backends.reshard import ReshardJob
+    from flowrl.backends.reshard import AdapterJob, ReshardJob
 
 __all__ = ["HybridRole", "SharedRollout"]
 
@@ -194,6 +194,8 @@ class HybridRole:
         a split job, this group is the sending side, as a ``PolicyRole`` group is. ``fingerprint``:
         with this rank's fingerprints of both sides (``trainer.checks.weight_sync``)."""
         torch.set_num_threads(self.num_threads)
+        if not hasattr(job, "placement"):  # an AdapterJob: LoRA into the engine in this process
+            return self._adapters(job, fingerprint)
         placement = job.placement
         if placement.kind != "colocated":
             return self.actor.reshard(job, fingerprint=fingerprint)
@@ -226,6 +228,34 @@ class HybridRole:
             return fp.attach(stats, fp.source_report(job, src_rank, src) if src_rank is not None else None,
                              fp.target_report(job, dst_rank, dst, engine=self.rollout.inner.engine)
                              if dst_rank is not None else None)
+
+    def _adapters(self, job: "AdapterJob", fingerprint: bool) -> dict:
+        """LoRA with the engine in this process (vLLM's external launcher): every rank takes the
+        trainer's adapters whole (FSDP gathers them, every rank calls) and installs them in its own
+        engine shard, which slices them for its tensor-parallel rank; nothing crosses processes.
+        Modules peft trains whole (``modules_to_save``) replace the engine's plain weights."""
+        from flowrl.backends.train.lora import sync_names
+        from flowrl.checks import fingerprint as fp
+        from flowrl.models.lora import is_adapter
+
+        start = time.perf_counter()
+        with self.memory.phase("sync"), self.actor.inner.residency.resident():
+            adapters = sync_names(self.actor.inner.adapters_whole())
+            engine = self.rollout.inner.engine
+            whole = {k: v for k, v in adapters.items() if not is_adapter(k)}
+            if whole:
+                engine.load_hf_state(whole)
+            engine.load_lora({k: v for k, v in adapters.items() if is_adapter(k)})
+        nbytes = sum(t.numel() * t.element_size() for t in adapters.values())
+        stats = {"bytes_sent": 0, "bytes_received": 0, "bytes_local": nbytes, "peak_extra_bytes": nbytes,
+                 "bytes_min": 0, "model_bytes": job.adapter_bytes(), "process": self.rank,
+                 "seconds": time.perf_counter() - start, **self.memory.metrics()}
+        if not fingerprint:
+            return stats
+        src = fp.adapter_source_report(job, adapters) if self.rank == 0 else None
+        dst = fp.report("dst", self.rank, self.rank // job.dst_tp, fp.state_fingerprints(adapters),
+                        dtype=job.wire_dtype)
+        return fp.attach(stats, src, dst)
 
     def reshard_done(self) -> None:
         """The rollout side's turn of a hybrid weight sync: :meth:`reshard` (on the actor's

@@ -221,7 +221,7 @@ class PolicyRole:
 
         with self.residency.resident():
             if isinstance(job, AdapterJob):
-                adapters = self._adapters_whole()
+                adapters = self.adapters_whole()
                 stats = run_adapter_rank(job, src_rank=self.rank, adapters=adapters)[0]
                 if not fingerprint or self.rank != 0:
                     return fp.attach(stats) if fingerprint else stats
@@ -232,7 +232,7 @@ class PolicyRole:
             stats = run_rank(job, src_rank=self.rank, src=src)
             return fp.attach(stats, fp.source_report(job, self.rank, src)) if fingerprint else stats
 
-    def _adapters_whole(self) -> dict[str, torch.Tensor]:
+    def adapters_whole(self) -> dict[str, torch.Tensor]:
         """What LoRA trains (the adapters, and modules peft trains whole), by the trainer's names,
         whole (FSDP: gathered; every rank calls it)."""
         from flowrl.backends.train.fsdp_tensors import full

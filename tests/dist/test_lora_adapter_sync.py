@@ -17,7 +17,7 @@ def _gathered_after_a_step(rank: int, world: int, model_dir: str, table) -> dict
     role = lora_role(rank, world, model_dir, "fsdp")
     per = table.num_rows // world
     role.update(table.slice(rank * per, per), mini_batch_rows=per)
-    whole = role._adapters_whole()  # what PolicyRole.reshard(AdapterJob) sends (rank 0)
+    whole = role.adapters_whole()  # what PolicyRole.reshard(AdapterJob) sends (rank 0)
     return {"adapters": sync_names(whole), "trainer_names": whole, "merged": role.hf_state_dict()}
 
 

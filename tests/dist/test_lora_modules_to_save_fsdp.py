@@ -19,7 +19,7 @@ def _step(rank: int, world: int, model_dir: str, strategy: str, table) -> dict:
                       use_old_logprobs=False, response_length=6, engine_kwargs={"lora": dict(LORA)})
     per = table.num_rows // world
     role.update(table.slice(rank * per, per), mini_batch_rows=per)
-    return {"sent": sync_names(role._adapters_whole()), "merged": role.hf_state_dict()}
+    return {"sent": sync_names(role.adapters_whole()), "merged": role.hf_state_dict()}
 
 
 def test_fsdp_trains_the_tied_embedding_like_dp(tiny_model_dir):

@@ -44,7 +44,6 @@ def test_vllm_joins_the_trainers_processes_and_auto_chooses_hybrid_for_it():
     (["ref.data_parallel_size=1"], "ref.data_parallel_size=1", "set ref ranks to 2"),
     (["actor.strategy=megatron", "actor.data_parallel_size=1", "actor.tensor_model_parallel_size=2"],
      "actor.strategy='megatron'", "cluster.placement=colocated"),
-    (["rollout.name=vllm", "model.lora_rank=8"], "model.lora_rank=8", "cluster.placement=colocated"),
     (["cluster.pools=[{name: a, groups: [actor, rollout, ref]}]"], "cluster.pools", "leave cluster.pools empty"),
 ])
 def test_refused_settings_name_the_key_and_the_fix(overrides, key, fix):
@@ -132,7 +131,6 @@ def test_the_default_is_auto_and_resolves_to_hybrid():
     (["ref.data_parallel_size=1"], "the ref group has 1 ranks, the actor 2"),
     (["actor.strategy=megatron", "actor.data_parallel_size=1", "actor.tensor_model_parallel_size=2"],
      "actor.strategy=megatron cannot share its process with a reference"),
-    (["rollout.name=vllm", "model.lora_rank=8"], "LoRA adapters with rollout.name=vllm sync to an engine of its own"),
     (["cluster.pools=[{name: a, groups: [actor, rollout, ref]}]"], "cluster.pools are declared"),
 ])
 def test_auto_falls_back_to_colocated_naming_what_hybrid_cannot_do(overrides, reason):
@@ -143,10 +141,12 @@ def test_auto_falls_back_to_colocated_naming_what_hybrid_cannot_do(overrides, re
 
 
 def test_auto_names_every_reason_and_explicit_placements_stay_as_given():
-    _, placement, why = _auto(["rollout.name=vllm", "model.lora_rank=8", "trainer.staleness=1"])
+    _, placement, why = _auto(["trainer.staleness=1", "rollout.data_parallel_size=1"])
     assert placement == "colocated"
-    assert why == ("auto: trainer.staleness=1 generates while the trainer trains; "
-                   "LoRA adapters with rollout.name=vllm sync to an engine of its own")
+    assert why == ("auto: the rollout group has 1 ranks, the actor 2; "
+                   "trainer.staleness=1 generates while the trainer trains")
+    # LoRA into vLLM runs in the trainer's processes too: each installs the adapters in its engine
+    assert _auto(["rollout.name=vllm", "model.lora_rank=8"])[1:] == ("hybrid", "auto")
     for explicit in ("colocated", "split", "hybrid"):
         assert _auto([f"cluster.placement={explicit}"]) == (explicit, explicit, "")
     assert _auto(["cluster.placement=colocated", "trainer.staleness=1"])[1:] == ("colocated", "")
@@ -167,9 +167,9 @@ def test_the_run_directory_records_the_resolved_placement_and_why(tmp_path):
     from flowrl.run.driver import _dump_resolved_config
 
     for overrides, first_line, written in (([], "# placement: hybrid (auto)", "hybrid"),
-                                           (["rollout.name=vllm", "model.lora_rank=8"],
-                                            "# placement: colocated (auto: LoRA adapters with rollout.name=vllm sync "
-                                            "to an engine of its own)", "colocated"),
+                                           (["trainer.staleness=1"],
+                                            "# placement: colocated (auto: trainer.staleness=1 generates while the "
+                                            "trainer trains)", "colocated"),
                                            (["cluster.placement=split"], "# placement: split", "split")):
         path = tmp_path / "config.yaml"
         _dump_resolved_config(load_config(None, overrides), path)

@@ -5,7 +5,11 @@ model's); the engine's log-probs equal the trainer's at every step; after the la
 engine's log-probs of a fixed prompt and response equal those of the ``hf`` backend on the merged
 weights ``W + (alpha/r) B A`` and differ from the base model's (the adapter arrived). Twice: LoRA
 alone, and with ``model.modules_to_save=embed_tokens`` (the tied embedding trained whole: it
-travels with the adapters, loaded in place). Runs in the vLLM environment (``test_vllm_env.py``)."""
+travels with the adapters, loaded in place), with the engine in a process of its own
+(``cluster.placement=colocated``: the adapters cross processes); and LoRA alone with the engine in
+the trainer's process (``cluster.placement=hybrid``, issue 29: each process installs the adapters
+in its own engine, nothing crosses processes, what it holds for the sync is the adapters' bytes).
+Runs in the vLLM environment (``test_vllm_env.py``)."""
 
 import os
 from pathlib import Path
@@ -33,19 +37,27 @@ def task():
     return prepare_default_task(cache / "default_task_vllm", preset="vllm")  # head_dim 32: vLLM's CPU attention
 
 
-@pytest.fixture(scope="module", params=sorted(SPECS))
-def spec(request):
-    return SPECS[request.param]
+CASES = [("adapters", "colocated"), ("embed_tokens", "colocated"), ("adapters", "hybrid")]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=["-".join(c) for c in CASES])
+def case(request):
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def outcome(tmp_path_factory, task, spec):
+def spec(case):
+    return SPECS[case[0]]
+
+
+@pytest.fixture(scope="module")
+def outcome(tmp_path_factory, task, spec, case):
     """A short run through the Python API; the rollout's and the trainer's view after it."""
     out = tmp_path_factory.mktemp("lora_vllm") / "run"
     save = ",".join(spec.modules_to_save)
     cfg = resolve_inputs(load_config(None, [
         f"model.path={task.model_dir}", f"data.train_files={task.train_path}", f"trainer.run_dir={out}",
-        "rollout.name=vllm", "rollout.enforce_eager=true", "rollout.data_parallel_size=1",
+        "rollout.name=vllm", "rollout.enforce_eager=true", "rollout.data_parallel_size=1", f"cluster.placement={case[1]}",
         "actor.data_parallel_size=1", f"trainer.total_training_steps={STEPS}", "data.train_batch_size=16",
         "rollout.n=4", "actor.ppo_mini_batch_size=8", "trainer.progress=false",
         f"model.lora_rank={spec.rank}", f"model.lora_alpha={spec.alpha}", "actor.optim.lr=2e-2",  # moves fast
@@ -73,7 +85,7 @@ def _hf_logprobs(model_dir, state, prompt):
     return torch.tensor(logp)
 
 
-def test_each_sync_sends_the_adapters_only(task, outcome, spec):
+def test_each_sync_sends_the_adapters_only(task, outcome, spec, case):
     rows = outcome[0]
     model = lora_adapters.peft_model(str(task.model_dir), spec)
     # what trains: the adapters (and the modules_to_save copies), against the base weights
@@ -81,10 +93,16 @@ def test_each_sync_sends_the_adapters_only(task, outcome, spec):
     model_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters()
                       if not is_adapter(n) and ".modules_to_save." not in n)
     synced = [r["reshard/bytes"] for r in rows if "reshard/bytes" in r]
-    print(f"reshard/bytes per sync {synced}; adapters {adapter_bytes} B, base model {model_bytes} B")
+    held = [r["reshard/peak_extra_bytes"] for r in rows if "reshard/peak_extra_bytes" in r]
+    print(f"reshard/bytes per sync {synced}, held {held}; adapters {adapter_bytes} B, base model {model_bytes} B")
     assert len(synced) == STEPS  # one sync per step (the first collected with step 1)
-    assert all(b == adapter_bytes for b in synced), (synced, adapter_bytes)
-    assert all(r["reshard/bytes_min"] == adapter_bytes for r in rows if "reshard/bytes_min" in r)
+    if case[1] == "hybrid":  # in the process: nothing between processes, the adapters held once
+        assert all(b == 0 for b in synced) and all(h == adapter_bytes for h in held), (synced, held, adapter_bytes)
+        assert all(r["reshard/fingerprint_mismatch"] == 0 and r["reshard/fingerprint_params"] > 0
+                   for r in rows if "reshard/bytes" in r)
+    else:
+        assert all(b == adapter_bytes for b in synced), (synced, adapter_bytes)
+        assert all(r["reshard/bytes_min"] == adapter_bytes for r in rows if "reshard/bytes_min" in r)
     assert adapter_bytes < model_bytes / 4
 
 

@@ -69,7 +69,7 @@ def test_lora_adapter_in_vllm_matches_the_merged_weights():
 
 
 def test_grpo_with_lora_syncs_only_the_adapters_to_vllm():
-    _run_checks("check_lora_grpo.py", timeout=700)
+    _run_checks("check_lora_grpo.py", timeout=900)
 
 
 def test_grpo_with_vllm_rollout_raises_the_reward():

@@ -17,8 +17,10 @@ LoRA into ``vllm`` the adapters only (``adapters.py``).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from flowrl.backends.reshard.adapters import AdapterJob, takes_adapters
@@ -36,7 +38,9 @@ from flowrl.parallel.reshard_plan import (
     process_min_bytes,
 )
 from flowrl.parallel.reshard_schedule import Schedule, check_bucket, schedule_plan, schedule_rank
-from flowrl.parallel.shard_spec import STYLES, ModelShape, ShardSpec, shard_spec
+from flowrl.parallel.model_shape import NamedShape
+from flowrl.parallel.named_spec import spec_for
+from flowrl.parallel.shard_spec import STYLES, ModelShape, ShardSpec
 
 __all__ = ["DTYPE_BYTES", "TRANSPORTS", "ReshardJob", "job_for_run", "make_job"]
 
@@ -50,7 +54,8 @@ JOINT_NAME = "actor+rollout"
 
 @dataclass(frozen=True, kw_only=True)
 class ReshardJob:
-    model: ModelShape
+    model: ModelShape | NamedShape
+    """A NamedShape (a vision-language model): hf-style layouts of whole parameters only."""
     src_dims: ParallelDims
     src_style: str
     dst_dims: ParallelDims
@@ -122,8 +127,8 @@ class ReshardJob:
 def _index(key: tuple) -> ReshardIndex:
     model, src_dims, src_style, dst_dims, dst_style, placement, bpe, divisible_by = key
     kw = {"make_vocab_size_divisible_by": divisible_by}
-    return ReshardIndex(shard_spec(model, src_dims, style=src_style, **kw),
-                        shard_spec(model, dst_dims, style=dst_style, **kw))
+    return ReshardIndex(spec_for(model, src_dims, style=src_style, **kw),
+                        spec_for(model, dst_dims, style=dst_style, **kw))
 
 
 @lru_cache(maxsize=8)
@@ -171,8 +176,8 @@ def make_job(model: Any, *, src: ParallelDims, dst: ParallelDims, placement: str
     if placement == "colocated":
         divisible_by = kwargs.get("make_vocab_size_divisible_by", 128)
         where = micro_dp_placement(
-            shard_spec(shape, src, style=src_style, make_vocab_size_divisible_by=divisible_by),
-            shard_spec(shape, dst, style=dst_style, make_vocab_size_divisible_by=divisible_by))
+            spec_for(shape, src, style=src_style, make_vocab_size_divisible_by=divisible_by),
+            spec_for(shape, dst, style=dst_style, make_vocab_size_divisible_by=divisible_by))
     elif placement == "split":
         where = Placement.split(src.world_size, dst.world_size)
     else:
@@ -182,7 +187,16 @@ def make_job(model: Any, *, src: ParallelDims, dst: ParallelDims, placement: str
 
 
 @lru_cache(maxsize=4)
-def _model_shape(path: str) -> ModelShape:
+def _model_shape(path: str) -> ModelShape | NamedShape:
+    """The shape of ``model.path``'s model; a vision-language model's is every parameter by its HF
+    name (vision tower included), which the hf-style layouts hold whole (``flowrl.parallel.named_spec``)."""
+    from flowrl.models.vlm_config import is_vlm_dir
+
+    if is_vlm_dir(path):
+        from flowrl.models.vlm import param_shapes
+
+        config = json.loads((Path(path) / "config.json").read_text())
+        return NamedShape.from_shapes(param_shapes(path), model_type=str(config.get("model_type")))
     return ModelShape.from_hf_config(path)
 
 
@@ -204,8 +218,9 @@ def job_for_run(cfg: Any, *, timeout_s: float | None = None, colocated: bool = F
     both layouts on the same processes, the hybrid engine's, placed by ``micro_dp_placement``
     and run over the group's own process group); the storage styles are the backends'
     ``shard_style`` fields of their specs (``flowrl.catalog.backends``). With LoRA (``model.lora_rank`` > 0)
-    and a generation backend that serves adapters (``vllm``), split placement: an
-    :class:`~flowrl.backends.reshard.adapters.AdapterJob`, the adapters only. ``plan_dtype``: the
+    and a generation backend that serves adapters (``vllm``): an
+    :class:`~flowrl.backends.reshard.adapters.AdapterJob`, the adapters only (split placement, and
+    the hybrid group's engines in the trainer's processes). ``plan_dtype``: the
     device plan's dtype, for ``model.dtype=auto`` (:func:`run_wire_dtype`)."""
     from flowrl.catalog.backends import GEN_BACKENDS, TRAIN_BACKENDS
 
@@ -225,8 +240,9 @@ def job_for_run(cfg: Any, *, timeout_s: float | None = None, colocated: bool = F
     bucket_mb = getattr(rollout, "reshard_bucket_mb", 64)
     wire = run_wire_dtype(cfg.model.dtype, plan_dtype)
     timeout_s = timeout_s if timeout_s is not None else cfg.cluster.timeout_s
-    if cfg.model.lora_rank and not colocated and takes_adapters(rollout.name):
-        # LoRA into an engine that serves adapters: only the adapters travel (adapters.py)
+    if cfg.model.lora_rank and takes_adapters(rollout.name):
+        # LoRA into an engine that serves adapters: only the adapters travel (adapters.py); in the hybrid
+        # group (colocated) each process installs them in its own engine (HybridRole._adapters)
         from flowrl.models.lora import LoraSpec
 
         return AdapterJob(model_path=cfg.model.path, lora=LoraSpec.from_config(cfg.model).to_dict(),
