@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from pathlib import Path
 from typing import Any, Mapping
 
 from flowrl.checks.base import CHECKS, MODES, CheckFailed, Limits, StepData, Verdict
@@ -17,6 +18,11 @@ START_CHECKS = {"chat_template": "warn", "resume": "error"}
 """Checks run once when the run opens (:meth:`StepChecks.record`), with their default modes:
 ``chat_template`` (:func:`flowrl.checks.template.round_trip`, multi-turn rollouts), ``resume``
 (:mod:`flowrl.checks.resume`: the restored state against its checkpoint's record)."""
+STATES = ("ok", "warn", "failed", "n/a", "off", "not run")
+"""A check's last result: passed; failed in ``warn`` mode (the run went on); failed in ``error``
+mode (the run stopped); nothing to check; ``off``; no step checked yet."""
+WORDS = {"ok": "ok", "warn": "WARN", "failed": "FAIL", "n/a": "n/a", "off": "off", "not run": "-"}
+"""Each state as the ``health:`` line writes it."""
 TIME = "checks/time_s"
 """The checks' own wall time in the step (the benchmark holds it under 3 % of ``timing_s/step``)."""
 
@@ -26,7 +32,9 @@ class StepChecks:
     ``limits``: the run's bounds. Call :meth:`observe` after each step, then :meth:`enforce`
     once the step is logged."""
 
-    def __init__(self, modes: Mapping[str, str], limits: Limits) -> None:
+    def __init__(self, modes: Mapping[str, str], limits: Limits, *, run_dir: str | Path | None = None) -> None:
+        """``run_dir``: where every check's last result goes after each step and each start check
+        (``health.json``, :mod:`flowrl.checks.health_file`: the dashboard's health panel)."""
         unknown = sorted(set(modes) - set(CHECKS.names()) - set(START_CHECKS))
         if unknown:
             raise ValueError(f"unknown check {unknown[0]!r}; valid: {', '.join(sorted([*CHECKS.names(), *START_CHECKS]))}")
@@ -39,6 +47,8 @@ class StepChecks:
         self.memory: dict[str, dict] = {name: {} for name in self.modes}
         self.last: dict[str, Verdict] = {}
         self.failed: list[tuple[str, int, Verdict]] = []  # error-mode failures of the last step
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.step = 0  # the last observed step (verl's numbering; 0: before the first)
 
     def observe(self, index: int, table: Any, metrics: Mapping[str, float]) -> dict[str, float]:
         """Run the enabled checks on step ``index`` (0-based): their metrics (``checks/<name>``
@@ -61,6 +71,8 @@ class StepChecks:
                 self.failed.append((name, index + 1, verdict))
             elif not verdict.ok:
                 log.warning("check %s at step %d: %s", name, index + 1, verdict.message)
+        self.step = index + 1
+        self._write()
         out[TIME] = time.perf_counter() - start
         return out
 
@@ -71,6 +83,7 @@ class StepChecks:
         if mode == "off":
             return
         self.last[name] = verdict
+        self._write()
         if verdict.ok is False and mode == "error":
             raise CheckFailed(name, 0, verdict)
         if verdict.ok is False:
@@ -96,19 +109,30 @@ class StepChecks:
         """Memories from :meth:`state_dict` (``{}``: every check starts again)."""
         self.memory = {name: dict(state.get(name, {})) for name in self.modes}
 
-    def health_line(self) -> str:
-        """``health: chat_template=n/a finite=ok ... tokens=ok``: every
-        check's last result (``off``; ``WARN`` a failure in warn mode; ``FAIL`` one that stops)."""
-        parts = []
+    def results(self) -> dict[str, dict[str, str]]:
+        """Every check's last result, start checks first: name -> ``state`` (:data:`STATES`) and
+        ``message`` (what diverged and the likely cause, or why it had nothing to check)."""
+        out = {}
         for name, mode in {**self.start_modes, **self.modes}.items():
             verdict = self.last.get(name)
             if mode == "off":
-                word = "off"
+                state, message = "off", ""
             elif verdict is None:
-                word = "-"
+                state, message = "not run", ""
             elif verdict.ok is False:
-                word = "FAIL" if mode == "error" else "WARN"
+                state, message = ("failed" if mode == "error" else "warn"), verdict.message
             else:
-                word = verdict.word
-            parts.append(f"{name}={word}")
-        return "health: " + " ".join(parts)
+                state, message = ("n/a" if verdict.ok is None else "ok"), verdict.message
+            out[name] = {"state": state, "message": message}
+        return out
+
+    def health_line(self) -> str:
+        """``health: chat_template=n/a finite=ok ... tokens=ok``: every
+        check's last result (``off``; ``WARN`` a failure in warn mode; ``FAIL`` one that stops)."""
+        return "health: " + " ".join(f"{name}={WORDS[r['state']]}" for name, r in self.results().items())
+
+    def _write(self) -> None:
+        if self.run_dir is not None:
+            from flowrl.checks.health_file import write_health
+
+            write_health(self.run_dir, self.step, self.results())

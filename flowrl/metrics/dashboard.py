@@ -5,6 +5,8 @@ One page, top to bottom:
 - a header: run directory, model, algorithm, training steps so far, and on a live page the link
   to the Dask dashboard while it answers (the run recorded one in ``run_info.json``, and its
   cluster still runs; an export links nothing);
+- health: every check's last result, ok / warn / failed / n/a / off, a failure with its message
+  (``trainer.checks``, :mod:`flowrl.metrics.dashboard_health`);
 - overview curves (reward, KL, entropy, clip fraction, response length, throughput);
 - the chosen step: a Gantt of its graph nodes (``timeline.jsonl``) and a table of sampled
   prompts / responses / rewards from ``experience/step_XXXXXX.parquet``;
@@ -49,6 +51,7 @@ import numpy as np
 
 from flowrl.metrics.dashboard_figures import FigureMaker, RunSource, flat_span, run_color, stable_color
 from flowrl.metrics.dashboard_deferred import DeferredPanes
+from flowrl.metrics.dashboard_health import health_html, run_health
 from flowrl.metrics.dashboard_js import (ATTACH_JS, FILTER_JS, FIRST_PAINT_JS, LIVE_ATTACH_JS, PICK_STEP_JS,
                                          RUN_STEPS_JS, SHOW_SAMPLE_JS)
 from flowrl.metrics.dashboard_step import (NODE_ORDER, gantt, header_html, samples_note, samples_table,
@@ -152,6 +155,7 @@ class Dashboard(DeferredPanes):
         from bokeh.models import Checkbox, Div, Select, TextInput
 
         self.header = Div(text="", name="header", sizing_mode="stretch_width")
+        self.health = Div(text="", name="health", sizing_mode="stretch_width")  # every check's last result
         self.step_select = Select(title="step", options=[], value="", width=120, name="step_select")
         self.run_select = Select(title="run", options=self.labels, value=self.labels[0], width=260, name="run_select",
                                  visible=self.several)
@@ -212,6 +216,7 @@ class Dashboard(DeferredPanes):
 
         return column(
             self.header,
+            h("Health"), self.health,
             self.smoothing,
             h("Overview"), self.overview,
             h("Step"), row(self.run_select, self.step_select, self.follow),
@@ -386,6 +391,7 @@ class Dashboard(DeferredPanes):
 
     def _set_header(self) -> None:
         self.header.text = header_html(self.readers, self.labels, live=self.live)
+        self.health.text = health_html([run_health(r) for r in self.readers], self.labels)
 
     def document(self, doc: Any = None, start: Any = None) -> Any:
         """``doc`` (a new Bokeh ``Document`` if None) with the dashboard as its root, and the lazy

@@ -105,7 +105,7 @@ class Run:
         self.family = resolve_family(cfg)(cfg)
         from flowrl.run.health import open_checks
 
-        self.checks = open_checks(cfg)  # trainer.checks: run after every step (flowrl.checks)
+        self.checks = open_checks(cfg, self.run_dir)  # trainer.checks: after every step (flowrl.checks), health.json
         # the device plan, before any worker starts: a layout the inventory cannot hold is refused here
         from flowrl.run.topology import plan_devices_for
 

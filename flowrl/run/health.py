@@ -4,7 +4,7 @@ with the bounds each check compares against."""
 from __future__ import annotations
 
 import math
-
+from pathlib import Path
 from typing import Any
 
 from flowrl.checks import Limits, StepChecks
@@ -28,13 +28,14 @@ def lag_bound(cfg: RunConfig) -> tuple[int, str]:
     return t.staleness, f"trainer.staleness={t.staleness}"
 
 
-def open_checks(cfg: RunConfig) -> StepChecks:
-    """The checks ``trainer.checks`` enables, with the run's bounds."""
+def open_checks(cfg: RunConfig, run_dir: str | Path | None = None) -> StepChecks:
+    """The checks ``trainer.checks`` enables, with the run's bounds; with ``run_dir``, their last
+    results go to its ``health.json`` (the dashboard's health panel)."""
     c = cfg.trainer.checks
     bound, source = lag_bound(cfg)
     limits = Limits(max_lag=bound, lag_source=source, no_signal_steps=c.reward_signal_steps,
                     logprob_kl_max=c.logprob_kl_max)
-    return StepChecks(c.modes(), limits)
+    return StepChecks(c.modes(), limits, run_dir=run_dir)
 
 
 def check_at_start(checks: StepChecks, cfg: RunConfig, tokenizer: Any) -> None:
