@@ -12,6 +12,7 @@ which need the engines' helpers, are :mod:`flowrl.backends.vlm`).
   which transformers builds the block-causal mask, then the three rotary rows), so packing keeps
   every sequence's positions exactly.
 * :func:`text_positions` / :func:`slot_rows` place a layout's slots in their sequences and rows.
+* :func:`param_shapes`: the model's parameters by name and shape, for the weight sync's layouts.
 * :func:`freeze_vision_tower` stops gradients into the vision tower (``actor.freeze_vision_tower``).
 
 Shape letters: B rows, L padded length, R packed lines, C line capacity.
@@ -44,6 +45,19 @@ def register_auto_classes() -> None:
     for config_cls, model_cls in ((Qwen2VLConfig, Qwen2VLForConditionalGeneration),
                                   (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration)):
         AutoModelForCausalLM.register(config_cls, model_cls, exist_ok=True)
+
+
+def param_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
+    """Every parameter of the model saved in ``model_dir`` under its in-memory HF name (vision tower
+    and language model; tied weights once), with its shape: the module built on the meta device
+    (no weights read), as the trainers and the ``hf`` generator name them."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    register_auto_classes()
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return {name: tuple(p.shape) for name, p in model.named_parameters()}
 
 
 def vision_tower(model: torch.nn.Module) -> torch.nn.Module | None:

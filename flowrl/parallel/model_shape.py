@@ -2,6 +2,9 @@
 the mixture-of-experts Qwen3-MoE / Mixtral: per-expert parameters, router, q/k norms) and
 ``model_shape``, which makes one from a config, a config.json path, a converter's ``ArchSpec``
 or a preset name. ``flowrl.parallel.shard_spec`` splits a ModelShape over a layout.
+``NamedShape`` is a model known by its parameters' names and shapes alone (a vision-language model:
+vision tower and language model under transformers' in-memory names), which only layouts of whole
+parameters hold (``flowrl.parallel.named_spec``).
 
 Letters: V vocab, h hidden, F ffn, F_e one expert's width, E experts, d head_dim.
 Pure code: no torch, no I/O (except reading a config.json path).
@@ -14,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-__all__ = ["ModelShape", "model_shape"]
+__all__ = ["ModelShape", "NamedShape", "model_shape"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,6 +147,42 @@ class ModelShape:
         return shapes
 
 
+@dataclass(frozen=True, kw_only=True)
+class NamedShape:
+    """A model known by its HF parameters alone: ``params`` (name, full shape) in ``named_parameters``
+    order, tied weights once. Hashable, so a reshard job keyed by it is cached like one of a ModelShape."""
+
+    model_type: str
+    params: tuple[tuple[str, tuple[int, ...]], ...]
+    def __post_init__(self) -> None:
+        if not self.params:
+            raise ValueError(f"NamedShape({self.model_type}): no parameters")
+        names = [n for n, _ in self.params]
+        if len(set(names)) != len(names):
+            raise ValueError(f"NamedShape({self.model_type}): a parameter name repeats")
+        for name, shape in self.params:
+            if not shape or any(not isinstance(d, int) or d < 1 for d in shape):
+                raise ValueError(f"NamedShape({self.model_type}): {name} has shape {shape}; every parameter "
+                                 "needs at least one dim, each >= 1")
+
+    @classmethod
+    def from_shapes(cls, shapes: Mapping[str, tuple[int, ...]], *, model_type: str) -> NamedShape:
+        return cls(model_type=model_type, params=tuple((n, tuple(int(d) for d in s)) for n, s in shapes.items()))
+
+    @property
+    def is_moe(self) -> bool:
+        return False
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the token embedding (0 when no parameter is named ``*embed_tokens.weight``)."""
+        return next((s[0] for n, s in self.params if n.endswith("embed_tokens.weight")), 0)
+
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every parameter and its full shape, in ``named_parameters`` order."""
+        return dict(self.params)
+
+
 def _moe_config(get: Callable[..., Any]) -> dict[str, Any]:
     """The MoE fields of a transformers config (Qwen3-MoE, Mixtral); {} for a dense model.
     Refuses what the shard styles cannot describe, naming the key."""
@@ -169,11 +208,11 @@ def _moe_config(get: Callable[..., Any]) -> dict[str, Any]:
             "moe_ffn_hidden_size": int(width)}
 
 
-def model_shape(model: Any) -> ModelShape:
-    """A ModelShape from a ModelShape, a transformers config / ``ArchSpec`` / dict, a config path,
+def model_shape(model: Any) -> ModelShape | NamedShape:
+    """A ModelShape from a ModelShape (a NamedShape is itself), a transformers config / ``ArchSpec`` / dict, a config path,
     a parameter count preset (``"7B"``, ``7e9``: ``model_spec``'s standard shapes) or a MoE
     preset name (``"qwen3-30b-a3b"``, ``"qwen3-235b-a22b"``)."""
-    if type(model) is ModelShape:
+    if type(model) in (ModelShape, NamedShape):
         return model
     if hasattr(model, "ffn_hidden_size") and hasattr(model, "num_kv_heads"):  # convert.ArchSpec
         moe = getattr(model, "moe", None)

@@ -73,3 +73,52 @@ def test_fsdp_vlm_at_two_ranks_matches_dp(tmp_path):
     diff = max(float((state[k] - dp["state"][k]).abs().max()) for k in state)
     assert diff <= 5e-5, diff
     assert ranks[0]["metrics"]["actor/grad_norm"] == pytest.approx(dp["metrics"]["actor/grad_norm"], rel=1e-5)
+
+
+def sync_into_generator(rank: int, world: int, model_dir: str, table: pa.Table) -> dict:
+    """One rank of the hybrid weight sync: one fsdp update (the weights leave what is on disk),
+    then the run's colocated job (``job_for_run``) into an ``hf`` generator loaded from disk, by
+    both transports (the target zeroed first); the generator's parameters after each."""
+    from flowrl.backends.generate.hf import HFGenerator
+    from flowrl.backends.reshard import job_for_run, run_rank
+    from flowrl.config import load_config
+    from flowrl.roles.policy import PolicyRole
+
+    from flowrl_testing.fsdp import actor_cfg
+
+    role = PolicyRole(rank=rank, world_size=world, model_dir=model_dir, actor=actor_cfg("fsdp", world),
+                      use_old_logprobs=False, response_length=6)
+    per = table.num_rows // world
+    role.update(table.slice(rank * per, per), mini_batch_rows=per)
+    gen = HFGenerator(model_dir)
+    out: dict = {"trainer": role.hf_state_dict()}
+    for transport in ("planned", "naive"):
+        cfg = load_config(None, [f"model.path={model_dir}", "actor.strategy=fsdp", f"actor.data_parallel_size={world}",
+                                 f"rollout.data_parallel_size={world}", f"rollout.reshard_transport={transport}"])
+        job = job_for_run(cfg, colocated=True)
+        target = gen.reshard_target()
+        for t in target.values():
+            t.zero_()
+        stats = run_rank(job, src_rank=job.placement.src.index(rank), dst_rank=job.placement.dst.index(rank),
+                         src=role.engine.reshard_source(), dst=target)
+        out[transport] = {"state": {n: p.detach().clone() for n, p in gen.model.named_parameters()}, "stats": stats}
+    return out
+
+
+@pytest.mark.timeout(600)
+def test_fsdp_vlm_weights_reach_the_hf_generator_bit_for_bit(tmp_path):
+    """The reshard of a tiny Qwen2-VL from FSDP2 at 2 ranks into the hf generator (every parameter
+    whole by its HF name, vision tower included): the generator holds the trainer's weights exactly."""
+    from flowrl.models.tiny_vlm import save_tiny_vlm
+
+    model_dir = str(save_tiny_vlm(tmp_path / "model"))
+    ranks = run_ranks(2, sync_into_generator, model_dir, vlm_batch(model_dir), timeout_s=500)
+    trainer = ranks[0]["trainer"]
+    assert any(k.startswith("model.visual.") for k in trainer)
+    for r in ranks:
+        for transport in ("planned", "naive"):
+            state = r[transport]["state"]
+            assert set(state) <= set(trainer) and any(k.startswith("model.visual.") for k in state)
+            bad = [k for k in state if not torch.equal(state[k], trainer[k])]
+            assert not bad, (transport, bad[:5])
+        assert r["planned"]["stats"]["bytes_received"] == 0  # each rank's replica is local

@@ -238,7 +238,7 @@ def test_freeze_vision_tower_keeps_the_tower_and_trains_the_rest(vlm_dir):
         assert not torch.equal(engine.model.lm_head.weight, lm)
 
 
-def test_preflight_refuses_a_vlm_on_megatron_and_vllm(vlm_dir):
+def test_preflight_refuses_a_vlm_on_megatron_and_vllm_and_takes_fsdp(vlm_dir):
     from flowrl.config import ConfigError, load_config
     from flowrl.config.vlm_checks import check_vlm
 
@@ -248,10 +248,41 @@ def test_preflight_refuses_a_vlm_on_megatron_and_vllm(vlm_dir):
     cfg = load_config(None, [f"model.path={vlm_dir}", "rollout.name=vllm"])
     with pytest.raises(ConfigError, match="rollout.name"):
         check_vlm(cfg, model_path=vlm_dir)
-    cfg = load_config(None, [f"model.path={vlm_dir}", "actor.strategy=fsdp"])
-    with pytest.raises(ConfigError, match="actor.strategy='fsdp'.*reshard"):
+    cfg = load_config(None, [f"model.path={vlm_dir}", "actor.strategy=fsdp", "rollout.name=vllm"])
+    with pytest.raises(ConfigError, match="rollout.name='vllm'.*not given the images"):
         check_vlm(cfg, model_path=vlm_dir)
     check_vlm(load_config(None, [f"model.path={vlm_dir}"]), model_path=vlm_dir)  # dp + hf: fine
+    # fsdp + hf: the weight sync moves every parameter whole by name (flowrl.parallel.named_spec)
+    check_vlm(load_config(None, [f"model.path={vlm_dir}", "actor.strategy=fsdp"]), model_path=vlm_dir)
+
+
+def test_a_vlms_reshard_job_holds_every_parameter_whole_by_name(vlm_dir):
+    """The run's colocated job of an fsdp trainer (2 ranks) into the hf generator: the model is the
+    VLM's parameters by name (vision tower included), each rank copies its own replica, nothing
+    crosses; split or fused layouts of it are refused."""
+    from flowrl.backends.reshard import job_for_run
+    from flowrl.config import load_config
+    from flowrl.models.vlm import param_shapes
+    from flowrl.parallel.mesh import ParallelDims
+    from flowrl.parallel.model_shape import NamedShape
+    from flowrl.parallel.named_spec import named_shard_spec
+
+    cfg = load_config(None, [f"model.path={vlm_dir}", "actor.strategy=fsdp", "actor.data_parallel_size=2",
+                             "rollout.data_parallel_size=2"])
+    job = job_for_run(cfg, colocated=True)
+    shapes = param_shapes(vlm_dir)
+    assert isinstance(job.model, NamedShape) and job.model.param_shapes() == shapes
+    assert any(n.startswith("model.visual.") for n in shapes)
+    src, dst = job.specs()
+    assert src.params == dst.params == shapes and src.num_params == sum(torch.Size(s).numel() for s in shapes.values())
+    stats = job.summary()
+    assert stats.bytes_sent == stats.bytes_min == 0 and stats.model_bytes == src.num_params * 4  # every replica is local
+    for p in (0, 1):
+        assert job.min_bytes(p) == 0
+    with pytest.raises(ValueError, match="tp=2 would split them"):
+        named_shard_spec(job.model, ParallelDims(dp=1, tp=2, pp=1))
+    with pytest.raises(ValueError, match="vllm-style layout"):
+        named_shard_spec(job.model, ParallelDims(dp=1, tp=1, pp=1), style="vllm")
 
 
 def test_dashboard_samples_show_the_prompt_images_as_thumbnails(tmp_path):

@@ -54,7 +54,8 @@ from flowrl.backends.reshard.wire import HOST
 from flowrl.parallel.mesh import ParallelDims
 from flowrl.parallel.reshard_plan import Placement, Transfer, plan_for_rank
 from flowrl.parallel.reshard_schedule import Schedule, schedule_rank
-from flowrl.parallel.shard_spec import ShardSpec, piece_index, shard_spec
+from flowrl.parallel.named_spec import spec_for
+from flowrl.parallel.shard_spec import ShardSpec, piece_index
 
 __all__ = ["HOST", "Staging", "check_tensors", "execute_schedule", "run_rank"]
 
@@ -172,7 +173,7 @@ def _run_naive(job: ReshardJob, *, process: int, pg: Any, src: Tensors | None,
                dst: Tensors | None, dst_rank: int | None, wire: torch.dtype,
                staging: Staging) -> dict[str, int]:
     src_spec, dst_spec = job.specs()
-    full = shard_spec(src_spec.model, ParallelDims(dp=1, tp=1, pp=1), style="hf")
+    full = spec_for(src_spec.model, ParallelDims(dp=1, tp=1, pp=1), style="hf")
     placement = job.placement
     root = placement.src[0]
     gather = schedule_rank(
