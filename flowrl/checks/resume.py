@@ -12,6 +12,14 @@ The record (``meta.json``'s ``extra["resume_fingerprint"]``, :func:`record`) hol
 - ``stream`` (the stream mode's weight version and queue) and ``family`` (the family's driver
   state), as hashes.
 
+No RNG state is recorded because none is carried across steps: the driver draws from no global
+generator (a step's prompts are ``np.random.default_rng([trainer.seed, epoch])``'s permutation,
+:meth:`flowrl.data.prompts.PromptDataset.batch`; the generation seed is a function of
+``trainer.seed``, the step and the round, ``graphs/pieces.py``'s ``gen_seed``; the engines seed
+each call with it), so ``seed`` and ``data`` above cover every draw. A digest of the process's
+``random`` / numpy / torch global states would compare states nothing reads and that no
+checkpoint restores, and refuse correct resumes.
+
 After the groups are restored (``Run.start_workers``) the same record is taken from the live
 state and compared (:func:`compare`): a difference is the check ``resume``'s failure, naming each
 field that differs (``trainer.checks.resume=error`` refuses the resume). The pure part here
