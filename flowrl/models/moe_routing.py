@@ -76,7 +76,26 @@ def is_moe(model: torch.nn.Module) -> bool:
 
 
 # --------------------------------------------------------------------------- generation
-class RouteRecorder:
+class _RouterHooks:
+    """A forward hook on every router (``self.routers``) while the ``with`` block runs; a subclass
+    gives ``_hook(i)``, the hook of router ``i``."""
+
+    routers: list[torch.nn.Module]
+
+    def __enter__(self):  # noqa: ANN204 - the subclass
+        self._handles = [router.register_forward_hook(self._hook(i)) for i, router in enumerate(self.routers)]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _hook(self, i: int):  # noqa: ANN202 - a forward hook
+        raise NotImplementedError
+
+
+class RouteRecorder(_RouterHooks):
     """Forward hooks that keep each router's ``router_indices`` of the model's last call.
 
     ``with RouteRecorder(model) as rec: model(...); routes_NRk = rec.take()``.
@@ -85,17 +104,6 @@ class RouteRecorder:
     def __init__(self, model: torch.nn.Module) -> None:
         self.routers = moe_routers(model)
         self._last: list[torch.Tensor | None] = [None] * len(self.routers)
-        self._handles: list[Any] = []
-
-    def __enter__(self) -> "RouteRecorder":
-        for i, router in enumerate(self.routers):
-            self._handles.append(router.register_forward_hook(self._hook(i)))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
 
     def _hook(self, i: int):  # noqa: ANN202 - a forward hook
         def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
@@ -200,7 +208,7 @@ class MoeLossSettings:
         return self.aux_loss_coeff > 0 or self.z_loss_coeff > 0
 
 
-class RouterTap:
+class RouterTap(_RouterHooks):
     """Forward hooks for one trainer forward: replay (``replay_NRk``, -1: keep the router's
     choice) and the logits / experts used of every layer (``logits``, ``indices``)."""
 
@@ -212,17 +220,6 @@ class RouterTap:
         self.logits: list[torch.Tensor] = []
         self.indices: list[torch.Tensor] = []
         self.replayed = 0
-        self._handles: list[Any] = []
-
-    def __enter__(self) -> "RouterTap":
-        for i, router in enumerate(self.routers):
-            self._handles.append(router.register_forward_hook(self._hook(i)))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
 
     def _hook(self, layer: int):  # noqa: ANN202 - a forward hook
         def hook(module: torch.nn.Module, args: Any, output: Any) -> Any:
