@@ -76,6 +76,7 @@ def _generator(*, on_cuda=False, lora=None, in_process=True):
     gen = object.__new__(vbackend.VLLMGenerator)
     gen.llm, gen.on_cuda, gen.in_process, gen.lora = FakeLLM(), on_cuda, in_process, lora
     gen.free_cache_engine, gen.eos_ids, gen.tensor_parallel_size = True, {2}, 1
+    gen.model_dir = None  # no checkpoint-layout conversion of the fake's tensors
     return gen
 
 

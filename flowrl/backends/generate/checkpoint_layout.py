@@ -27,10 +27,14 @@ def _skeleton(model_dir: str) -> Any:
         return cls._from_config(config) if hasattr(cls, "_from_config") else cls.from_config(config)
 
 
-def checkpoint_layout(state: dict[str, Any], model_dir: str) -> dict[str, Any]:
+def checkpoint_layout(state: dict[str, Any], model_dir: str | None) -> dict[str, Any]:
     """``state`` (transformers' in-memory names, whole tensors) under the checkpoint's names and
-    shapes; the same dict when the model has no conversion (dense models, Qwen2/3)."""
+    shapes; the same dict when the model has no conversion (dense models, Qwen2/3) or no
+    directory is known (``None``: the names are taken as they are)."""
     from transformers.core_model_loading import revert_weight_conversion
+
+    if model_dir is None:
+        return state
 
     out = revert_weight_conversion(_skeleton(model_dir), dict(state))
     return out if out.keys() != state.keys() else state
