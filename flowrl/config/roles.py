@@ -255,8 +255,8 @@ class ActorConfig(ParallelFields):
               f"set actor.strategy={either(replay)}, or actor.router_replay=false")
         vision = TRAIN_BACKENDS.names_where(lambda s: s.vision_language)
         check(not self.freeze_vision_tower or spec.vision_language, "freeze_vision_tower",
-              self.freeze_vision_tower, f"vision-language models train in the {' and '.join(vision)} strategies, not "
-              f"actor.strategy={self.strategy}", f"set actor.strategy={either(vision)}")
+              self.freeze_vision_tower, f"a vision tower is not built in flowrl for actor.strategy={self.strategy}: "
+              f"vision-language models train in the {' and '.join(vision)} strategies", f"set actor.strategy={either(vision)}")
         vpp = self.virtual_pipeline_model_parallel_size
         check(isinstance(vpp, int) and vpp >= 1, "virtual_pipeline_model_parallel_size", vpp, "must be an integer >= 1", "use 1")
         if vpp > 1:
