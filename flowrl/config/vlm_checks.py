@@ -2,12 +2,16 @@
 one with, refused on the driver before any worker starts (``flowrl.run.preflight``).
 
 A VLM trains in a strategy whose spec says ``vision_language`` (``dp``, ``fsdp``), with a
-generation backend that ``takes_images`` (``hf``) in the same processes (:mod:`flowrl.backends.vlm`).
-The generator decodes with the trainer's own module (``whole_module``: ``dp``) or gets the weights
-by a reshard of whole parameters under their HF names, vision tower included (an ``hf``-layout
-trainer such as ``fsdp`` into the ``hf`` generator at tp = 1: ``flowrl.parallel.named_spec``);
-megatron does not build its vision tower, the vLLM backend is not fed the images, multi-turn rollouts and Ulysses sequence parallelism do not carry
-them, and a critic or reward model on it would read the ``<|image_pad|>`` tokens without the picture.
+generation backend that ``takes_images`` (``hf``; :mod:`flowrl.backends.vlm`), in any placement.
+The generator decodes with the trainer's own module (``whole_module``: ``dp`` in the hybrid
+placement) or gets the weights by a reshard of whole parameters under their HF names, vision tower
+included (an ``hf``-layout trainer, ``dp`` or ``fsdp``, into the ``hf`` generator at tp = 1:
+``flowrl.parallel.named_spec``; measured on the embedded task in the hybrid, split and colocated
+placements). Refused: megatron (it does not build the vision tower); the vLLM backend (not fed the
+images; vLLM 0.32's CPU build cannot even load a Qwen2-VL: its ``qwen2_vl.py`` imports
+transformers' torchvision image processor, and torchvision for CPU torch is not installable there);
+multi-turn rollouts and Ulysses sequence parallelism (they do not carry the images); a critic or
+reward model on it would read the ``<|image_pad|>`` tokens without the picture.
 """
 
 from __future__ import annotations
@@ -39,14 +43,6 @@ def check_vlm(cfg: Any, *, model_path: str) -> None:
     if cfg.rollout.multi_turn.enable:
         raise ConfigError("rollout.multi_turn.enable", True, f"{what}; multi-turn rollouts do not carry images",
                           "set rollout.multi_turn.enable=false")
-    from flowrl.config.pools import resolve_placement
-
-    placement, why = resolve_placement(cfg)
-    if placement != "hybrid":
-        raise ConfigError("cluster.placement", cfg.cluster.placement, f"{what}; it runs only with cluster.placement="
-                          f"hybrid (the generator in the trainer's processes), this run's is {placement}"
-                          f"{f' ({why})' if why else ''}: separate generation workers are not run with images",
-                          "set cluster.placement=hybrid (or auto) with a hybrid-capable layout")
     sp = getattr(cfg.actor, "ulysses_sequence_parallel_size", 1)
     if sp != 1:
         raise ConfigError("actor.ulysses_sequence_parallel_size", sp, f"{what}; Ulysses sequence parallelism does "

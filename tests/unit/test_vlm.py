@@ -254,6 +254,7 @@ def test_preflight_refuses_a_vlm_on_megatron_and_vllm_and_takes_fsdp(vlm_dir):
     check_vlm(load_config(None, [f"model.path={vlm_dir}"]), model_path=vlm_dir)  # dp + hf: fine
     # fsdp + hf: the weight sync moves every parameter whole by name (flowrl.parallel.named_spec)
     check_vlm(load_config(None, [f"model.path={vlm_dir}", "actor.strategy=fsdp"]), model_path=vlm_dir)
+    check_vlm(load_config(None, [f"model.path={vlm_dir}", "cluster.placement=split"]), model_path=vlm_dir)
 
 
 def test_a_vlms_reshard_job_holds_every_parameter_whole_by_name(vlm_dir):
