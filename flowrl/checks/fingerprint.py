@@ -231,6 +231,19 @@ def compare(reports: list[dict], *, rtol: float = RTOL) -> tuple[list[Mismatch],
     return mismatches, len(want)
 
 
+def trainer_total(reports: list[dict]) -> float | None:
+    """The trainer's weights as one number: the sum of its reference replica's fingerprints, in
+    the values :func:`compare` holds the engine to (bf16-rounded where the engine is bf16); the
+    ``engine_moved`` check compares it from one sync to the next. None without a trainer report."""
+    src = [r for r in reports if r["side"] == "src"]
+    if not src:
+        return None
+    bf16 = any(r["dtype"] == "bfloat16" for r in reports if r["side"] == "dst")
+    key = "rounded" if bf16 and all(r["rounded"] is not None for r in src) else "parts"
+    sums = _sum_replicas(src, key)
+    return float(sum(f for f, _ in sums[min(sums)][0].values()))
+
+
 class WeightSyncMismatch(CheckFailed):
     """The weights a generation engine holds after a sync are not the trainer's
     (``trainer.checks.weight_sync=error``): the check ``weight_sync``'s failure, raised in the sync

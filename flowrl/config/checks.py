@@ -52,6 +52,10 @@ class ChecksConfig:
     """After every weight sync the trainer's ranks and the generation ranks fingerprint every
     parameter slice they hold (the generation side reads its engine's own weights; with LoRA the
     adapters it installed) and the sync compares them: a mismatch names the parameter and ranks."""
+    engine_moved: Mode = "warn"
+    """With ``weight_sync``: each generation engine scores a fixed probe batch right after a sync;
+    when the trainer's weights changed since the last sync, the probe's log-probs must have changed
+    too (an engine sampling an old copy or the base model keeps them)."""
     resume: Mode = "error"
     """A resume restores what its checkpoint recorded (parameters, optimizer step and state norms,
     data position, seeds, the async queue, the family's state): a mismatch refuses the resume,

@@ -60,22 +60,28 @@ def reshard(actor: BoundCall, rollout: BoundCall, _after: Any, job: "ReshardJob"
 def verify_fingerprints(per_process: list[dict], mode: str) -> dict[str, float]:
     """Compare the fingerprint reports the ranks attached (popped from their statistics):
     ``reshard/fingerprint_params`` (parameters compared), ``reshard/fingerprint_mismatch`` (how
-    many differ), ``reshard/fingerprint_s`` (the slowest rank's fingerprint time). A mismatch
+    many differ), ``reshard/fingerprint_s`` (the slowest rank's fingerprint time), and for the
+    ``engine_moved`` check the engine's probe log-prob and the trainer's total fingerprint
+    (``reshard/probe_logp``, ``reshard/fingerprint_src``). A mismatch
     raises :class:`~flowrl.checks.fingerprint.WeightSyncMismatch` in ``error`` mode (naming the
     parameter and the ranks), is logged in ``warn`` mode."""
+    probes = [p for p in (stats.pop("probe_logp", None) for stats in per_process) if p is not None]
     reports = [r for stats in per_process for r in (stats.pop("fingerprint", None) or [])]
     if mode == "off" or not reports:
         return {}
-    from flowrl.checks.fingerprint import WeightSyncMismatch, compare, mismatch_message
+    from flowrl.checks.fingerprint import WeightSyncMismatch, compare, mismatch_message, trainer_total
+    from flowrl.checks.sync import PROBE, TRAINER
 
     mismatches, compared = compare(reports)
     if mismatches and mode == "error":
         raise WeightSyncMismatch(mismatch_message(mismatches, compared))
     if mismatches:
         log.warning("%s", mismatch_message(mismatches, compared))
+    total = trainer_total(reports)
+    probe = {PROBE: probes[0], TRAINER: total} if probes and total is not None else {}  # checks.engine_moved
     return {names.RESHARD_PREFIX + "fingerprint_params": float(compared),
             names.RESHARD_PREFIX + "fingerprint_mismatch": float(len(mismatches)),
-            names.RESHARD_PREFIX + "fingerprint_s": max(r["seconds"] for r in reports)}
+            names.RESHARD_PREFIX + "fingerprint_s": max(r["seconds"] for r in reports), **probe}
 
 
 def reshard_metrics(per_process: list[dict], seconds: float) -> dict[str, float]:

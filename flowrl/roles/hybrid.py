@@ -192,8 +192,19 @@ class HybridRole:
         engines; this rank is process ``rank``): nothing to do when generation reads the training
         parameters, else this rank's part of the plan over the group's own process group. Given
         a split job, this group is the sending side, as a ``PolicyRole`` group is. ``fingerprint``:
-        with this rank's fingerprints of both sides (``trainer.checks.weight_sync``)."""
+        with this rank's fingerprints of both sides (``trainer.checks.weight_sync``) and its engine's
+        probe log-probs (``trainer.checks.engine_moved``)."""
         torch.set_num_threads(self.num_threads)
+        stats = self._sync(job, fingerprint)
+        engine = getattr(self.rollout.inner, "engine", None)
+        written = getattr(job, "placement", None) is None or job.placement.kind == "colocated"  # this engine took it
+        if fingerprint and written and engine is not None and not self.shared:  # trainer.checks.engine_moved
+            from flowrl.checks.sync import probe_logp
+
+            stats["probe_logp"] = probe_logp(engine)
+        return stats
+
+    def _sync(self, job: "ReshardJob | AdapterJob", fingerprint: bool) -> dict:
         if not hasattr(job, "placement"):  # an AdapterJob: LoRA into the engine in this process
             return self._adapters(job, fingerprint)
         placement = job.placement

@@ -191,7 +191,16 @@ class RolloutRole:
         """Receive this rank's generation tensors from the trainer (``flowrl.backends.reshard``);
         an ``AdapterJob`` (LoRA into vLLM): the adapters, installed as the engine's LoRA adapter.
         ``fingerprint``: with this rank's fingerprints of the weights its engine now holds
-        (``trainer.checks.weight_sync``, :mod:`flowrl.checks.fingerprint`)."""
+        (``trainer.checks.weight_sync``, :mod:`flowrl.checks.fingerprint`) and, on an engine rank,
+        its log-probs of the fixed probe batch (``probe_logp``: ``trainer.checks.engine_moved``)."""
+        stats = self._take_sync(job, fingerprint)
+        if fingerprint and self.engine is not None:
+            from flowrl.checks.sync import probe_logp
+
+            stats["probe_logp"] = probe_logp(self.engine)
+        return stats
+
+    def _take_sync(self, job: "ReshardJob | AdapterJob", fingerprint: bool) -> dict:
         from flowrl.backends.reshard import AdapterJob, run_adapter_rank, run_rank
         from flowrl.checks import fingerprint as fp
 

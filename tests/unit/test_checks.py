@@ -219,7 +219,7 @@ def test_a_rewind_counts_on_from_the_checkpoints_streak():
 
 
 def test_unknown_names_and_modes_are_refused():
-    with pytest.raises(ValueError, match="unknown check 'nope'; valid: chat_template, finite, logprob_agreement"):
+    with pytest.raises(ValueError, match="unknown check 'nope'; valid: chat_template, engine_moved, finite, logprob_agreement"):
         StepChecks({"nope": "error"}, LIMITS)
     with pytest.raises(ValueError, match="trainer.checks.tokens='loud': not a mode; use one of off, warn, error"):
         StepChecks({"tokens": "loud"}, LIMITS)
