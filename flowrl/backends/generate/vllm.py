@@ -227,6 +227,8 @@ class VLLMGenerator:
 
     _lora_request: Any = None
     """The installed LoRA adapter's ``LoRARequest`` (None: base or merged weights, no adapter)."""
+    model_dir: str | None = None
+    """The checkpoint directory (its layout is what weight syncs are given in, :func:`checkpoint_layout`)."""
     _lora_version = 0
     """Id of the last adapter installed (each install takes the next)."""
     _sleeping: frozenset[str] = frozenset()
