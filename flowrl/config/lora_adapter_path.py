@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,8 @@ __all__ = ["adapter_settings", "resolve_adapter"]
 
 
 def adapter_settings(path: str) -> dict[str, Any]:
-    """``{"lora_rank", "lora_alpha", "target_modules", "modules_to_save"}`` of the adapter in
-    ``path`` (peft's ``adapter_config.json``); ConfigError naming the key, the path and the fix."""
+    """``{"lora_rank", "lora_alpha", "target_modules", "modules_to_save", "exclude_modules"}`` of the
+    adapter in ``path`` (peft's ``adapter_config.json``); ConfigError naming the key, the path and the fix."""
     directory = Path(path)
     config_file = directory / "adapter_config.json"
     if not config_file.is_file():
@@ -42,7 +43,19 @@ def adapter_settings(path: str) -> dict[str, Any]:
                           "use an adapter saved with a list of module names (or all-linear)")
     return {"lora_rank": int(config["r"]), "lora_alpha": int(config.get("lora_alpha") or config["r"]),
             "target_modules": targets if isinstance(targets, str) else sorted(targets),
-            "modules_to_save": list(config.get("modules_to_save") or [])}
+            "modules_to_save": list(config.get("modules_to_save") or []),
+            "exclude_modules": exclude_pattern(config.get("exclude_modules"))}
+
+
+def exclude_pattern(excluded: Any) -> str:
+    """peft's ``exclude_modules`` as the one regular expression of ``model.exclude_modules``: a
+    string is one already (peft: ``re.fullmatch``); a list of names becomes the pattern peft's list
+    means (a module named so, or whose name ends in ``.`` + one of them); none: empty."""
+    if not excluded:
+        return ""
+    if isinstance(excluded, str):
+        return excluded
+    return r"(?:.*\.)?(?:" + "|".join(re.escape(name) for name in sorted(excluded)) + ")"
 
 
 def resolve_adapter(cfg: Any) -> Any:

@@ -7,6 +7,7 @@ config --fields`` prints.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -94,6 +95,11 @@ class ModelConfig:
     target_modules: str | list[str] = "all-linear"
     """Modules that get adapters: ``all-linear`` (every linear layer but the output head, peft's)
     or module names (a list, or comma-separated: ``q_proj,v_proj``)."""
+    exclude_modules: str = ""
+    """With LoRA: a regular expression over full module names (``model.layers.0.self_attn.q_proj``);
+    a module it matches whole gets no adapter even if ``target_modules`` names it (peft's
+    ``exclude_modules``, verl's key: ``.*visual.*`` keeps a vision-language model's vision tower
+    without adapters). Empty: none left out."""
     modules_to_save: str | list[str] = ""
     """With LoRA: modules trained whole next to the adapters, peft's ``modules_to_save`` (a list,
     or comma-separated; empty: none). ``embed_tokens`` trains the input embedding, and with tied
@@ -111,11 +117,26 @@ class ModelConfig:
               "must be an integer > 0", "use e.g. 16 (or 2 * lora_rank)")
         check(not self.modules_to_save or self.lora_rank > 0, "modules_to_save", self.modules_to_save,
               "trains modules next to LoRA adapters", "set model.lora_rank > 0, or leave modules_to_save empty")
+        check_exclude_modules(self)
         names_ok = (isinstance(self.target_modules, str) and bool(self.target_modules.strip(" ,"))) or (
             isinstance(self.target_modules, (list, tuple)) and bool(self.target_modules)
             and all(isinstance(t, str) and t for t in self.target_modules))
         check(names_ok, "target_modules", self.target_modules, "must be all-linear or non-empty module names",
               "use all-linear, or e.g. [q_proj,v_proj]")
+
+
+def check_exclude_modules(model: ModelConfig) -> None:
+    """``model.exclude_modules``: a string that compiles as a regular expression (read with LoRA only,
+    as ``target_modules`` is)."""
+    pattern = model.exclude_modules
+    check(isinstance(pattern, str), "exclude_modules", pattern, "must be one regular expression",
+          "use e.g. '.*visual.*' (a module's full name must match it whole)")
+    if not pattern:
+        return
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        check(False, "exclude_modules", pattern, f"is not a regular expression ({exc})", "use e.g. '.*visual.*'")
 
 
 @dataclass(kw_only=True)

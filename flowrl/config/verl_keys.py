@@ -303,8 +303,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k(f"{AR}.model.lora.*", "refuse", does="options of verl's LoRA block (Megatron LoRA)",
        nearest="model.lora_rank, model.lora_alpha, model.target_modules", accept=_OFF),
     _k(f"{AR}.model.lora_adapter_path", "map", "model.lora_adapter_path"),  # its settings apply (lora_adapter.py)
-    _k(f"{AR}.model.exclude_modules", "refuse", does="modules LoRA leaves out", nearest="model.target_modules",
-       accept=_OFF),
+    _k(f"{AR}.model.exclude_modules", "map", "model.exclude_modules"),  # peft's regex (flowrl.models.lora)
     _k(f"{AR}.model.mtp.*", "refuse", does="multi-token prediction", nearest="none", accept=_OFF),
     _k(f"{AR}.model.use_shm", "noop", does="copies the model to shared memory for faster loading",
        nearest="a loading speed option"),

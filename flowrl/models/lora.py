@@ -1,5 +1,6 @@
 """LoRA adapters on a transformers causal LM through peft, with verl's settings (``model.lora_rank``,
-``model.lora_alpha``, ``model.target_modules``), and the model's own weights with the adapters merged.
+``model.lora_alpha``, ``model.target_modules``, ``model.exclude_modules``), and the model's own
+weights with the adapters merged.
 
 peft injects its layers in place: after :func:`add_adapters` the transformers model's parameter
 names gain ``.base_layer`` (the frozen weight, ``...q_proj.base_layer.weight``) and
@@ -41,6 +42,10 @@ class LoraSpec:
     adapter_path: str = ""
     """A saved adapter the adapters start from (``model.lora_adapter_path``,
     :mod:`flowrl.models.lora_adapter`); empty: fresh adapters (B = 0)."""
+    exclude_modules: str = ""
+    """A regular expression: modules whose full name it matches get no adapter, even if targeted
+    (peft's ``exclude_modules``, ``re.fullmatch``; verl's ``model.exclude_modules``, e.g.
+    ``.*visual.*``); empty: none left out."""
 
     def __post_init__(self) -> None:
         if self.rank < 1 or self.alpha <= 0:
@@ -60,14 +65,16 @@ class LoraSpec:
         save = tuple(t.strip() for t in save.split(",") if t.strip()) if isinstance(save, str) else tuple(save)
         return cls(rank=int(model_cfg.lora_rank), alpha=int(model_cfg.lora_alpha),
                    target_modules=targets if isinstance(targets, str) else tuple(targets), modules_to_save=save,
-                   adapter_path=getattr(model_cfg, "lora_adapter_path", "") or "")
+                   adapter_path=getattr(model_cfg, "lora_adapter_path", "") or "",
+                   exclude_modules=getattr(model_cfg, "exclude_modules", "") or "")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> LoraSpec:
         targets = d["target_modules"]
         return cls(rank=int(d["rank"]), alpha=int(d["alpha"]),
                    target_modules=targets if isinstance(targets, str) else tuple(targets),
-                   modules_to_save=tuple(d.get("modules_to_save", ())), adapter_path=d.get("adapter_path", ""))
+                   modules_to_save=tuple(d.get("modules_to_save", ())), adapter_path=d.get("adapter_path", ""),
+                   exclude_modules=d.get("exclude_modules", ""))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (a checkpoint's ``extra.lora``, an engine keyword argument)."""
@@ -76,6 +83,8 @@ class LoraSpec:
                "target_modules": targets if isinstance(targets, str) else list(targets)}
         if self.adapter_path:
             out["adapter_path"] = self.adapter_path
+        if self.exclude_modules:  # only when set: the records of runs without it are unchanged
+            out["exclude_modules"] = self.exclude_modules
         return {**out, "modules_to_save": list(self.modules_to_save)} if self.modules_to_save else out
 
     @property
@@ -87,7 +96,7 @@ class LoraSpec:
         targets = self.target_modules if isinstance(self.target_modules, str) else list(self.target_modules)
         return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": self.rank, "lora_alpha": self.alpha,
                 "target_modules": targets, "lora_dropout": 0.0, "bias": "none", "use_rslora": False,
-                "use_dora": False, "modules_to_save": None}
+                "use_dora": False, "modules_to_save": None, "exclude_modules": self.exclude_modules or None}
 
     def peft_config(self) -> Any:
         """peft's ``LoraConfig`` (no dropout, no bias: the forward is deterministic, as verl's)."""
@@ -96,7 +105,8 @@ class LoraSpec:
         targets = self.target_modules if isinstance(self.target_modules, str) else list(self.target_modules)
         save = list(self.modules_to_save) or None
         return LoraConfig(task_type="CAUSAL_LM", r=self.rank, lora_alpha=self.alpha, target_modules=targets,
-                          lora_dropout=0.0, bias="none", modules_to_save=save, ensure_weight_tying=bool(save))
+                          exclude_modules=self.exclude_modules or None, lora_dropout=0.0, bias="none",
+                          modules_to_save=save, ensure_weight_tying=bool(save))
 
 
 def add_adapters(model: Any, spec: LoraSpec) -> Any:

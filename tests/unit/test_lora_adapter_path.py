@@ -39,7 +39,8 @@ def test_the_adapter_loads_as_verls_peft_from_pretrained(tiny_model_dir, tmp_pat
 
     path = str(_saved_adapter(tiny_model_dir, tmp_path / "adapter"))
     settings = adapter_settings(path)
-    assert settings == {"lora_rank": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "modules_to_save": []}
+    assert settings == {"lora_rank": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "modules_to_save": [],
+                        "exclude_modules": ""}
     cfg = load_config(None, [f"model.lora_adapter_path={path}"])
     spec = LoraSpec.from_config(resolve_adapter(cfg).model)
     assert (spec.rank, spec.alpha, spec.target_modules, spec.adapter_path) == (4, 8, ("q_proj", "v_proj"), path)

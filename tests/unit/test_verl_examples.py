@@ -151,7 +151,8 @@ def test_the_catalogue_counts(tmp_path):
     Gsm8kTool as flowrl.agents.verl_tools.Gsm8kTool, or flowrl Tool classes) takes
     sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn_vllm_fsdp.sh. Then 51 / 25 / 0: verl's optimal_token_baseline
     estimator (sum_pi_squared from the actor's pre-update pass) takes otb_trainer/run_qwen2_5-7b.sh.
-    Then 52 / 24 / 0: actor.freeze_vision_tower maps to flowrl's (dp, fsdp): run_qwen2_5_vl-7b_freeze_vision.sh."""
+    Then 52 / 24 / 0: actor.freeze_vision_tower maps to flowrl's (dp, fsdp): run_qwen2_5_vl-7b_freeze_vision.sh.
+    Then 53 / 23 / 0: model.exclude_modules (peft's regex, flowrl.models.lora) takes run_qwen2_5_vl-7b_lora.sh."""
     counts, _ = measure(tmp_path)
     assert counts["unknown"] == 0 and counts["hydra"] == 0 and counts["preflight"] == 0
-    assert (counts["accepted"], counts["named"], counts["value"]) == (52, 24, 0)
+    assert (counts["accepted"], counts["named"], counts["value"]) == (53, 23, 0)
