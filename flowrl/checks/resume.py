@@ -103,15 +103,22 @@ def _local_optimizer_norms(optimizer: Any) -> tuple[dict[str, float], int | None
     return norms, step
 
 
-def record(per_rank: list[dict | None], *, layout: str, next_step: int, batch: str, seed: int,
-           stream: Any, family: Any) -> dict:
-    """The record of a checkpoint (or of a resumed run's live state) from the trainer ranks'
-    :func:`engine_state` (rank order) and the driver's state."""
+def _trainer(per_rank: list[dict | None], layout: str) -> dict:
     ranks = [r or {} for r in per_rank]
     return {"params": ranks[0].get("params", {}), "optim_step": ranks[0].get("optim_step"),
-            "optim_norms": [r.get("optim_norms", {}) for r in ranks], "layout": layout,
-            "data": {"next_step": next_step, "batch": batch}, "seed": seed,
-            "stream": digest(stream) if stream is not None else None, "family": digest(family)}
+            "optim_norms": [r.get("optim_norms", {}) for r in ranks], "layout": layout}
+
+
+def record(per_rank: list[dict | None], *, layout: str, next_step: int, batch: str, seed: int,
+           stream: Any, family: Any, critic: list[dict | None] | None = None, critic_layout: str = "") -> dict:
+    """The record of a checkpoint (or of a resumed run's live state) from the trainer ranks'
+    :func:`engine_state` (rank order), the critic's ranks' (PPO; under ``critic``) and the
+    driver's state."""
+    out = {**_trainer(per_rank, layout), "data": {"next_step": next_step, "batch": batch}, "seed": seed,
+           "stream": digest(stream) if stream is not None else None, "family": digest(family)}
+    if critic is not None:
+        out["critic"] = _trainer(critic, critic_layout)
+    return out
 
 
 def _close(a: float, b: float, scale: float) -> bool:
@@ -122,21 +129,10 @@ def compare(saved: Mapping[str, Any] | None, live: Mapping[str, Any], path: str)
     """The resumed run's live record against its checkpoint's: ok, or each field that differs."""
     if not saved:
         return skipped(f"{path} records no resume fingerprint (saved by an older flowrl)")
-    diffs: list[str] = []
-    params_saved, params_live = saved.get("params", {}), live.get("params", {})
-    wrong = [n for n, (f, s) in params_saved.items()
-             if n not in params_live or not _close(f, params_live[n][0], s)]
-    if wrong:
-        diffs.append(f"parameters ({len(wrong)} of {len(params_saved)}: {', '.join(wrong[:3])}) differ from those "
-                     "saved (the checkpoint's weights were changed, or a restore that loaded other weights)")
-    if saved.get("optim_step") != live.get("optim_step"):
-        diffs.append(f"optimizer step {live.get('optim_step')} restored, {saved.get('optim_step')} saved")
-    if saved.get("layout") == live.get("layout"):
-        for rank, (a, b) in enumerate(zip(saved.get("optim_norms", []), live.get("optim_norms", []))):
-            for name in sorted(set(a) | set(b)):
-                if name not in a or name not in b or not _close(a[name], b[name], 0.0):
-                    diffs.append(f"optimizer state {name} on trainer rank {rank}: squared norm "
-                                 f"{b.get(name, math.nan):.9g} restored, {a.get(name, math.nan):.9g} saved")
+    diffs = _trainer_diffs(saved, live, "")
+    if saved.get("critic") is not None:  # PPO's critic (records saved before it have none)
+        diffs += _trainer_diffs(saved["critic"], live.get("critic") or {}, "critic ")
+    params_saved = saved.get("params", {})
     d_saved, d_live = saved.get("data", {}), live.get("data", {})
     if d_saved.get("next_step") != d_live.get("next_step"):
         diffs.append(f"data position: the run continues at step {d_live.get('next_step')}, the checkpoint was "
@@ -152,7 +148,29 @@ def compare(saved: Mapping[str, Any] | None, live: Mapping[str, Any], path: str)
         diffs.append("the family's driver state restored differs from the one saved")
     if diffs:
         return Verdict(False, float(len(diffs)), f"resume from {path} does not restore what it saved: " + "; ".join(diffs))
-    return Verdict(True, 0.0, f"{len(params_saved)} parameters, the optimizer, data position and driver state restored")
+    critic = f", the critic's {len(saved['critic'].get('params', {}))} and its optimizer" if saved.get("critic") else ""
+    return Verdict(True, 0.0, f"{len(params_saved)} parameters, the optimizer{critic}, data position and driver state "
+                   "restored")
+
+
+def _trainer_diffs(saved: Mapping[str, Any], live: Mapping[str, Any], who: str) -> list[str]:
+    """What differs of one trainer's record (the actor's, ``who`` empty, or the critic's)."""
+    diffs: list[str] = []
+    params_saved, params_live = saved.get("params", {}), live.get("params", {})
+    wrong = [n for n, (f, s) in params_saved.items()
+             if n not in params_live or not _close(f, params_live[n][0], s)]
+    if wrong:
+        diffs.append(f"{who}parameters ({len(wrong)} of {len(params_saved)}: {', '.join(wrong[:3])}) differ from "
+                     "those saved (the checkpoint's weights were changed, or a restore that loaded other weights)")
+    if saved.get("optim_step") != live.get("optim_step"):
+        diffs.append(f"{who}optimizer step {live.get('optim_step')} restored, {saved.get('optim_step')} saved")
+    if saved.get("layout") == live.get("layout"):
+        for rank, (a, b) in enumerate(zip(saved.get("optim_norms", []), live.get("optim_norms", []))):
+            for name in sorted(set(a) | set(b)):
+                if name not in a or name not in b or not _close(a[name], b[name], 0.0):
+                    diffs.append(f"{who}optimizer state {name} on trainer rank {rank}: squared norm "
+                                 f"{b.get(name, math.nan):.9g} restored, {a.get(name, math.nan):.9g} saved")
+    return diffs
 
 
 def stream_position(state: Mapping[str, Any] | None) -> dict | None:

@@ -94,6 +94,15 @@ class CriticRole:
         return self.engine.train_step_values(mini, micro_batch_size=cfg.ppo_micro_batch_size_per_gpu, loss_fn=loss_fn)
 
     # ----------------------------------------------------------------- state
+    def resume_state(self) -> dict:
+        """Every rank: its part of a checkpoint's resume record (``trainer.checks.resume``, under
+        ``critic``; :func:`flowrl.checks.resume.engine_state`), as the policy role's."""
+        from flowrl.catalog.backends import CheckpointKind
+        from flowrl.checks.resume import engine_state
+
+        with self.residency.resident(optimizer=True):
+            return engine_state(self.engine, self.rank, sharded=self.checkpoint_kind is CheckpointKind.SHARDED)
+
     def save_checkpoint(self, path: str, *, step: int, extra: dict) -> dict | None:
         """Every rank: the value model's parameters and AdamW state as checkpoint ``path``
         (``extra`` plus ``optim_step`` in its meta); ``{"path", "optim_step"}`` on rank 0, None

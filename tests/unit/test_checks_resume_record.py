@@ -79,3 +79,17 @@ def test_sharded_engines_gather_on_every_rank_and_full_ones_on_rank_zero():
     assert [e.calls for e in full] == [["checkpoint_state"], []]
     assert outs[0]["optim_step"] == 3 and outs[0]["optim_norms"] == {"exp_avg": 4.0}
     assert outs[1]["optim_step"] is None and "params" not in outs[1]
+
+
+def test_the_ppo_critics_parameters_and_optimizer_are_recorded_and_compared():
+    critic = [{"params": {"score.weight": [0.5, 1.0]}, "optim_step": 4, "optim_norms": {"exp_avg": 0.25}}]
+    saved = _record(critic=critic, critic_layout="dp x1")
+    assert saved["critic"]["params"] == {"score.weight": [0.5, 1.0]} and compare(saved, copy.deepcopy(saved), "c").ok
+    live = copy.deepcopy(saved)
+    live["critic"]["params"]["score.weight"][0] = 0.75  # a critic restored from other weights
+    live["critic"]["optim_step"] = 0
+    verdict = compare(saved, live, "ckpt")
+    assert verdict.ok is False and verdict.value == 2
+    assert "critic parameters (1 of 1: score.weight)" in verdict.message
+    assert "critic optimizer step 0 restored, 4 saved" in verdict.message
+    assert compare(_record(), _record(critic=critic), "old").ok  # a record saved before the critic's: not judged
