@@ -27,6 +27,7 @@ from typing import Any
 
 from flowrl.config.errors import ConfigError
 from flowrl.config.verl_batch import per_gpu_micro_batches
+from flowrl.config.verl_reward import reward_manager
 from flowrl.config.verl_keys import (_NO, _OFF, AR, KNOCK_ON, REFUSED_VALUES, VERL_KEYS, VERL_NAMES,  # noqa: F401
                                      VerlKey, _k)  # the table, re-exported
 
@@ -347,6 +348,7 @@ def derive(flat: dict[str, Any]) -> dict[str, Any]:
         out["rollout.multi_turn.tool_reward_coef"] = 0.0  # verl keeps its tools' step rewards out of the score
     out.update(per_gpu_micro_batches(flat))  # verl's global micro-batches, per GPU (verl_batch)
     out.update(_rollout_correction(flat))
+    out.update(reward_manager(flat))  # naive, or dapo with its overlong penalty (verl_reward)
     gpus = flat.get("trainer.n_gpus_per_node")
     if gpus is not None:
         world = int(gpus) * int(flat.get("trainer.nnodes") or 1)

@@ -146,8 +146,18 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     _k("reward_model.model.path", "map", "reward_model.model_path"),
     _k("reward_model.model.input_tokenizer", "refuse", does="re-tokenises responses for a reward model with "
        "another tokenizer", nearest="a reward model sharing the policy's tokenizer", accept=_OFF),
-    _k("reward_model.reward_manager", "refuse", does="how rule rewards are computed (naive, prime, dapo, ...)",
-       nearest="algorithm.reward_fn; reward_model.overlong_buffer for DAPO", accept=("naive", None)),
+    # verl's reward managers (flowrl.config.verl_reward): naive is flowrl's reward stage; dapo adds DAPO's
+    # overlong penalty from reward_kwargs (reward_model.overlong_buffer.*); the others are refused by name
+    _k("reward_model.reward_manager", "derive", does="how rule rewards are computed: naive (algorithm.reward_fn), "
+       "dapo (and the overlong penalty of reward_model.reward_kwargs.overlong_buffer_cfg); others refused by name"),
+    _k("reward.reward_manager.name", "derive", does="the reward manager (verl's newer key): as reward_model.reward_manager"),
+    *(_k(f"reward_model.reward_kwargs.overlong_buffer_cfg.{name}", "derive",
+         does=f"the dapo manager's overlong penalty: reward_model.overlong_buffer.{name}")
+      for name in ("enable", "len", "penalty_factor")),
+    _k("reward_model.reward_kwargs.max_resp_len", "derive", does="the dapo manager's overlong budget: must be the "
+       "response length, from which reward_model.overlong_buffer counts"),
+    _k("reward_model.reward_kwargs.overlong_buffer_cfg.log", "noop", does="logs the overlong penalty per sample",
+       nearest="flowrl logs reward/overlong_penalty/mean and reward/overlong_frac whenever the penalty is on"),
     _k("sandbox_fusion.*", "map", "sandbox.*"),  # url, max_concurrent, memory_limit_mb (issue 38)
     _k("reward.sandbox_fusion.*", "map", "sandbox.*"),
     _k("reward_model.sandbox_fusion.*", "map", "sandbox.*"),

@@ -152,7 +152,10 @@ def test_the_catalogue_counts(tmp_path):
     sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn_vllm_fsdp.sh. Then 51 / 25 / 0: verl's optimal_token_baseline
     estimator (sum_pi_squared from the actor's pre-update pass) takes otb_trainer/run_qwen2_5-7b.sh.
     Then 52 / 24 / 0: actor.freeze_vision_tower maps to flowrl's (dp, fsdp): run_qwen2_5_vl-7b_freeze_vision.sh.
-    Then 53 / 23 / 0: model.exclude_modules (peft's regex, flowrl.models.lora) takes run_qwen2_5_vl-7b_lora.sh."""
+    Then 53 / 23 / 0: model.exclude_modules (peft's regex, flowrl.models.lora) takes run_qwen2_5_vl-7b_lora.sh.
+    Then 54 / 22 / 0: verl's dapo reward manager is flowrl's reward stage with its overlong penalty
+    (reward_kwargs.overlong_buffer_cfg -> reward_model.overlong_buffer, flowrl.config.verl_reward):
+    gmpo_trainer/test_dapo_qwen3_30b_math.sh (test_dapo_7b_math.sh stays refused for override_config)."""
     counts, _ = measure(tmp_path)
     assert counts["unknown"] == 0 and counts["hydra"] == 0 and counts["preflight"] == 0
-    assert (counts["accepted"], counts["named"], counts["value"]) == (53, 23, 0)
+    assert (counts["accepted"], counts["named"], counts["value"]) == (54, 22, 0)
