@@ -102,7 +102,8 @@ def run_dpo(warm: Path, pairs: dict, run_dir: Path, **kw: Any) -> dict[str, Any]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=1200)
     wall = time.perf_counter() - start
     if proc.returncode:
-        raise RuntimeError(f"{' '.join(command)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"{' '.join(command)} failed ({proc.returncode}):\n"
+                           f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     done = [line for line in proc.stdout.splitlines() if line.startswith("done:")]
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     last = metrics[-1]
@@ -168,7 +169,8 @@ def main() -> None:
     result = {
         "benchmark": "dpo_accuracy", "warm_model": str(warm), "warm_model_steps": task.warmup_steps,
         "held_out": f"all {before['num_prompts']} prompts of the test split", "before": before,
-        "pairs": {str(t): {k: v for k, v in p.items() if k not in ("train_files", "val_files")} for t, p in pairs.items()},
+        "pairs": {str(t): {k: v for k, v in p.items() if k not in ("train_files", "val_files")}
+                  for t, p in pairs.items()},
         "settings": {"steps": args.steps, "beta": args.beta, "lr": args.lr, "batch_pairs": 64,
                      "torch_threads_eval": 1},
         "runs": runs, "total_s": round(time.perf_counter() - start, 1),
