@@ -5,6 +5,8 @@ to and including EOS and the log-prob of each sampled token under ``logits / tem
 (``logits`` for greedy), which is vLLM's ``logprobs_mode="processed_logprobs"`` when top-k/top-p
 are off. With top-k or top-p on, vLLM's processed log-probs are those of the truncated,
 renormalised distribution (the one it samples from); the trainer recomputes its own either way.
+A vision-language model's prompts carry their images (``generate`` / ``logprobs`` ``images=``):
+:mod:`.vllm_images` (not yet reached by a run: ``flowrl.config.vlm_checks``).
 
 Seeds go per request batch: each :meth:`generate` call seeds the engine's workers once (from
 ``seed``) and its requests carry no seeds of their own, so vLLM samples the whole batch in one
@@ -60,6 +62,8 @@ from flowrl.backends.generate.vllm_install import (  # noqa: F401 - re-exported:
     CPU_HEAD_SIZES, CUDA_COMPANIONS, INSTALL_HINT, MIN_VERSION, VLLMUnavailableError, check_installed,
     import_vllm, model_head_size, vllm_problem, _installed_version)
 from flowrl.backends.generate.checkpoint_layout import checkpoint_layout
+from flowrl.backends.generate.vllm_images import (
+    check_expanded, image_logprobs, image_pad_id, image_requests, vlm_engine_kwargs)
 from flowrl.backends.generate.vllm_lora import install_adapter, lora_engine_kwargs
 from flowrl.backends.generate.vllm_weights import (  # noqa: F401 - _read_safetensors re-exported for the checks
     _chunks, _read_safetensors, _rng_state, _set_rng_state, ipc_bucket)
@@ -309,7 +313,7 @@ class VLLMGenerator:
             kwargs["distributed_executor_backend"] = "external_launcher"
         kwargs.update(scheduler_kwargs(on_cuda=self.on_cuda, max_num_batched_tokens=max_num_batched_tokens,
                                        enable_chunked_prefill=enable_chunked_prefill, max_model_len=max_model_len),
-                      **lora_engine_kwargs(self.lora))
+                      **lora_engine_kwargs(self.lora), **vlm_engine_kwargs(model_dir))
         if self.on_cuda:
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.free_cache_engine)
         if self.uses_ipc:
@@ -318,13 +322,12 @@ class VLLMGenerator:
 
     # ----------------------------------------------------------------- generation
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams, *, seed: int = 0, micro_batch_size: int = 256
-    ) -> tuple[list[list[int]], list[list[float]]]:
+        self, prompts: list[list[int]], params: SamplingParams, *, seed: int = 0, micro_batch_size: int = 256,
+        images: list | None = None) -> tuple[list[list[int]], list[list[float]]]:
         """Sample ``params.n`` responses per prompt; results are prompt-major (prompt 0's n
-        samples first). ``micro_batch_size`` is unused: the engine's ``max_num_seqs`` bounds
-        its batch."""
+        samples first). ``images[i]``: prompt i's encoded images (a VLM; :mod:`.vllm_images`).
+        ``micro_batch_size`` is unused: the engine's ``max_num_seqs`` bounds its batch."""
         from vllm import SamplingParams as VSamplingParams
-        from vllm.inputs import TokensPrompt
 
         self.wake_up()
         sampling = VSamplingParams(
@@ -337,9 +340,10 @@ class VLLMGenerator:
             stop_token_ids=sorted(self.eos_ids),
             detokenize=False,
         )  # no per-request seed: the batch is seeded once (_batch_seed)
-        requests = [TokensPrompt(prompt_token_ids=list(prompt)) for prompt in prompts for _ in range(params.n)]
+        requests = image_requests(prompts, images, n=params.n, pad_id=image_pad_id(self.model_dir))
         with self._batch_seed(None if params.greedy else seed):
             outputs = self.llm.generate(requests, sampling, use_tqdm=False, lora_request=self._lora_request)
+        check_expanded(outputs, prompts, images, n=params.n)  # vLLM's image tokens are flowrl's
         responses: list[list[int]] = []
         logprobs: list[list[float]] = []
         for out in outputs:
@@ -384,13 +388,12 @@ class VLLMGenerator:
                                                  in_process=self.in_process)
 
     def logprobs(self, prompts: list[list[int]], responses: list[list[int]], *,
-                 temperature: float = 1.0) -> list[list[float]]:
-        """Teacher-forced log-probs (multi-turn rollouts' tool tokens; see :mod:`.vllm_logprobs`)."""
-        from flowrl.backends.generate.vllm_logprobs import teacher_forced_logprobs
-
+                 temperature: float = 1.0, images: list | None = None) -> list[list[float]]:
+        """Teacher-forced log-probs (multi-turn rollouts' tool tokens; see :mod:`.vllm_logprobs`),
+        after each prompt's ``images`` if given (:mod:`.vllm_images`)."""
         self.wake_up()
-        return teacher_forced_logprobs(self.llm, prompts, responses, temperature=temperature,
-                                       lora_request=self._lora_request)
+        return image_logprobs(self.llm, prompts, responses, images, pad_id=image_pad_id(self.model_dir),
+                              temperature=temperature, lora_request=self._lora_request)
 
     def reshard_target(self) -> dict[str, Any]:
         """Not offered: vLLM repacks, fuses and pads its live weights, so a reshard stages this
