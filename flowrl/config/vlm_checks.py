@@ -7,10 +7,10 @@ The generator decodes with the trainer's own module (``whole_module``: ``dp`` in
 placement) or gets the weights by a reshard of whole parameters under their HF names, vision tower
 included (an ``hf``-layout trainer, ``dp`` or ``fsdp``, into the ``hf`` generator at tp = 1:
 ``flowrl.parallel.named_spec``; measured on the embedded task in the hybrid, split and colocated
-placements). Refused: megatron (it does not build the vision tower); the vLLM backend (not fed the
-images; vLLM 0.32's CPU build cannot even load a Qwen2-VL: its ``qwen2_vl.py`` imports
-transformers' torchvision image processor, and torchvision for CPU torch is not installable there);
-multi-turn rollouts and Ulysses sequence parallelism (they do not carry the images); a critic or
+placements). Refused: megatron (it does not build the vision tower); the vLLM backend
+(:data:`NOT_TAKEN`: it generates and scores prompts with images, :mod:`flowrl.backends.generate.vllm_images`,
+but the weight sync has no layout that carries a VLM into it, and vLLM 0.32's CPU build cannot load a
+Qwen2-VL at all); multi-turn rollouts and Ulysses sequence parallelism (they do not carry the images); a critic or
 reward model on it would read the ``<|image_pad|>`` tokens without the picture.
 """
 
@@ -20,6 +20,15 @@ from typing import Any
 
 from flowrl.catalog.backends import GEN_BACKENDS, TRAIN_BACKENDS, ShardStyle, either
 from flowrl.config.errors import ConfigError
+
+NOT_TAKEN = {
+    "vllm": "the vllm backend generates with the images (flowrl.backends.generate.vllm_images, GPU builds; "
+            "vLLM 0.32's CPU build cannot load a Qwen2-VL: its qwen2_vl.py imports transformers' torchvision "
+            "image processor) but no weight sync carries a VLM into it: the reshard's layouts of a VLM hold "
+            "its parameters whole in the hf style only (flowrl.parallel.named_spec), not vLLM's staged one",
+}
+"""Why a generation backend whose spec does not ``takes_images`` refuses a VLM, where more is known
+than that it is not given the images."""
 
 
 def check_vlm(cfg: Any, *, model_path: str) -> None:
@@ -37,8 +46,9 @@ def check_vlm(cfg: Any, *, model_path: str) -> None:
             raise ConfigError(f"{section}.strategy", strategy, f"{what}, which the {strategy} strategy does not build "
                               "(no vision tower)", f"set {section}.strategy={builders}")
     if not GEN_BACKENDS.spec(cfg.rollout.name).takes_images:
-        raise ConfigError("rollout.name", cfg.rollout.name, f"{what}; this generation backend is not given the "
-                          "images", f"set rollout.name={either(GEN_BACKENDS.names_where(lambda s: s.takes_images))}")
+        why = NOT_TAKEN.get(cfg.rollout.name, "this generation backend is not given the images")
+        raise ConfigError("rollout.name", cfg.rollout.name, f"{what}; {why}",
+                          f"set rollout.name={either(GEN_BACKENDS.names_where(lambda s: s.takes_images))}")
     _check_weight_sync(cfg, what)
     if cfg.rollout.multi_turn.enable:
         raise ConfigError("rollout.multi_turn.enable", True, f"{what}; multi-turn rollouts do not carry images",
