@@ -53,6 +53,9 @@ def check_vlm(cfg: Any, *, model_path: str) -> None:
     if cfg.rollout.multi_turn.enable:
         raise ConfigError("rollout.multi_turn.enable", True, f"{what}; multi-turn rollouts do not carry images",
                           "set rollout.multi_turn.enable=false")
+    if cfg.trainer.partial_rollout:  # flowrl.roles.partial continues a response from its ids alone
+        raise ConfigError("trainer.partial_rollout", True, f"{what}; partial rollouts continue each response "
+                          "without its prompt's images", "set trainer.partial_rollout=false")
     sp = getattr(cfg.actor, "ulysses_sequence_parallel_size", 1)
     if sp != 1:
         raise ConfigError("actor.ulysses_sequence_parallel_size", sp, f"{what}; Ulysses sequence parallelism does "

@@ -251,6 +251,10 @@ def test_preflight_refuses_a_vlm_on_megatron_and_vllm_and_takes_fsdp(vlm_dir):
     cfg = load_config(None, [f"model.path={vlm_dir}", "actor.strategy=fsdp", "rollout.name=vllm"])
     with pytest.raises(ConfigError, match="rollout.name=.vllm.*no weight sync carries a VLM into it"):
         check_vlm(cfg, model_path=vlm_dir)
+    cfg = load_config(None, [f"model.path={vlm_dir}", "trainer.async_mode=stream", "trainer.staleness=1",
+                             "trainer.partial_rollout=true"])
+    with pytest.raises(ConfigError, match="trainer.partial_rollout.*without its prompt's images"):
+        check_vlm(cfg, model_path=vlm_dir)
     check_vlm(load_config(None, [f"model.path={vlm_dir}"]), model_path=vlm_dir)  # dp + hf: fine
     # fsdp + hf: the weight sync moves every parameter whole by name (flowrl.parallel.named_spec)
     check_vlm(load_config(None, [f"model.path={vlm_dir}", "actor.strategy=fsdp"]), model_path=vlm_dir)
