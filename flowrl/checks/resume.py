@@ -78,18 +78,33 @@ def engine_state(engine: Any, rank: int, *, sharded: bool) -> dict:
     return out
 
 
+def _torch_states(optimizer: Any) -> list[Mapping] | None:
+    """The per-parameter state dicts of a torch optimizer, or of those a wrapper chains
+    (megatron-core's ``ChainedOptimizer.chained_optimizers``, each promoting its inner torch
+    optimizer's ``state``); None for an optimizer without them."""
+    chained = getattr(optimizer, "chained_optimizers", None)
+    if chained is not None:
+        parts = [_torch_states(o) for o in chained]
+        return None if any(p is None for p in parts) else [m for p in parts for m in p]
+    try:
+        state = getattr(optimizer, "state", None)
+    except AttributeError:  # a wrapper's promoted property without its inner optimizer
+        return None
+    return [state] if isinstance(state, Mapping) else None
+
+
 def _local_optimizer_norms(optimizer: Any) -> tuple[dict[str, float], int | None]:
     """Squared norms of a torch optimizer's states over the tensors this rank holds (a DTensor's
     local shard), and its step; ({}, None) for an optimizer without torch's per-parameter
     ``state`` dict (nothing of it is compared then)."""
     import torch
 
-    state = getattr(optimizer, "state", None)
-    if not isinstance(state, Mapping):
+    states = _torch_states(optimizer)
+    if states is None:
         return {}, None
     norms: dict[str, float] = {}
     step = None
-    for per_param in state.values():
+    for per_param in (pp for state in states for pp in state.values()):
         if not isinstance(per_param, Mapping):
             return {}, None
         for name, t in per_param.items():
@@ -101,6 +116,22 @@ def _local_optimizer_norms(optimizer: Any) -> tuple[dict[str, float], int | None
             else:
                 norms[name] = norms.get(name, 0.0) + float(local.double().pow(2).sum())
     return norms, step
+
+
+LAYOUT_KEYS = ("strategy", "data_parallel_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+               "virtual_pipeline_model_parallel_size", "use_distributed_optimizer", "ulysses_sequence_parallel_size")
+"""What decides which optimizer-state slices a trainer rank holds (the per-rank norms compare
+only between records of the same layout)."""
+
+
+def layout_key(group_cfg: Any, world_size: int) -> str:
+    """A trainer group's layout as the record names it: its strategy, world size and every
+    parallel size it sets (megatron's expert sizes too)."""
+    parts = [f"{k}={getattr(group_cfg, k)}" for k in LAYOUT_KEYS if hasattr(group_cfg, k)]
+    megatron = getattr(group_cfg, "megatron", None)
+    parts += [f"{k}={getattr(megatron, k)}" for k in ("expert_model_parallel_size", "expert_tensor_parallel_size")
+              if hasattr(megatron, k)]
+    return f"x{world_size} " + " ".join(parts)
 
 
 def _trainer(per_rank: list[dict | None], layout: str) -> dict:

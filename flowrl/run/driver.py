@@ -176,11 +176,11 @@ class Run:
         per_rank, _ = self.groups["actor"].bind().run("resume_state", gather_mode=Gather.ALL)
         actor, critic = self.groups["actor"], self.groups.get("critic")
         critic_ranks = critic.bind().run("resume_state", gather_mode=Gather.ALL)[0] if critic is not None else None
-        return resume.record(per_rank, layout=f"{self.cfg.actor.strategy} x{actor.world_size}", next_step=self.next_step,
+        return resume.record(per_rank, layout=resume.layout_key(self.cfg.actor, actor.world_size), next_step=self.next_step,
                              batch=resume.batch_digest(self.prompts(self.next_step)), seed=self.cfg.trainer.seed,
                              stream=resume.stream_position(self.source.state_dict()),
                              family=self.family.state.state_dict(), critic=critic_ranks,
-                             critic_layout=f"{self.cfg.critic.strategy} x{critic.world_size}" if critic else "")
+                             critic_layout=resume.layout_key(self.cfg.critic, critic.world_size) if critic else "")
 
     def verify_resume(self) -> None:
         """The restored state against what its checkpoint recorded (``trainer.checks.resume``):

@@ -30,8 +30,9 @@ from typing import Any
 
 CLOCK_PREFIXES = ("timing_s/", "timing_per_token_ms/", "compute_s/", "perf/")
 """Wall-clock readings: differ between any two runs."""
-SYNC_PREFIXES = ("reshard/", "checks/weight_sync")
-"""What a step reports of the previous step's weight sync: a resumed run's first step has none."""
+SYNC_PREFIXES = ("reshard/", "checks/weight_sync", "checks/engine_moved")
+"""What a step reports of the previous step's weight sync: a resumed run's first step has none
+(and ``engine_moved`` compares each sync's probe with the one before it, which a resume does not redo)."""
 
 
 def steady(key: str) -> bool:

@@ -45,7 +45,8 @@ def _rows(run_dir):
 
 def _steady(row):  # what is not a time (nor the previous step's weight sync, which a resumed run lacks)
     return {k: v for k, v in row.items() if not k.startswith(("timing_s/", "timing_per_token_ms/", "compute_s/", "perf/",
-                                                               "async/", "reshard/"))
+                                                               "async/", "reshard/", "checks/weight_sync",
+                                                               "checks/engine_moved"))
             and not k.endswith("_s")}
 
 

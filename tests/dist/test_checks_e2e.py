@@ -37,4 +37,4 @@ def test_a_constant_reward_stops_the_run_naming_the_check(tmp_path, tiny_model_d
         assert row["checks/tokens"] == 0.0 and row["checks/finite"] == 0.0 and row["checks/staleness"] == 0.0
     assert not (run_dir / "checkpoints").exists() or not list((run_dir / "checkpoints").glob("step_*"))
     out = capsys.readouterr().out
-    assert "health: chat_template=n/a resume=n/a finite=ok" in out and "reward_signal=FAIL" in out and "tokens=ok" in out
+    assert "health: chat_template=n/a resume=n/a engine_moved=n/a finite=ok" in out and "reward_signal=FAIL" in out and "tokens=ok" in out

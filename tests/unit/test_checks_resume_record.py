@@ -93,3 +93,41 @@ def test_the_ppo_critics_parameters_and_optimizer_are_recorded_and_compared():
     assert "critic parameters (1 of 1: score.weight)" in verdict.message
     assert "critic optimizer step 0 restored, 4 saved" in verdict.message
     assert compare(_record(), _record(critic=critic), "old").ok  # a record saved before the critic's: not judged
+
+
+def test_a_chained_optimizers_states_are_read_through_the_wrapper():
+    """megatron-core's ChainedOptimizer promotes no ``state`` of its own (its property raises):
+    the record reads each chained optimizer's, so a megatron checkpoint records its step."""
+    import torch
+
+    from flowrl.checks.resume import _local_optimizer_norms
+
+    class Inner:  # a MegatronOptimizer: ``state`` promoted from its torch optimizer
+        def __init__(self, value):
+            self.state = {0: {"step": torch.tensor(3.0), "exp_avg": torch.full((2,), value)}}
+
+    class Chained:
+        def __init__(self, *parts):
+            self.chained_optimizers = list(parts)
+
+        @property
+        def state(self):
+            raise AttributeError("'ChainedOptimizer' object has no attribute 'optimizer'")
+
+    norms, step = _local_optimizer_norms(Chained(Inner(1.0), Inner(2.0)))
+    assert step == 3 and norms == {"exp_avg": 2 * 1.0 + 2 * 4.0}
+    assert _local_optimizer_norms(Chained(Inner(1.0), object())) == ({}, None)
+
+
+def test_the_layout_names_every_parallel_size_so_other_meshes_are_not_compared():
+    from flowrl.checks.resume import layout_key
+    from flowrl.config import load_config
+
+    def key(*overrides):
+        cfg = load_config(None, ["actor.strategy=megatron", *overrides])
+        return layout_key(cfg.actor, 4)
+
+    tp2pp2 = key("actor.tensor_model_parallel_size=2", "actor.pipeline_model_parallel_size=2", "actor.data_parallel_size=1")
+    tp4 = key("actor.tensor_model_parallel_size=4", "actor.data_parallel_size=1")
+    assert tp2pp2 != tp4 and "tensor_model_parallel_size=2" in tp2pp2 and tp2pp2.startswith("x4 strategy=megatron")
+    assert key("actor.data_parallel_size=4") != key("actor.data_parallel_size=4", "actor.use_distributed_optimizer=true")
