@@ -142,24 +142,14 @@ def image_logprobs(llm: Any, prompts: list[list[int]], responses: list[list[int]
     log-probs of ``prompt + response`` (the prompt's pad runs collapsed, the response as it is),
     read at flowrl's positions once vLLM's expanded prompt is checked equal to flowrl's. Without
     images: :func:`flowrl.backends.generate.vllm_logprobs.teacher_forced_logprobs`."""
-    from flowrl.backends.generate.vllm_logprobs import _scaled, teacher_forced_logprobs
+    from flowrl.backends.generate.vllm_logprobs import prompt_logprob_params, read_logprobs, teacher_forced_logprobs
 
     if not _has_images(images):
         return teacher_forced_logprobs(llm, prompts, responses, temperature=temperature, lora_request=lora_request)
-    from vllm import SamplingParams as VSamplingParams
-
-    full = temperature != 1.0  # vllm_logprobs: the whole distribution, renormalised at the temperature
-    params = VSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=-1 if full else 0, detokenize=False)
     requests = image_requests(prompts, images, n=1, pad_id=pad_id)
     for request, response in zip(requests, responses, strict=True):
         request["prompt_token_ids"] = request["prompt_token_ids"] + list(response)
-    outputs = llm.generate(requests, [params] * len(requests), use_tqdm=False, lora_request=lora_request)
+    outputs = llm.generate(requests, [prompt_logprob_params(temperature)] * len(requests), use_tqdm=False,
+                           lora_request=lora_request)
     check_expanded(outputs, [list(p) + list(r) for p, r in zip(prompts, responses)], images)
-    out = []
-    for prompt, response, output in zip(prompts, responses, outputs):
-        steps = output.prompt_logprobs[len(prompt):]  # entry i: the distribution before token i
-        if full:
-            out.append([_scaled(step, tok, temperature) for tok, step in zip(response, steps, strict=True)])
-        else:
-            out.append([float(step[tok].logprob) for tok, step in zip(response, steps, strict=True)])
-    return out
+    return read_logprobs(prompts, responses, outputs, temperature)
