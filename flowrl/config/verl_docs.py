@@ -13,7 +13,8 @@ from typing import Any, Iterable
 
 HEADER = """# verl's configuration keys in flowrl
 
-Generated from the table in `flowrl/config/verl_keys.py` by
+Generated from the table in `flowrl/config/verl_keys.py` (merged there from its parts,
+`flowrl/config/verl_keys_*.py`: trainer, actor, rollout, critic_reward, fsdp, megatron) by
 `python -m flowrl.config.verl_keys --write docs/verl-keys.md` (without `--write` it prints); a unit
 test checks that this file is what the command writes, so edit the table, not this file.
 

@@ -40,3 +40,18 @@ def test_the_command_prints_or_writes(tmp_path, capsys):
     assert main(["--write", str(tmp_path / "keys.md")]) == 0 and (tmp_path / "keys.md").read_text() == document()
     run = subprocess.run([sys.executable, "-m", "flowrl.config.verl_keys"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and run.stdout == document() and not run.stderr
+
+
+def test_each_verl_key_is_in_one_part_of_the_table_once():
+    """The table is merged from one module per part of verl's config (flowrl.config.verl_keys_*): a key
+    written in two parts would be looked up as whichever came last, so each is there once."""
+    from collections import Counter
+
+    from flowrl.config import (verl_keys_actor, verl_keys_critic_reward, verl_keys_fsdp, verl_keys_megatron,
+                               verl_keys_rollout, verl_keys_trainer)
+
+    parts = (verl_keys_trainer.TRAINER_KEYS, verl_keys_actor.ACTOR_KEYS, verl_keys_rollout.ROLLOUT_KEYS,
+             verl_keys_critic_reward.CRITIC_REWARD_KEYS, verl_keys_fsdp.FSDP_KEYS, verl_keys_megatron.MEGATRON_KEYS)
+    assert VERL_KEYS == tuple(entry for part in parts for entry in part)
+    twice = [key for key, n in Counter(entry.verl for entry in VERL_KEYS).items() if n > 1]
+    assert not twice, twice
