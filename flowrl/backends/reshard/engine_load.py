@@ -58,7 +58,8 @@ def full_hf_job(job: ReshardJob, world_size: int) -> ReshardJob:
     processes (colocated): what an engine that slices its own shard out of whole tensors needs."""
     return make_job(job.model, src=job.src_dims, dst=ParallelDims(dp=world_size, tp=1, pp=1), placement="colocated",
                     src_style=job.src_style, dst_style="hf", transport=job.transport, bucket_bytes=job.bucket_bytes,
-                    wire_dtype=job.wire_dtype, make_vocab_size_divisible_by=job.make_vocab_size_divisible_by)
+                    wire_dtype=job.wire_dtype, make_vocab_size_divisible_by=job.make_vocab_size_divisible_by,
+                    devices=job.devices if job.devices is not None and len(job.devices) == world_size else None)
 
 
 def load_into_engine(job: ReshardJob, *, rank: int, world_size: int, train_engine: Any, engine: Any,

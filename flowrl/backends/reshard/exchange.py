@@ -42,15 +42,17 @@ staging buffer is free to reuse as soon as its copy returns.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Mapping
 
 import torch
 
 from flowrl.backends.interfaces import torch_dtype
-from flowrl.backends.reshard import wire as _wire
 from flowrl.backends.reshard.job import ReshardJob
+from flowrl.backends.reshard.rounds import BatchedRounds, HostRounds, group_backend, make_rounds
 from flowrl.backends.reshard.wire import HOST
+from flowrl.backends.reshard.wire_plan import choose_wire, wire_request
 from flowrl.parallel.mesh import ParallelDims
 from flowrl.parallel.reshard_plan import Placement, Transfer, plan_for_rank
 from flowrl.parallel.reshard_schedule import Schedule, schedule_rank
@@ -68,8 +70,8 @@ class Staging:
         self.live = 0
         self.peak = 0
 
-    def alloc(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        buf = torch.empty(numel, dtype=dtype, device=HOST)
+    def alloc(self, numel: int, dtype: torch.dtype, device: torch.device = HOST) -> torch.Tensor:
+        buf = torch.empty(numel, dtype=dtype, device=device)
         self.live += buf.nbytes
         self.peak = max(self.peak, self.live)
         return buf
@@ -109,49 +111,57 @@ def _dst_view(t: Transfer, dst: Tensors) -> torch.Tensor:
     return _view(dst, t.dst_local, t.dst_index, t.dim, t.dst_offset, t.length)
 
 
-def _as_is(view: torch.Tensor, wire: torch.dtype) -> bool:
-    """Whether a message may use ``view`` itself on the wire: one contiguous slice, of the wire
-    dtype, in host memory (else it is staged in host memory)."""
-    return _wire.on_host(view) and view.is_contiguous() and view.dtype == wire
+def _recv_buffer(m: Any, dst: Tensors, wire: torch.dtype, staging: Staging, rounds: Any,
+                 unpack: list) -> torch.Tensor:
+    """Where message ``m`` is received: the destination slice itself when the transport may use
+    it as is (one contiguous slice of the wire dtype where its buffers live), else a staging
+    buffer, unpacked after the round (``unpack``)."""
+    view = _dst_view(m.transfers[0], dst) if len(m.transfers) == 1 else None
+    if view is not None and rounds.as_is(view, wire):
+        return view
+    buf = staging.alloc(m.nbytes // wire.itemsize, wire, rounds.device)
+    unpack.append((m, buf))
+    return buf
+
+
+def _send_buffer(m: Any, src: Tensors, wire: torch.dtype, staging: Staging, rounds: Any,
+                 held: list) -> torch.Tensor:
+    """What message ``m`` sends: the source slice itself, or its slices packed into a staging
+    buffer (kept in ``held`` until the round is done)."""
+    views = [_src_view(t, src) for t in m.transfers]
+    if len(views) == 1 and rounds.as_is(views[0], wire):
+        return views[0]
+    buf = staging.alloc(m.nbytes // wire.itemsize, wire, rounds.device)
+    held.append(buf)
+    at = 0
+    for v in views:
+        buf[at:at + v.numel()].view(v.shape).copy_(v)
+        at += v.numel()
+    return buf
 
 
 @torch.no_grad()
 def execute_schedule(schedule: Schedule, *, process: int, pg: Any, src: Tensors | None,
-                     dst: Tensors | None, wire: torch.dtype, staging: Staging) -> dict[str, int]:
-    """Run this process's part of ``schedule`` (local copies, then rounds) over ``pg``."""
-    bpe = torch.empty((), dtype=wire).element_size()
+                     dst: Tensors | None, wire: torch.dtype, staging: Staging,
+                     rounds: HostRounds | BatchedRounds | None = None) -> dict[str, int]:
+    """Run this process's part of ``schedule`` (local copies, then rounds) over ``pg``, each
+    round posted by ``rounds`` (``rounds.py``; default: the host wire over ``pg``)."""
+    rounds = rounds if rounds is not None else HostRounds(pg)
     out = {"bytes_sent": 0, "bytes_received": 0, "bytes_local": 0}
     for t in schedule.local_for(process):
         _dst_view(t, dst).copy_(_src_view(t, src))
         out["bytes_local"] += t.nbytes
     for rnd in schedule.rounds:
-        i = rnd.tag
-        works, unpack, held = [], [], []
-        for m in rnd.messages:
-            if m.dst_process == process:
-                view = _dst_view(m.transfers[0], dst) if len(m.transfers) == 1 else None
-                if view is not None and _as_is(view, wire):
-                    buf = view
-                else:
-                    buf = staging.alloc(m.nbytes // bpe, wire)
-                    held.append(buf)
-                    unpack.append((m, buf))
-                works.append(pg.recv([_wire.check_wire(buf, "receive")], m.src_process, i))
+        unpack: list = []
+        held: list = []
+        for kind, m in rounds.order(rnd.messages, process):
+            if kind == "recv":
+                rounds.post("recv", _recv_buffer(m, dst, wire, staging, rounds, unpack), m.src_process, rnd.tag)
                 out["bytes_received"] += m.nbytes
-            elif m.src_process == process:
-                views = [_src_view(t, src) for t in m.transfers]
-                if len(views) == 1 and _as_is(views[0], wire):
-                    buf = views[0]
-                else:
-                    buf = staging.alloc(m.nbytes // bpe, wire)
-                    held.append(buf)
-                    at = 0
-                    for v in views:
-                        buf[at:at + v.numel()].view(v.shape).copy_(v)
-                        at += v.numel()
-                works.append(pg.send([_wire.check_wire(buf, "send")], m.dst_process, i))
+            else:
+                rounds.post("send", _send_buffer(m, src, wire, staging, rounds, held), m.dst_process, rnd.tag)
                 out["bytes_sent"] += m.nbytes
-        for work in works:
+        for work in rounds.flush():
             work.wait()
         for m, buf in unpack:
             at = 0
@@ -159,7 +169,7 @@ def execute_schedule(schedule: Schedule, *, process: int, pg: Any, src: Tensors 
                 view = _dst_view(t, dst)
                 view.copy_(buf[at:at + view.numel()].view(view.shape))
                 at += view.numel()
-        for buf in held:
+        for buf in [*held, *(buf for _, buf in unpack)]:
             staging.free(buf)
     return out
 
@@ -171,7 +181,7 @@ BROADCAST_TAG = 1 << 20
 @torch.no_grad()
 def _run_naive(job: ReshardJob, *, process: int, pg: Any, src: Tensors | None,
                dst: Tensors | None, dst_rank: int | None, wire: torch.dtype,
-               staging: Staging) -> dict[str, int]:
+               staging: Staging, rounds: HostRounds | BatchedRounds) -> dict[str, int]:
     src_spec, dst_spec = job.specs()
     full = spec_for(src_spec.model, ParallelDims(dp=1, tp=1, pp=1), style="hf")
     placement = job.placement
@@ -182,22 +192,23 @@ def _run_naive(job: ReshardJob, *, process: int, pg: Any, src: Tensors | None,
     receivers = sorted(set(placement.dst) - {root})
     flat = views = None
     if process == root or process in receivers:
-        flat = staging.alloc(full.num_params, wire)  # the whole model, materialised here
+        flat = staging.alloc(full.num_params, wire, rounds.device)  # the whole model, materialised here
         views, at = {}, 0
         for name, shape in full.params.items():
             n = int(torch.Size(shape).numel())
             views[name] = flat[at:at + n].view(shape)
             at += n
     out = execute_schedule(gather, process=process, pg=pg, src=src,
-                           dst=views if process == root else None, wire=wire, staging=staging)
+                           dst=views if process == root else None, wire=wire, staging=staging, rounds=rounds)
     if process == root:
-        works = [pg.send([_wire.check_wire(flat, "send")], p, BROADCAST_TAG) for p in receivers]
-        for work in works:
-            work.wait()
+        for p in receivers:
+            rounds.post("send", flat, p, BROADCAST_TAG)
         out["bytes_sent"] += flat.nbytes * len(receivers)
     elif process in receivers:
-        pg.recv([_wire.check_wire(flat, "receive")], root, BROADCAST_TAG).wait()
+        rounds.post("recv", flat, root, BROADCAST_TAG)
         out["bytes_received"] += flat.nbytes
+    for work in rounds.flush():
+        work.wait()
     if dst_rank is not None:  # cut this process's destination shard out of the full model
         for piece in dst_spec.shard_of(dst_rank).pieces:
             ndim = len(dst_spec.params[piece.param])
@@ -228,11 +239,14 @@ def _process_group(job: ReshardJob, process: int) -> Any:
 
 def run_rank(job: ReshardJob, *, src_rank: int | None = None, dst_rank: int | None = None,
              src: Tensors | None = None, dst: Tensors | None = None, pg: Any = None,
-             ) -> dict[str, float]:
+             wire: str | None = None) -> dict[str, Any]:
     """This process's part of ``job``: it hosts source rank ``src_rank`` (holding ``src``) and/or
-    destination rank ``dst_rank`` (whose ``dst`` tensors are overwritten in place). Returns the
-    byte counts, the staging peak, this process's minimum (what its destination shard lacks
-    locally; summed over the processes: the plan's) and the seconds spent."""
+    destination rank ``dst_rank`` (whose ``dst`` tensors are overwritten in place). ``wire``:
+    ``auto``, ``host`` or ``batched`` (None: ``FLOWRL_RESHARD_WIRE``, else ``auto``; every process
+    of the job must ask alike), chosen by ``wire_plan.choose_wire`` from the group's backend and
+    the job's ``devices``. Returns the byte counts, the staging peak, this process's minimum (what
+    its destination shard lacks locally; summed over the processes: the plan's), the wire taken
+    (``wire``: ``host``, ``device`` or ``batched``) and the seconds spent."""
     start = time.perf_counter()
     placement = job.placement
     procs = {placement.src[src_rank] if src_rank is not None else None,
@@ -246,15 +260,18 @@ def run_rank(job: ReshardJob, *, src_rank: int | None = None, dst_rank: int | No
         check_tensors(src_spec, src_rank, src, "source")
     if dst_rank is not None:
         check_tensors(dst_spec, dst_rank, dst, "destination")
+    request = wire_request(wire, os.environ)
     pg = pg if pg is not None else _process_group(job, process)
-    wire = torch_dtype(job.wire_dtype)
+    choice = choose_wire(request, backend=group_backend(pg), devices=job.devices)
+    rounds = make_rounds(choice, pg)
+    dtype = torch_dtype(job.wire_dtype)
     staging = Staging()
     if job.transport == "naive":
         out = _run_naive(job, process=process, pg=pg, src=src, dst=dst, dst_rank=dst_rank,
-                         wire=wire, staging=staging)
+                         wire=dtype, staging=staging, rounds=rounds)
     else:
         out = execute_schedule(job.rank_schedule(process), process=process, pg=pg, src=src,
-                               dst=dst, wire=wire, staging=staging)
+                               dst=dst, wire=dtype, staging=staging, rounds=rounds)
     return {**out, "peak_extra_bytes": staging.peak, "bytes_min": job.min_bytes(process),
             "model_bytes": dst_spec.num_params * job.bytes_per_element, "process": process,
-            "seconds": time.perf_counter() - start}
+            "wire": choice.name, "seconds": time.perf_counter() - start}

@@ -42,7 +42,7 @@ from flowrl.parallel.model_shape import NamedShape
 from flowrl.parallel.named_spec import spec_for
 from flowrl.parallel.shard_spec import STYLES, ModelShape, ShardSpec
 
-__all__ = ["DTYPE_BYTES", "TRANSPORTS", "ReshardJob", "job_for_run", "make_job"]
+__all__ = ["DTYPE_BYTES", "TRANSPORTS", "ReshardJob", "job_for_run", "make_job", "with_devices"]
 
 TRANSPORTS = ("planned", "naive")
 """``planned``: the planner's transfers, bucketed (colocated: within the group's process group;
@@ -68,6 +68,10 @@ class ReshardJob:
     make_vocab_size_divisible_by: int = 128
     joint: JointSpec | None = None
     """Split placement: the joint group spanning both worker groups; None: the group's own."""
+    devices: tuple[tuple[int, int] | None, ...] | None = None
+    """Each process's GPU from the run's device plan, ``(node, GPU)`` of its ``cuda:0`` (None
+    entries: no GPU); None: no plan (tests, tools). With the group's backend it decides the wire
+    (``wire_plan.choose_wire``); :func:`with_devices` fills it in."""
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORTS:
@@ -82,6 +86,10 @@ class ReshardJob:
         if self.joint is None and self.placement.kind != "colocated":
             raise ValueError(f"a {self.placement.kind} placement needs a joint process group "
                              "spanning both worker groups (ReshardJob.joint)")
+        processes = len(set(self.placement.src) | set(self.placement.dst))
+        if self.devices is not None and len(self.devices) != processes:
+            raise ValueError(f"ReshardJob.devices has {len(self.devices)} entries for the placement's "
+                             f"{processes} processes; build it with with_devices(job, ...)")
 
     @property
     def bytes_per_element(self) -> int:
@@ -121,6 +129,19 @@ class ReshardJob:
         """``process``'s rounds (``schedule_rank``); the bucket is checked against every
         parameter, so all processes accept or refuse it alike."""
         return _rank_schedule(self._key(), process, self.bucket_bytes)
+
+
+def with_devices(job: Any, src_devices: Any, dst_devices: Any) -> Any:
+    """``job`` with its processes' GPUs (``ReshardJob.devices``) from the device plan of the
+    source and destination worker groups (each a sequence of ``(node, GPU)`` or None per rank,
+    empty for a group without GPUs: ``WorkerGroup.devices``); any other job (adapters) as is."""
+    if not isinstance(job, ReshardJob):
+        return job
+    from dataclasses import replace
+
+    from flowrl.backends.reshard.wire_plan import process_devices
+
+    return replace(job, devices=process_devices(job.placement.kind, tuple(src_devices), tuple(dst_devices)))
 
 
 @lru_cache(maxsize=8)
