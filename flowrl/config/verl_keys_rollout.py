@@ -77,4 +77,13 @@ ROLLOUT_KEYS: tuple[VerlKey, ...] = (
     _k(f"{AR}.rollout.multi_turn.enable", "map", "rollout.multi_turn.enable"),
     # verl's tool config: its tools join flowrl's (flowrl.agents.verl_tools); tool_reward_coef=0 as verl (derive)
     _k(f"{AR}.rollout.multi_turn.tool_config_path", "map", "rollout.multi_turn.tool_config_path"),
+    # verl's tool agent loop ends a trajectory once its assistant turns reach max_assistant_turns, the
+    # last turn's tool calls not run: flowrl's max_turns counts the same (flowrl.agents.loop); verl's
+    # null (no cap but the response length) leaves flowrl's own
+    _k(f"{AR}.rollout.multi_turn.max_assistant_turns", "map", "rollout.multi_turn.max_turns"),
+    # verl's max_user_turns=U ends it after the model turn that follows the U-th tool answer: flowrl's
+    # max_turns=U+1, which the table cannot write (a map copies the value); refused with that fix
+    _k(f"{AR}.rollout.multi_turn.max_user_turns", "refuse", does="caps the tool-answer (user) turns",
+       nearest="rollout.multi_turn.max_turns = max_user_turns + 1 (flowrl counts the model's turns), or "
+               "verl's max_assistant_turns", accept=(None, 0)),  # verl's 0, as null: no cap
 )

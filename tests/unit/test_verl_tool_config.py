@@ -159,3 +159,46 @@ def test_the_agent_loop_runs_the_tool_from_the_config(tool_config):
         assert agent.columns(trajs)["tool_reward"].to_pylist() == [0.0]  # the answer scored: no -0.05
     finally:
         agent.close()
+
+
+def test_verls_turn_caps_max_assistant_turns_maps_max_user_turns_refused_with_the_conversion(tool_config):
+    """verl's tool agent loop (verl 0.9.1 ``experimental/agent_loop/tool_agent_loop.py``) ends a
+    trajectory once ``assistant_turns >= max_assistant_turns``, before that turn's tool calls run:
+    flowrl's ``max_turns`` (flowrl.agents.loop). With max_assistant_turns=2 and a model that calls a
+    tool every turn, verl runs model, tool, model, then stops: 2 model turns, 1 tool answer."""
+    from flowrl.agents.agent import Agent
+    from flowrl.cli import _split_config_args, build_parser
+    from flowrl.config.loader import load_config_with_notes
+    from flowrl.config.verl import translate_item
+    from flowrl.config.verl_hydra import flags_first
+    from flowrl.tasks.agent_task import build_agent_tokenizer
+
+    key = "actor_rollout_ref.rollout.multi_turn"
+    args = ["config", "--from-verl", f"{key}.enable=true", f"{key}.tool_config_path={tool_config}",
+            f"{key}.max_assistant_turns=2"]
+    ns = build_parser().parse_args(flags_first(args))
+    mt = load_config_with_notes(*_split_config_args(ns.items, ns))[0].rollout.multi_turn
+    assert mt.max_turns == 2
+    assert translate_item(f"{key}.max_assistant_turns", None)[0] == "rollout.multi_turn.max_turns"  # null: flowrl's
+
+    tok = build_agent_tokenizer()
+    agent = Agent(mt, tok)
+    call = '<tool_call>{"name": "calc_gsm8k_reward", "arguments": {"answer": "7"}}</tool_call>'
+
+    def generate(contexts, budgets, seed):
+        out = [(tok.encode(call, add_special_tokens=False) + [tok.eos_token_id])[:b] for b in budgets]
+        return out, [[-0.1] * len(o) for o in out]
+
+    rows = [{"extra_info": {"tools_kwargs": {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "72"}}}}}]
+    try:
+        (traj,) = agent.run([tok.encode("q", add_special_tokens=False)], rows, generate=generate, response_length=400,
+                            seed=0)
+        assert (traj.num_turns, traj.finish_reason) == (2, "max_turns")
+        assert tok.decode(traj.response).count("Current parsed answer") == 1  # one tool answer, as verl's
+    finally:
+        agent.close()
+
+    # max_user_turns=U is flowrl's max_turns=U+1, which a table entry cannot write: refused, saying so
+    assert translate_item(f"{key}.max_user_turns", None) == (None, None)
+    with pytest.raises(ConfigError, match=r"max_turns = max_user_turns \+ 1"):
+        translate_item(f"{key}.max_user_turns", 16)
