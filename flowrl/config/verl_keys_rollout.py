@@ -1,6 +1,6 @@
-"""verl's ``actor_rollout_ref.rollout.*`` keys: the generation engine's sizes and knobs (vLLM's
-engine settings), multi-turn tools, and what flowrl's rollout lacks, refused by name. A part of
-:data:`flowrl.config.verl_keys.VERL_KEYS`."""
+"""verl's ``actor_rollout_ref.rollout.*`` keys: the generation engine's sizes and batching, vLLM's
+knobs (no flowrl setting yet for most: no effect), multi-turn tools and turns, and what flowrl's
+rollout lacks, refused by name. A part of :data:`flowrl.config.verl_keys.VERL_KEYS`."""
 
 from __future__ import annotations
 
