@@ -38,7 +38,8 @@ def _std(config: Any) -> float:
 def new_head(config: Any, *, seed: int, bias: bool) -> dict[str, torch.Tensor]:
     """``{"weight": (1, H), "bias": (1,)?}`` in float32: the new head of seed ``seed``."""
     generator = torch.Generator().manual_seed(int(seed) + HEAD_SEED_OFFSET)
-    out = {"weight": torch.empty(1, config.hidden_size).normal_(0.0, _std(config), generator=generator)}
+    hidden = getattr(config, "hidden_size", None) or config.get_text_config().hidden_size  # a VLM's: its text model's
+    out = {"weight": torch.empty(1, hidden).normal_(0.0, _std(config), generator=generator)}
     if bias:
         out["bias"] = torch.zeros(1)
     return out

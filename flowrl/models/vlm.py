@@ -4,7 +4,9 @@ which need the engines' helpers, are :mod:`flowrl.backends.vlm`).
 
 * :func:`register_auto_classes` makes ``AutoModelForCausalLM`` load ``qwen2_vl`` /
   ``qwen2_5_vl`` checkpoints as their ``...ForConditionalGeneration`` (transformers 5 maps them to
-  ``AutoModelForImageTextToText`` only), so every loader of the framework takes a VLM unchanged.
+  ``AutoModelForImageTextToText`` only), so every loader of the framework takes a VLM unchanged,
+  and ``AutoModelForTokenClassification`` build their value model (the critic:
+  :mod:`flowrl.models.vlm_value`).
 * :func:`mrope_positions` is a sequence's multimodal rotary positions (``[3, L]``: time, height,
   width; text tokens have three equal ones) from the model's own ``get_rope_index``, computed per
   sequence without padding, then placed into whatever layout the batch has: padded rows (with the
@@ -33,7 +35,8 @@ PROCESSOR_ATTR = "_flowrl_image_processor"
 
 
 def register_auto_classes() -> None:
-    """``AutoModelForCausalLM`` builds Qwen2-VL and Qwen2.5-VL (idempotent)."""
+    """``AutoModelForCausalLM`` builds Qwen2-VL and Qwen2.5-VL, ``AutoModelForTokenClassification``
+    their value models (idempotent)."""
     from transformers import (
         AutoModelForCausalLM,
         Qwen2_5_VLConfig,
@@ -45,6 +48,9 @@ def register_auto_classes() -> None:
     for config_cls, model_cls in ((Qwen2VLConfig, Qwen2VLForConditionalGeneration),
                                   (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration)):
         AutoModelForCausalLM.register(config_cls, model_cls, exist_ok=True)
+    from flowrl.models import vlm_value
+
+    vlm_value.register()
 
 
 def param_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:

@@ -37,6 +37,7 @@ from flowrl.parallel.dtypes import engine_precision
 
 if TYPE_CHECKING:
     from flowrl.backends.train.ulysses import SequenceParallel
+    from flowrl.data.packed import Padded
     from flowrl.models.lora import LoraSpec
 
 
@@ -203,6 +204,15 @@ class TorchDPEngine:
         hidden = getattr(self.model.config, "hidden_size", 0)
         return PAIR_COST_PER_HIDDEN / hidden if hidden else 0.0
 
+    def _hidden(self, mb: PackedBatch, padded: Padded) -> torch.Tensor:
+        """The decoder's last hidden state ``[B or R, L, H]`` of ``padded`` (``mb``'s layout): with
+        ``mb``'s images through the vision tower (:func:`flowrl.backends.vlm.vlm_hidden`: the
+        critic's VLM forward too), else the decoder on the ids."""
+        attn = self.model.config._attn_implementation
+        if mb.images is not None:
+            return vlm_hidden(self.model, mb, padded, self.device, attn)
+        return self.model.get_decoder()(**model_kwargs(padded, self.device, attn)).last_hidden_state
+
     def _forward(self, mb: PackedBatch, *, temperature: float, with_entropy: bool,
                  token_stat: str = "entropy") -> tuple[torch.Tensor, torch.Tensor | None]:
         padded, dev = mb.model_inputs(self.pad_id, self.pair_cost), self.device
@@ -210,12 +220,9 @@ class TorchDPEngine:
         if self.ulysses is not None:  # this rank's slice of every line (flowrl.backends.train.ulysses)
             padded, response_T = self.ulysses.local(padded), self.ulysses.select(response_T)
         self.slots_computed += padded.num_slots
-        kwargs = model_kwargs(padded, dev, self.model.config._attn_implementation)
         tap = moe_routing.router_tap(self, mb, padded)  # MoE: routing replay and router stats (else None)
         with autocast(dev, self.precision), tap or contextlib.nullcontext():
-            hidden_BLH = (vlm_hidden(self.model, mb, padded, dev, self.model.config._attn_implementation)
-                          if mb.images is not None  # images: flowrl.backends.vlm
-                          else self.model.get_decoder()(**kwargs).last_hidden_state)
+            hidden_BLH = self._hidden(mb, padded)
             # Logits only where a response token is predicted: at pred_T (pos - 1 unless prompts are shared).
             hidden_TH = hidden_BLH[padded.row_T.to(dev), padded.pred_T.to(dev)]
             logits_TV = self.model.get_output_embeddings()(hidden_TH)

@@ -3,7 +3,10 @@ model family, data parallel over torch.distributed like ``TorchDPEngine``.
 
 The model is ``AutoModelForTokenClassification(num_labels=1)`` loaded from a causal-LM directory
 (as verl and TRL build their critics): the backbone's weights come from the checkpoint, the
-one-output ``score`` head is new. The value of response token ``t`` is read at the position that
+one-output ``score`` head is new. A vision-language model's (Qwen2-VL / Qwen2.5-VL:
+:mod:`flowrl.models.vlm_value`) is its whole backbone, vision tower included, and a batch with
+images runs the policy's VLM forward (``TorchDPEngine._hidden``: the pixels in the
+``<|image_pad|>`` slots, multimodal rotary positions in every layout) before the head. The value of response token ``t`` is read at the position that
 predicts it (``pos - 1``, or ``Padded.pred_T`` with shared prompts: the state before the token is
 emitted), as verl slices its values.
 Gradients reduce once per optimizer step, with losses normalised by global counts, as in
@@ -19,6 +22,8 @@ import torch
 from flowrl.backends.interfaces import ValueLossFn, model_kwargs
 from flowrl.backends.train.dp_policy import TorchDPEngine
 from flowrl.data.packed import PackedBatch
+from flowrl.models import vlm
+from flowrl.models.value_head import HEAD
 
 class TorchDPValueEngine(TorchDPEngine):
     def _load_model(self, model_dir: str, dtype: torch.dtype) -> torch.nn.Module:
@@ -29,8 +34,10 @@ class TorchDPValueEngine(TorchDPEngine):
 
         from flowrl.backends.train.value_head import load_classifier
 
-        return load_classifier(AutoModelForTokenClassification, model_dir, self._classifier_config(model_dir),
-                               dtype=dtype, seed=torch.initial_seed())
+        vlm.register_auto_classes()  # a VLM's value model (flowrl.models.vlm_value)
+        return vlm.with_text_ids(load_classifier(AutoModelForTokenClassification, model_dir,
+                                                 self._classifier_config(model_dir), dtype=dtype,
+                                                 seed=torch.initial_seed()))
 
     @staticmethod
     def _classifier_config(model_dir: str):  # noqa: ANN205 - a transformers config
@@ -49,8 +56,12 @@ class TorchDPValueEngine(TorchDPEngine):
         if self.ulysses is not None:  # this rank's slice of every line (flowrl.backends.train.ulysses)
             padded = self.ulysses.local(padded)
         self.slots_computed += padded.num_slots
-        scores_BL1 = self.model(**model_kwargs(padded, dev, self.model.config._attn_implementation)).logits
-        values_T = scores_BL1[padded.row_T.to(dev), padded.pred_T.to(dev), 0].float()
+        if mb.images is not None:  # the policy's VLM forward, then the head where a token is predicted
+            hidden_BLH = self._hidden(mb, padded)
+            values_T = getattr(self.model, HEAD)(hidden_BLH[padded.row_T.to(dev), padded.pred_T.to(dev)])[:, 0].float()
+        else:
+            scores_BL1 = self.model(**model_kwargs(padded, dev, self.model.config._attn_implementation)).logits
+            values_T = scores_BL1[padded.row_T.to(dev), padded.pred_T.to(dev), 0].float()
         return (values_T if self.ulysses is None else self.ulysses.gather(values_T)[0]).cpu()
 
     @torch.no_grad()

@@ -8,6 +8,7 @@ import torch
 from flowrl.backends.train.dp_value import TorchDPValueEngine
 from flowrl.backends.train.fsdp_policy import FSDPEngine
 from flowrl.data.packed import PackedBatch
+from flowrl.models import vlm
 
 __all__ = ["FSDPValueEngine"]
 
@@ -27,6 +28,7 @@ def classifier_on_meta(engine: TorchDPValueEngine, model_dir: str, dtype: torch.
     if not index:
         return None
     config = engine._classifier_config(model_dir)
+    vlm.register_auto_classes()  # a VLM's value model (flowrl.models.vlm_value)
     with params_on_meta():
         model = getattr(transformers, engine._classifier_class).from_config(config, dtype=dtype)
     head = getattr(model, HEAD)
