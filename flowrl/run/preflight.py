@@ -23,6 +23,7 @@ from typing import Any, Iterator
 
 from flowrl.config import ConfigError, RunConfig
 from flowrl.config.vlm_checks import check_vlm
+from flowrl.config.vlm_critic_checks import check_vlm_scorers
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ def resolve_inputs(cfg: RunConfig) -> RunConfig:
     model_path, train_files, val_files = _inputs(cfg)
     check_model_dir("model.path", model_path)
     check_vlm(cfg, model_path=model_path)  # a vision-language model: dp/fsdp, hf, hybrid only (flowrl.config.vlm_checks)
+    check_vlm_scorers(cfg, model_path=model_path)  # its critic and reward model (flowrl.config.vlm_critic_checks)
     from flowrl.config.lora_adapter_path import resolve_adapter
 
     cfg = resolve_adapter(cfg)  # model.lora_adapter_path: the adapter's rank, alpha and targets
