@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["NODE_DEVICES_ENV", "apply_placement", "node_devices", "placement_of"]
+__all__ = ["NODE_DEVICES_ENV", "apply_placement", "node_devices", "placement_of", "rank_gpus"]
 
 NODE_DEVICES_ENV = "FLOWRL_NODE_DEVICES"
 """The worker's ``CUDA_VISIBLE_DEVICES`` before its rank was placed (set at the first placement)."""
@@ -31,6 +31,14 @@ def placement_of(rank_device: Any) -> dict[str, Any]:
         return {"gpus": (), "local_rank": None, "backend": "gloo", "dtype": None, "node": 0}
     return {"gpus": tuple(rank_device.gpus), "local_rank": rank_device.local_rank, "backend": rank_device.backend,
             "dtype": rank_device.dtype, "node": rank_device.node}
+
+
+def rank_gpus(placements: Any) -> tuple[tuple[int, int] | None, ...]:
+    """Each rank's GPU as the device plan gives it, ``(node, first GPU)``: the GPU its process
+    sees as ``cuda:0`` (NCCL's one rank per GPU is about that one); None for a rank without GPUs.
+    Empty for a group placed without the plan (CPU)."""
+    return tuple((int(p.get("node", 0)), int(p["gpus"][0])) if p and p.get("gpus") else None
+                 for p in placements or ())
 
 
 def node_devices(gpus: tuple[int, ...], environ: Any) -> str:

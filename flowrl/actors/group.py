@@ -57,6 +57,10 @@ class WorkerGroup:
     shares_weights: bool = False
     """Every rank generates with its training parameters themselves (the hybrid engine where the
     layouts agree): a weight sync between views of this group has nothing to move or call."""
+    devices: tuple = ()
+    """Each rank's GPU from the run's device plan, ``(node, GPU)`` of the first GPU it sees (its
+    ``cuda:0``); empty: a group without GPUs. The weight sync's wire is chosen from it
+    (``flowrl.backends.reshard.wire_plan``)."""
 
     @property
     def world_size(self) -> int:
@@ -71,7 +75,8 @@ class WorkerGroup:
         if mesh.world_size != self.world_size:
             raise ValueError(f"view {name!r} of group {self.name!r}: mesh {mesh} has {mesh.world_size} ranks, "
                              f"the group {self.world_size}")
-        return WorkerGroup(name, self.actors, self.addresses, mesh, self.timeout_s, self._order, part, self.shares_weights)
+        return WorkerGroup(name, self.actors, self.addresses, mesh, self.timeout_s, self._order, part, self.shares_weights,
+                           self.devices)
 
     def method(self, name: str) -> str:
         """The rank-side name of role method ``name`` (``part.name`` in a view)."""

@@ -16,6 +16,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+from flowrl.actors.device import rank_gpus
 from flowrl.actors.dispatch import GroupMesh
 from flowrl.actors.group import Draft, WorkerGroup, wait_all
 from flowrl.actors.main_guard import check_main_guard
@@ -197,7 +198,8 @@ class Session:
         for spec, addresses, futures in placed:
             actors = [f.result(timeout=self.startup_timeout_s) for f in futures]
             self._used.update(addresses)
-            group = WorkerGroup(spec.name, actors, addresses, spec.mesh, timeout_s=self.timeout_s)
+            group = WorkerGroup(spec.name, actors, addresses, spec.mesh, timeout_s=self.timeout_s,
+                                devices=rank_gpus(spec.placements))
             self.groups[spec.name] = created[spec.name] = group
             master = actors[0].host_port().result(timeout=self.startup_timeout_s)
             args = (master, spec.role_cls, spec.role_kwargs, spec.backend, self.timeout_s)

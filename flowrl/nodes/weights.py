@@ -97,8 +97,22 @@ def reshard_metrics(per_process: list[dict], seconds: float) -> dict[str, float]
         names.RESHARD_BYTES_MIN: float(sum(s["bytes_min"] for s in per_process)),
         names.RESHARD_PEAK_EXTRA_BYTES: float(max(s["peak_extra_bytes"] for s in per_process)),
         names.compute(names.RESHARD): seconds,
+        **wire_metrics(per_process),
         **{k: float(max(s.get(k, 0.0) for s in per_process)) for k in sorted(perf)},
     }
+
+
+def wire_metrics(per_process: list[dict]) -> dict[str, float]:
+    """``reshard/wire_device``: the share of the processes that moved their messages as device
+    tensors on NCCL (``flowrl.backends.reshard.wire_plan``: 1.0 on a GPU hybrid group, 0.0 on the
+    host wire); ``reshard/wire_batched``: the share whose rounds were batched (``device`` or a
+    ``batched`` wire asked for). Absent when no process ran the transport (shared weights,
+    adapters, an in-process load)."""
+    wires = [s["wire"] for s in per_process if "wire" in s]
+    if not wires:
+        return {}
+    return {names.RESHARD_PREFIX + "wire_device": sum(w == "device" for w in wires) / len(wires),
+            names.RESHARD_PREFIX + "wire_batched": sum(w != "host" for w in wires) / len(wires)}
 
 
 def build_reshard(cfg: Any, actor: WorkerGroup, rollout: WorkerGroup, after: Any, *, step: int) -> Any:
@@ -127,9 +141,12 @@ def _shared_weights(after: Any, cfg: Any, world_size: int) -> NodeOut:
 
 def _reshard_run(actor: BoundCall, rollout: BoundCall, after: Any, cfg: Any) -> NodeOut:
     from flowrl.backends.reshard import job_for_run
+    from flowrl.backends.reshard.job import with_devices
 
-    return reshard(actor, rollout, after, job_for_run(cfg, colocated=same_ranks(actor.group, rollout.group)),
-                   fingerprint=cfg.trainer.checks.weight_sync)
+    job = job_for_run(cfg, colocated=same_ranks(actor.group, rollout.group))
+    # the processes' GPUs from the device plan: with the group's backend they choose the wire
+    job = with_devices(job, actor.group.devices, rollout.group.devices)
+    return reshard(actor, rollout, after, job, fingerprint=cfg.trainer.checks.weight_sync)
 
 
 def release_rollout(rollout: BoundCall, table: pa.Table) -> NodeOut:
