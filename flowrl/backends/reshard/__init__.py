@@ -5,8 +5,10 @@ executes it with torch: ``run_rank(job, ...)`` on every process of the plan (see
 described by a picklable :class:`ReshardJob` (``job.py``); with LoRA into an engine that serves
 adapters, :class:`AdapterJob` moves the adapters only (``adapters.py``). Roles expose
 ``reshard(job)``; the graph node ``nodes.reshard`` calls both groups at once and reports
-``reshard/*`` metrics. On any devices every tensor that crosses between processes is staged in
-host memory and travels over gloo (``exchange.py``'s docstring says why; NCCL is a later step).
+``reshard/*`` metrics. Tensors cross between processes on one of two wires (``wire_plan.py``,
+``rounds.py``): in host memory over gloo (the CPU's, and wherever NCCL cannot serve), or, where the
+device plan gives every process its own GPU and the group has NCCL, as device tensors in batched
+rounds (``exchange.py``'s docstring says what has run where).
 """
 
 from flowrl.backends.reshard.adapters import AdapterJob, run_adapter_rank, takes_adapters

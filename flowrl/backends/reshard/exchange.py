@@ -8,12 +8,11 @@ own group; split: the joint group of ``flowrl.comm.joint``).
 ``planned`` (this process's own part of the plan, ``job.rank_plan(process)``, bucketed by
 ``flowrl.parallel.reshard_schedule.schedule_rank``; no process lists another's transfers):
   1. local copies: ``dst[slice].copy_(src[slice])``, no buffer;
-  2. per round (in round order), every message to or from this process is posted at once
-     (``recv``/``send`` on the group, tag ``Round.tag``), then waited for; a message that is
-     one contiguous slice of a host tensor of the wire dtype travels without staging (dim-0
-     slices: most of a model on the CPU), others (and every message of a device tensor) are
-     packed into (or unpacked from) a host staging buffer. Staging never exceeds one bucket per
-     process.
+  2. per round (in round order), every message to or from this process is handed to the round
+     transport (``rounds.py``) and the round is waited for; a message that is one contiguous
+     slice of a tensor of the wire dtype where the wire's buffers live travels without staging
+     (dim-0 slices: most of a model), others are packed into (or unpacked from) a staging buffer
+     there. Staging never exceeds one bucket per process.
 ``naive`` (verl's gather-then-broadcast, for comparison): source rank 0's process gathers the full
   model (every other source sends it what it lacks), sends it whole to every destination process,
   and each slices its shard out; the full model is materialised on every destination process.
@@ -23,21 +22,39 @@ place), ``peak_extra_bytes`` (the most staging alive at once, counted by the tra
 every buffer it allocates goes through :class:`Staging`) and this process's ``bytes_min`` (the
 processes' sum is the plan's).
 
-Devices: every tensor that crosses between processes is in host memory and travels over gloo.
-On a GPU the trainer's shards and the engine's tensors live on ``cuda:0`` (each rank sees only its
-own GPUs); a message whose tensor is not on the host is packed into a host staging buffer (one
-device -> host copy) and a message into a tensor not on the host is received into a host buffer
-and then copied onto that tensor's device. Local copies (same process) go device to device.
-This is correct for any mix of devices: a colocated reshard over the worker group's world group
-(``cpu:gloo,cuda:nccl`` on GPU: torch dispatches host tensors to its gloo backend) and a split
-one over the joint group (``flowrl.comm.joint``, gloo only), including trainer and generation
-processes that share a GPU (colocated GPU placement), which NCCL cannot serve (one NCCL rank per
-GPU). On the CPU it is exactly the path it always was: a host tensor is sent or received in place
-as before (``wire.on_host``), no extra copy. The NCCL fast path (device tensors on the wire) is a
-later step: NCCL ignores tags and serialises separately posted sends and receives, so a round
-would have to be one ``batch_isend_irecv`` in the same message order on both ends, and each pair
-of processes would need distinct GPUs. Host copies here are synchronous (pageable memory), so a
-staging buffer is free to reuse as soon as its copy returns.
+Wires (``wire_plan.choose_wire``, one per reshard, reported as ``wire`` in the statistics and
+``reshard/wire_device`` in the node's metrics):
+
+- ``host`` (the CPU's, and the default everywhere the data does not say otherwise): every tensor
+  that crosses between processes is in host memory and travels over gloo, each message posted on
+  its own with its round's tag. A message whose tensor is not on the host is packed into a host
+  staging buffer (one device -> host copy); a message into a tensor not on the host is received
+  into a host buffer and then copied onto that tensor's device. Local copies (same process) go
+  device to device. Correct for any mix of devices: a colocated reshard over the worker group's
+  world group (``cpu:gloo,cuda:nccl`` on GPU: torch dispatches host tensors to its gloo backend)
+  and a split one over the joint group (``flowrl.comm.joint``, gloo only), including trainer and
+  generation processes that share a GPU (colocated GPU placement), which NCCL cannot serve (one
+  NCCL rank per GPU). On the CPU it is exactly the path it always was (same calls, same order, same
+  staging): a host tensor is sent or received in place (``wire.on_host``), no extra copy. Host
+  copies are synchronous (pageable memory), so a staging buffer is free to reuse at once.
+- ``device``: chosen when the job's ``devices`` (the device plan's GPUs, filled in by the sync
+  node from the worker groups) put every process on a GPU of its own and the group gives CUDA
+  tensors to NCCL: in a run, the hybrid group's colocated sync over its world group. Tensors on
+  the device travel as they are (staging buffers on the rank's GPU when a message needs packing);
+  NCCL ignores tags and serialises separately posted sends and receives, so each round is one
+  ``batch_isend_irecv`` of the round's messages in ``wire_plan.round_order``, which both ends
+  derive from their own plans.
+- ``batched``: the same batched rounds with host buffers on gloo, only when asked for
+  (``FLOWRL_RESHARD_WIRE=batched`` or ``run_rank(wire="batched")``).
+
+What has run: the host wire on the CPU over gloo (world and joint groups, host tensors and
+simulated device ones); the batched rounds over gloo with CPU tensors, against the host wire on
+every test case (same tensors bit for bit, same bytes and staging peaks:
+``tests/dist/test_reshard_batched.py``), through ``torch.distributed.batch_isend_irecv`` on the
+world group. What has not: the ``device`` wire on a real GPU with NCCL (no GPU here): its choice
+is tested from fake device plans and groups, its buffers and NCCL's coalesced batches are not.
+NCCL's first batch on a group must include every rank of it unless the communicator exists; the
+world group's does (``init_process_group(device_id=...)``, ``flowrl.actors.rank``).
 """
 
 from __future__ import annotations

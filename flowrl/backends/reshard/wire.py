@@ -1,10 +1,13 @@
-"""Where the reshard transports' tensors are when they cross between processes: host memory.
+"""Where the reshard transports' tensors are when they cross between processes on the host wire:
+host memory.
 
-Every tensor a transport posts to a process group (``exchange.py``, ``adapters.py``) is a host
+On the ``host`` wire (``wire_plan``: every CPU run, and every GPU reshard that NCCL cannot serve)
+every tensor a transport posts to a process group (``exchange.py``, ``adapters.py``) is a host
 tensor, and the groups move it over gloo: the joint group is gloo only (``flowrl.comm.joint``);
 the world group of a GPU rank is ``cpu:gloo,cuda:nccl``, which dispatches host tensors to gloo.
-A device tensor never reaches a group (:func:`check_wire`): it is staged in host memory first.
-Why host memory and not NCCL: see ``exchange.py``'s docstring.
+A device tensor never reaches a group on that wire (:func:`check_wire`): it is staged in host
+memory first. The ``device`` wire (batched rounds on NCCL, ``rounds.BatchedRounds``) posts device
+tensors instead; see ``exchange.py``'s docstring for when each is taken.
 """
 
 from __future__ import annotations
