@@ -367,7 +367,7 @@ GEN_BACKENDS.add(GenerateBackendSpec(
     config_keys=frozenset({"gpu_memory_utilization", "free_cache_engine", "enforce_eager", "max_num_batched_tokens",
                            "enable_chunked_prefill"}),
     shard_style=ShardStyle.VLLM, reshard=ReshardMode.STAGED, in_process=False, joins_trainer_group=True, sleeps=True,
-    adapter_sync=True,
+    adapter_sync=True, takes_images=True,
     role_kwargs=f"{_VLLM}:vllm_role_kwargs", preflight=f"{_VLLM}:check_installed",
 ))
 

@@ -2,16 +2,14 @@
 one with, refused on the driver before any worker starts (``flowrl.run.preflight``).
 
 A VLM trains in a strategy whose spec says ``vision_language`` (``dp``, ``fsdp``), with a
-generation backend that ``takes_images`` (``hf``; :mod:`flowrl.backends.vlm`), in any placement.
-The generator decodes with the trainer's own module (``whole_module``: ``dp`` in the hybrid
-placement) or gets the weights by a reshard of whole parameters under their HF names, vision tower
-included (an ``hf``-layout trainer, ``dp`` or ``fsdp``, into the ``hf`` generator at tp = 1:
-``flowrl.parallel.named_spec``; measured on the embedded task in the hybrid, split and colocated
-placements). Refused: megatron (it does not build the vision tower); the vLLM backend
-(:data:`NOT_TAKEN`: it generates and scores prompts with images, :mod:`flowrl.backends.generate.vllm_images`,
-but the weight sync has no layout that carries a VLM into it, and vLLM 0.32's CPU build cannot load a
-Qwen2-VL at all); multi-turn rollouts and Ulysses sequence parallelism (they do not carry the images); a critic or
-reward model on it would read the ``<|image_pad|>`` tokens without the picture.
+generation backend that ``takes_images`` (``hf``: :mod:`flowrl.backends.vlm`; ``vllm``:
+:mod:`flowrl.backends.generate.vllm_images`), in any placement. The generator decodes with the
+trainer's own module (``whole_module``: ``dp`` in the hybrid placement) or gets the weights by a
+reshard of whole parameters under their HF names, vision tower included (an ``hf``-layout trainer,
+``dp`` or ``fsdp``, into the ``hf`` generator at tp = 1, or into vLLM's staging layout at any tp,
+whose engine rank loads the whole tensors: ``flowrl.parallel.named_spec``). Refused: megatron (it
+does not build the vision tower); the ``hf`` generator at tp > 1; multi-turn rollouts, partial
+rollouts and Ulysses sequence parallelism (they do not carry the images).
 """
 
 from __future__ import annotations
@@ -21,12 +19,7 @@ from typing import Any
 from flowrl.catalog.backends import GEN_BACKENDS, TRAIN_BACKENDS, ShardStyle, either
 from flowrl.config.errors import ConfigError
 
-NOT_TAKEN = {
-    "vllm": "the vllm backend generates with the images (flowrl.backends.generate.vllm_images, GPU builds; "
-            "vLLM 0.32's CPU build cannot load a Qwen2-VL: its qwen2_vl.py imports transformers' torchvision "
-            "image processor) but no weight sync carries a VLM into it: the reshard's layouts of a VLM hold "
-            "its parameters whole in the hf style only (flowrl.parallel.named_spec), not vLLM's staged one",
-}
+NOT_TAKEN: dict[str, str] = {}
 """Why a generation backend whose spec does not ``takes_images`` refuses a VLM, where more is known
 than that it is not given the images."""
 
@@ -64,18 +57,19 @@ def check_vlm(cfg: Any, *, model_path: str) -> None:
 
 def _check_weight_sync(cfg: Any, what: str) -> None:
     """The trainer's weights reach the generator: it decodes with the trainer's module
-    (``whole_module``: dp), or a reshard moves every parameter whole under its HF name (an ``hf``-style
-    trainer, e.g. fsdp's all-gathered parameters, into the ``hf`` generator: ``flowrl.parallel.named_spec``);
-    the fused or split layouts (megatron's, vLLM's, tp > 1) have no names for the vision tower."""
+    (``whole_module``: dp), or a reshard moves every parameter under its HF name from an ``hf``-style
+    trainer (e.g. fsdp's all-gathered parameters) into the ``hf`` generator whole (tp = 1) or into
+    vLLM's staging layout, which its engine rank reassembles (``flowrl.parallel.named_spec``);
+    megatron's fused layout has no names for the vision tower."""
     train, gen = TRAIN_BACKENDS.spec(cfg.actor.strategy), GEN_BACKENDS.spec(cfg.rollout.name)
     if train.whole_module:
         return
-    if train.shard_style is not ShardStyle.HF or gen.shard_style is not ShardStyle.HF:
+    if train.shard_style is not ShardStyle.HF or gen.shard_style not in (ShardStyle.HF, ShardStyle.VLLM):
         raise ConfigError("actor.strategy", cfg.actor.strategy, f"{what}; the weight sync from this strategy "
                           f"({train.shard_style} layout) to {cfg.rollout.name} ({gen.shard_style} layout) has no names "
-                          "for the vision tower", "use an hf-layout trainer (dp, fsdp) with an hf-layout generator")
+                          "for the vision tower", "use an hf-layout trainer (dp, fsdp)")
     tp = getattr(cfg.rollout, "tensor_model_parallel_size", 1)
-    if tp != 1:
-        raise ConfigError("rollout.tensor_model_parallel_size", tp, f"{what}; its weights are synced whole "
-                          "(every parameter by its name), not split over tensor-parallel ranks",
+    if tp != 1 and gen.shard_style is ShardStyle.HF:
+        raise ConfigError("rollout.tensor_model_parallel_size", tp, f"{what}; the {cfg.rollout.name} generator holds "
+                          "its weights whole (every parameter by its name), not split over tensor-parallel ranks",
                           "set rollout.tensor_model_parallel_size=1")

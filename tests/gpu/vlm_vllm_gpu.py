@@ -1,5 +1,5 @@
-"""The vllm backend with a vision-language model on a GPU with official vLLM (vLLM 0.32's CPU build
-cannot load a Qwen2-VL: its image processor imports torchvision; ``flowrl.config.vlm_checks``).
+"""The vllm backend with a vision-language model on a GPU with official vLLM (the CPU build's run of
+the same parity is ``tests/vllm_env/check_vlm.py``, which passes at 7.2e-7).
 
 * ``parity``: a tiny Qwen2-VL built here (head_dim 32 for vLLM's attention: hidden 128, 4 heads;
   vision width 64, 2 heads), saved with its tokenizer and image processor. vLLM (fp32, eager) and
@@ -8,9 +8,9 @@ cannot load a Qwen2-VL: its image processor imports torchvision; ``flowrl.config
   log-probs with the images equal hf's sampled ones; n = 4 samples per prompt come back
   prompt-major; then a weight sync of the perturbed in-memory state (transformers 5's
   ``model.language_model.*`` names, through ``checkpoint_layout``) into both, and parity again.
-* ``train``: ``flowrl train configs/vlm_shapes.yaml rollout.name=vllm`` for a few steps. Until a
-  weight sync carries a VLM into vLLM the pre-flight refuses it: that refusal is reported as
-  ``refused (expected)``; a run that trains reports its last score.
+* ``train``: ``flowrl train configs/vlm_shapes.yaml rollout.name=vllm`` for a few steps (the
+  embedded task's model; on the CPU build its head_dim 8 has no kernel, so
+  ``tests/vllm_env/check_vlm_grpo.py`` trains a head_dim-32 VLM instead).
 
     PYTHONPATH=. python tests/gpu/vlm_vllm_gpu.py [--parts parity train] [--steps 3]
 
@@ -32,7 +32,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 TINY = dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=256, vision_depth=1,
             vision_embed_dim=64, vision_heads=2, patch_size=8, merge_size=2, image_size=64, mrope_section=(8, 4, 4))
-REFUSAL = "no weight sync carries a VLM into it"
 
 
 def build_vlm(out: Path) -> Path:
@@ -125,8 +124,6 @@ def part_train(steps: int, timeout: int) -> str:
            f"trainer.total_training_steps={steps}"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     out = proc.stdout + proc.stderr
-    if proc.returncode != 0 and REFUSAL in out:
-        return "refused (expected: flowrl.config.vlm_checks.NOT_TAKEN)"
     if proc.returncode != 0:
         raise RuntimeError(f"exit {proc.returncode}:\n{out[-3000:]}")
     scores = [line for line in out.splitlines() if "score" in line]

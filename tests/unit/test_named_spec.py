@@ -42,3 +42,29 @@ def test_spec_for_gives_a_model_shape_the_named_layouts():
     text = ModelShape(vocab_size=16, hidden_size=8, ffn_hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
                       head_dim=4)
     assert "model.layers.0.self_attn.q_proj.weight" in spec_for(text, ParallelDims(dp=1, tp=1, pp=1), style="hf").params
+
+
+def test_vllm_staging_layout_whole_at_tp1_and_rows_over_tp_ranks_reassembled_whole():
+    model = NamedShape.from_shapes(SHAPES, model_type="qwen2_vl")
+    one = named_shard_spec(model, ParallelDims(dp=1, tp=1, pp=1), style="vllm")
+    assert one.shard_of(0).tensors == SHAPES and one.style == "vllm"
+    two = named_shard_spec(model, ParallelDims(dp=2, tp=3, pp=1), style="vllm")
+    assert list(two.shards) == [(0, 0), (1, 0), (2, 0)]
+    # rows [r n / 3, (r + 1) n / 3): the patch embedding's 4 rows as 1 / 1 / 2, the norm's 4 likewise
+    assert [two.shards[(r, 0)].tensors["model.visual.patch_embed.proj.weight"] for r in range(3)] == \
+        [(1, 3, 2, 2, 2), (1, 3, 2, 2, 2), (2, 3, 2, 2, 2)]
+    assert [two.shards[(r, 0)].tensors["model.language_model.embed_tokens.weight"] for r in range(3)] == \
+        [(3, 6), (3, 6), (4, 6)]
+    tiny = NamedShape.from_shapes({"a": (2, 3), "b": (5,)}, model_type="x")
+    sparse = named_shard_spec(tiny, ParallelDims(dp=1, tp=3, pp=1), style="vllm")
+    assert "a" not in sparse.shards[(0, 0)].tensors and sparse.shards[(1, 0)].tensors["a"] == (1, 3)
+    rng = np.random.default_rng(0)
+    full = {n: rng.normal(size=s).astype(np.float32) for n, s in SHAPES.items()}
+    src = named_shard_spec(model, ParallelDims(dp=2, tp=1, pp=1))
+    plan = plan_reshard(src, two, placement=Placement.split(2, 6), bytes_per_element=4)
+    assert sum(t.nbytes for t in plan.transfers) == 2 * 166 * 4  # each replica's 3 ranks get the model once
+    for name, value in full.items():  # the engine rank's assembly: the three ranks' rows in order
+        rows = [shard_arrays(two, full, (t, 0))[name] for t in range(3) if name in two.shards[(t, 0)].tensors]
+        assert np.array_equal(np.concatenate(rows), value), name
+    with pytest.raises(ValueError, match="pp=2 would split them"):
+        named_shard_spec(model, ParallelDims(dp=1, tp=1, pp=2), style="vllm")

@@ -238,19 +238,17 @@ def test_freeze_vision_tower_keeps_the_tower_and_trains_the_rest(vlm_dir):
         assert not torch.equal(engine.model.lm_head.weight, lm)
 
 
-def test_preflight_refuses_a_vlm_on_megatron_and_vllm_and_takes_fsdp(vlm_dir):
+def test_preflight_refuses_a_vlm_on_megatron_and_takes_fsdp_and_vllm(vlm_dir):
     from flowrl.config import ConfigError, load_config
     from flowrl.config.vlm_checks import check_vlm
 
     cfg = load_config(None, [f"model.path={vlm_dir}", "actor.strategy=megatron"])
     with pytest.raises(ConfigError, match="actor.strategy='megatron'.*vision-language"):
         check_vlm(cfg, model_path=vlm_dir)
-    cfg = load_config(None, [f"model.path={vlm_dir}", "rollout.name=vllm"])
-    with pytest.raises(ConfigError, match="rollout.name"):
-        check_vlm(cfg, model_path=vlm_dir)
-    cfg = load_config(None, [f"model.path={vlm_dir}", "actor.strategy=fsdp", "rollout.name=vllm"])
-    with pytest.raises(ConfigError, match="rollout.name=.vllm.*no weight sync carries a VLM into it"):
-        check_vlm(cfg, model_path=vlm_dir)
+    # vllm: the engine rank loads whole HF-named tensors staged over its tp ranks (named_spec's vllm style)
+    for extra in ([], ["actor.strategy=fsdp"], ["actor.strategy=fsdp", "rollout.tensor_model_parallel_size=2"],
+                  ["cluster.placement=split", "rollout.tensor_model_parallel_size=2"]):
+        check_vlm(load_config(None, [f"model.path={vlm_dir}", "rollout.name=vllm", *extra]), model_path=vlm_dir)
     cfg = load_config(None, [f"model.path={vlm_dir}", "trainer.async_mode=stream", "trainer.staleness=1",
                              "trainer.partial_rollout=true"])
     with pytest.raises(ConfigError, match="trainer.partial_rollout.*without its prompt's images"):
@@ -286,8 +284,8 @@ def test_a_vlms_reshard_job_holds_every_parameter_whole_by_name(vlm_dir):
         assert job.min_bytes(p) == 0
     with pytest.raises(ValueError, match="tp=2 would split them"):
         named_shard_spec(job.model, ParallelDims(dp=1, tp=2, pp=1))
-    with pytest.raises(ValueError, match="vllm-style layout"):
-        named_shard_spec(job.model, ParallelDims(dp=1, tp=1, pp=1), style="vllm")
+    with pytest.raises(ValueError, match="megatron-style layout"):
+        named_shard_spec(job.model, ParallelDims(dp=1, tp=1, pp=1), style="megatron")
 
 
 def test_dashboard_samples_show_the_prompt_images_as_thumbnails(tmp_path):

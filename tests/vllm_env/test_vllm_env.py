@@ -88,5 +88,9 @@ def test_vision_language_generation_and_weight_sync():
     _run_checks("check_vlm.py", timeout=300)
 
 
+def test_vision_language_grpo_on_vllm_hybrid_and_split():
+    _run_checks("check_vlm_grpo.py", timeout=500)
+
+
 def test_mixture_of_experts_generation_and_weight_sync():
     _run_checks("check_moe.py", timeout=400)

@@ -63,7 +63,7 @@ from flowrl.backends.generate.vllm_install import (  # noqa: F401 - re-exported:
     import_vllm, model_head_size, vllm_problem, _installed_version)
 from flowrl.backends.generate.checkpoint_layout import checkpoint_layout
 from flowrl.backends.generate.vllm_images import (
-    check_expanded, image_logprobs, image_pad_id, image_requests, vlm_engine_kwargs)
+    check_expanded, forget_image_features, image_logprobs, image_pad_id, image_requests, vlm_engine_kwargs)
 from flowrl.backends.generate.vllm_lora import install_adapter, lora_engine_kwargs
 from flowrl.backends.generate.vllm_weights import (  # noqa: F401 - _read_safetensors re-exported for the checks
     _chunks, _read_safetensors, _rng_state, _set_rng_state, ipc_bucket)
@@ -374,8 +374,7 @@ class VLLMGenerator:
                 if any(c != len(state) for c in counts):
                     raise RuntimeError(f"weight sync: workers loaded {counts} of {len(state)} tensors")
         self.llm.reset_prefix_cache()  # cached prefixes hold the old weights' keys and values
-        if image_pad_id(self.model_dir) is not None:  # and cached image features the old vision tower's
-            self.llm.llm_engine.reset_encoder_cache()  # (the scheduler's and the runner's; else "cache miss")
+        forget_image_features(self.llm, self.model_dir)
 
     def load_lora(self, adapters: dict[str, Any]) -> None:
         """Install the trainer's LoRA adapters (``...q_proj.lora_A.default.weight`` or peft's saved
@@ -388,8 +387,7 @@ class VLLMGenerator:
         with self._weights_awake():
             self._lora_request = install_adapter(self.llm, self.lora, adapters, lora_id=self._lora_version,
                                                  in_process=self.in_process)
-        if image_pad_id(self.model_dir) is not None:  # image features cached under the old adapter
-            self.llm.llm_engine.reset_encoder_cache()
+        forget_image_features(self.llm, self.model_dir)
 
     def logprobs(self, prompts: list[list[int]], responses: list[list[int]], *,
                  temperature: float = 1.0, images: list | None = None) -> list[list[float]]:

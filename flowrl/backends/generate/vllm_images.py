@@ -38,8 +38,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["MAX_IMAGES_PER_PROMPT", "check_expanded", "collapse_image_pads", "image_logprobs", "image_pad_id",
-           "image_requests", "vlm_engine_kwargs"]
+__all__ = ["MAX_IMAGES_PER_PROMPT", "check_expanded", "collapse_image_pads", "forget_image_features", "image_logprobs",
+           "image_pad_id", "image_requests", "vlm_engine_kwargs"]
 
 MAX_IMAGES_PER_PROMPT = 8
 """vLLM's ``limit_mm_per_prompt`` for images (its memory profile plans for that many per prompt);
@@ -74,6 +74,14 @@ def vlm_engine_kwargs(model_dir: str) -> dict[str, Any]:
         return {}
     return {"skip_tokenizer_init": False, "limit_mm_per_prompt": {"image": MAX_IMAGES_PER_PROMPT, "video": 0},
             "load_format": "auto"}
+
+
+def forget_image_features(llm: Any, model_dir: str | None) -> None:
+    """After a weight or adapter load into a VLM's engine: drop the image features vLLM cached
+    under the old vision tower (the scheduler's encoder cache and the runner's; keeping the
+    runner's alone gives "Encoder cache miss" on the next image, measured on the CPU build)."""
+    if image_pad_id(model_dir) is not None:
+        llm.llm_engine.reset_encoder_cache()
 
 
 def collapse_image_pads(prompt: Sequence[int], pad_id: int) -> list[int]:
