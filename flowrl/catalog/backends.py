@@ -221,6 +221,9 @@ class ValueBackendSpec(BackendSpec):
     """Shards the value model's state over its dp ranks (FSDP), as ``TrainBackendSpec.fully_sharded``."""
     sequence_parallel: bool = False
     """Splits sequences over groups of its ranks, as ``TrainBackendSpec.sequence_parallel``."""
+    vision_language: bool = False
+    """Computes a vision-language model's values with its images (``flowrl.models.vlm_value``);
+    False: a VLM critic on it is refused in pre-flight (``flowrl.config.vlm_critic_checks``)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -343,7 +346,7 @@ TRAIN_BACKENDS.add(TrainBackendSpec(
 VALUE_BACKENDS: BackendRegistry[ValueBackendSpec] = BackendRegistry("value backend", ValueBackendSpec)
 VALUE_BACKENDS.add(ValueBackendSpec(
     name="dp", engine="flowrl.backends.train.dp_value:TorchDPValueEngine", checkpoint=CheckpointKind.FULL,
-    sequence_parallel=True,
+    sequence_parallel=True, vision_language=True,
 ))
 VALUE_BACKENDS.add(ValueBackendSpec(
     name="megatron", engine="flowrl.backends.train.megatron.value:MegatronValueTrainEngine",
@@ -352,7 +355,7 @@ VALUE_BACKENDS.add(ValueBackendSpec(
 ))
 VALUE_BACKENDS.add(ValueBackendSpec(
     name="fsdp", engine="flowrl.backends.train.fsdp_value:FSDPValueEngine", checkpoint=CheckpointKind.SHARDED,
-    fully_sharded=True, sequence_parallel=True,
+    fully_sharded=True, sequence_parallel=True, vision_language=True,
     engine_kwargs=f"{_FSDP}:engine_kwargs", preflight=f"{_FSDP}:check_fsdp_critic",
 ))
 

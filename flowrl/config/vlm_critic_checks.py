@@ -19,16 +19,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from flowrl.catalog.backends import TRAIN_BACKENDS, VALUE_BACKENDS, either
+from flowrl.catalog.backends import VALUE_BACKENDS, either
 from flowrl.config.errors import ConfigError
 
 __all__ = ["check_vlm_critic", "check_vlm_reward_model", "check_vlm_scorers", "critic_takes_images"]
 
 
 def critic_takes_images(strategy: str) -> bool:
-    """Whether the value backend ``strategy`` computes a VLM's values with its images: its engine
-    extends the train backend of the same name, whose spec says ``vision_language``."""
-    return strategy in TRAIN_BACKENDS.names() and TRAIN_BACKENDS.spec(strategy).vision_language
+    """Whether the value backend ``strategy`` computes a VLM's values with its images (its spec's
+    ``vision_language``)."""
+    return strategy in VALUE_BACKENDS.names() and VALUE_BACKENDS.spec(strategy).vision_language
 
 
 def check_vlm_scorers(cfg: Any, *, model_path: str) -> None:
