@@ -18,9 +18,13 @@ device -> host copy before a send, a host buffer then a copy onto the destinatio
 a receive). That is correct for any mix of devices, including trainer and generation processes
 that share a GPU (a colocated GPU placement across two worker groups), which NCCL cannot serve
 (one NCCL rank per GPU), and a mixed ``cpu:gloo,cuda:nccl`` group would need both ends of every
-message on the same kind of device. An NCCL fast path (device tensors on the wire, no host copy)
-is a later step: NCCL ignores tags and serialises separately posted sends and receives, so each
-round would be one ``batch_isend_irecv`` in the same order on both ends.
+message on the same kind of device. The reshard's device wire (``flowrl.backends.reshard.wire_plan``:
+each round one ``batch_isend_irecv`` in a canonical order, device tensors on NCCL) serves the
+worker group's own world group when the device plan gives every process its own GPU (the hybrid
+placement); over this group the reshard always takes the host wire. An NCCL joint group (split
+pools on distinct GPUs) is not built: it would be a ``ProcessGroupNCCL`` on the same store, unregistered
+with ``torch.distributed`` as this one is, so its rounds would need NCCL's own grouping of the
+posted operations; not written, as no GPU was at hand to run it.
 """
 
 from __future__ import annotations
