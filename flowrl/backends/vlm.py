@@ -128,45 +128,20 @@ def decode_with_images(model: torch.nn.Module, prompts: list[list[int]], images:
                        device: torch.device | str = "cpu") -> tuple[list[list[int]], list[list[float]], Any]:
     """``hf_decode.decode`` for prompts with images (``images[i]``: prompt i's encoded images):
     the same sampling and results, with the pixels in the prefill and multimodal rotary positions."""
-    from flowrl.backends.generate.hf_decode import _choose, _warpers
+    from flowrl.backends.generate.hf_decode import _to_host, sample
 
-    n, max_new = params.n, params.max_new_tokens
-    logits_AV, mask, next_B, cache, stats = _prefill(model, prompts, images, pad_id=pad_id, device=device)
-    next_A = next_B.to(device)
-    if n > 1:
-        logits_AV, mask, next_A = logits_AV.repeat_interleave(n, 0), mask.repeat_interleave(n, 0), next_A.repeat_interleave(n, 0)
-        cache.batch_repeat_interleave(n)
-    num_rows, vocab = logits_AV.shape
-    warpers = [] if params.greedy else _warpers(params)
-    eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)
-    live = torch.arange(num_rows, device=device)
-    tokens_NL = torch.full((num_rows, max_new), pad_id, dtype=torch.long, device=device)
-    logp_NL = torch.zeros((num_rows, max_new), device=device)
-    lengths_N = torch.full((num_rows,), max_new, dtype=torch.long, device=device)
-    for step in range(max_new):
-        token_A = _choose(logits_AV, live, num_rows, vocab, warpers, params.greedy)
-        scaled = logits_AV if params.greedy or params.temperature == 1.0 else logits_AV / params.temperature
-        logp_NL[live, step] = torch.log_softmax(scaled, -1).gather(-1, token_A[:, None]).squeeze(-1)
-        tokens_NL[live, step] = token_A
-        done_A = torch.isin(token_A, eos)
-        lengths_N[live[done_A]] = step + 1
-        if step == max_new - 1 or bool(done_A.all()):
-            break
-        if bool(done_A.any()):
-            keep = (~done_A).nonzero().squeeze(1)
-            cache.batch_select_indices(keep)
-            live, mask, token_A, next_A = live[keep], mask[keep], token_A[keep], next_A[keep]
-        mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-        stats.slots += live.numel()
-        stats.tokens += live.numel()
+    logits_BV, mask, next_B, cache, stats = _prefill(model, prompts, images, pad_id=pad_id, device=device)
+
+    def feed(token_A: torch.Tensor, mask: torch.Tensor, live: torch.Tensor, step: int,
+             next_A: torch.Tensor) -> torch.Tensor:  # text tokens after the images: one position on every axis
         position_3A1 = (next_A + step)[None, :, None].expand(3, -1, 1)
         hidden = vlm.inner_model(model)(input_ids=token_A[:, None], attention_mask=mask, position_ids=position_3A1,
                                         past_key_values=cache, use_cache=True).last_hidden_state[:, -1]
-        logits_AV = model.get_output_embeddings()(hidden).float()
-    stats.response_tokens = int(lengths_N.sum())
-    tokens_NL, logp_NL, lengths = tokens_NL.cpu(), logp_NL.cpu(), lengths_N.tolist()
-    responses = [row[:k].tolist() for row, k in zip(tokens_NL, lengths)]
-    logprobs = [row[:k].tolist() for row, k in zip(logp_NL, lengths)]
+        return model.get_output_embeddings()(hidden).float()
+
+    tokens_NL, logp_NL, lengths_N = sample(logits_BV, mask, cache, params, feed, eos_ids=eos_ids, pad_id=pad_id,
+                                           device=device, stats=stats, carry=(next_B.to(device),))
+    responses, logprobs, _ = _to_host(tokens_NL, logp_NL, lengths_N)
     return responses, logprobs, stats
 
 

@@ -97,8 +97,36 @@ def decode(model, prompts: list[list[int]], params: SamplingParams, *, eos_ids: 
         prompt_routes_BPRk = recorder.take().reshape(*ids_BP.shape, len(recorder.routers), -1).cpu()
         gen_routes_NLRk = torch.full((len(prompts) * n, max_new, *prompt_routes_BPRk.shape[2:]), NO_ROUTE,
                                      dtype=torch.int16)
+
+    def feed(token_A: torch.Tensor, mask: torch.Tensor, live: torch.Tensor, step: int) -> torch.Tensor:
+        logits = _forward(model, token_A[:, None], mask, mask.sum(-1, keepdim=True) - 1, cache, recorder)
+        if recorder is not None:  # the experts of the token fed at this step (response position `step`)
+            gen_routes_NLRk[live.cpu(), step] = recorder.take().reshape(live.numel(), *gen_routes_NLRk.shape[2:]).cpu()
+        return logits
+
+    tokens_NL, logp_NL, lengths_N = sample(logits_AV, mask, cache, params, feed, eos_ids=eos_ids, pad_id=pad_id,
+                                           device=device, stats=stats)
+    responses, logprobs, lengths = _to_host(tokens_NL, logp_NL, lengths_N)
+    if recorder is not None:
+        _append_routes(routes, prompts, n, lengths, prompt_routes_BPRk, gen_routes_NLRk)
+    return responses, logprobs, stats
+
+
+def sample(logits_BV: torch.Tensor, mask: torch.Tensor, cache, params: SamplingParams, feed, *, eos_ids: set[int],
+           pad_id: int, device: torch.device | str, stats: DecodeStats,
+           carry: tuple[torch.Tensor, ...] = ()) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The sampling loop after a prefill (text prompts here, prompts with images in
+    :mod:`flowrl.backends.vlm`): from each prompt's last logits ``logits_BV``, its attention
+    ``mask`` and KV ``cache`` (both repeated here for the ``n`` samples), draw up to
+    ``params.max_new_tokens`` tokens per row; rows that reach EOS leave the batch and the cache.
+    ``feed(token_A, mask, live, step, *carry)`` runs the model on the live rows' new tokens and
+    returns their next logits; ``carry``: per-row tensors (``B, ...``) repeated and selected with
+    the rows, passed to ``feed``. Returns ``(tokens_NL, logp_NL, lengths_N)`` on ``device``."""
+    n, max_new = params.n, params.max_new_tokens
+    logits_AV = logits_BV
     if n > 1:
         logits_AV, mask = logits_AV.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
+        carry = tuple(c.repeat_interleave(n, 0) for c in carry)
         cache.batch_repeat_interleave(n)
     num_rows, vocab = logits_AV.shape
     warpers = [] if params.greedy else _warpers(params)
@@ -120,17 +148,13 @@ def decode(model, prompts: list[list[int]], params: SamplingParams, *, eos_ids: 
             keep = (~done_A).nonzero().squeeze(1)
             cache.batch_select_indices(keep)
             live, mask, token_A = live[keep], mask[keep], token_A[keep]
+            carry = tuple(c[keep] for c in carry)
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
         stats.slots += live.numel()
         stats.tokens += live.numel()
-        logits_AV = _forward(model, token_A[:, None], mask, mask.sum(-1, keepdim=True) - 1, cache, recorder)
-        if recorder is not None:  # the experts of the token fed at this step (response position `step`)
-            gen_routes_NLRk[live.cpu(), step] = recorder.take().reshape(live.numel(), *gen_routes_NLRk.shape[2:]).cpu()
+        logits_AV = feed(token_A, mask, live, step, *carry)
     stats.response_tokens = int(lengths_N.sum())
-    responses, logprobs, lengths = _to_host(tokens_NL, logp_NL, lengths_N)
-    if recorder is not None:
-        _append_routes(routes, prompts, n, lengths, prompt_routes_BPRk, gen_routes_NLRk)
-    return responses, logprobs, stats
+    return tokens_NL, logp_NL, lengths_N
 
 
 def _forward(model, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache, recorder) -> torch.Tensor:
