@@ -57,6 +57,10 @@ class Family:
     checkpointed_groups: ClassVar[tuple[str, ...]] = ()
     """Trainable groups besides ``actor``, checkpointed under ``<run_dir>/<name>_checkpoints``
     before the actor's checkpoint of a step, restored from the same step."""
+    takes_images: ClassVar[bool] = False
+    """Its graphs carry each prompt's images (the ``images`` column) to every engine that reads the
+    prompt, so it trains a vision-language ``model.path``; False: a VLM is refused in pre-flight
+    (``flowrl.run.preflight.check_family``) rather than trained on its prompts' text alone."""
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg

@@ -42,6 +42,8 @@ from flowrl.nodes import NodeOut, node
 class GRPO(Family):
     """Group-relative advantages from the reward alone: no critic, no greedy baseline."""
 
+    takes_images = True  # configs/vlm_shapes.yaml (dp, fsdp; hf and vllm generation)
+
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
         if cfg.needs_critic or cfg.needs_reward_baseline:

@@ -37,6 +37,8 @@ from flowrl.nodes import NodeOut, node
 class PPO(Family):
     """Advantages from a learned value function: adds the critic group, its values and update."""
 
+    takes_images = True  # the critic too (flowrl.models.vlm_value)
+
     checkpointed_groups = ("critic",)
 
     def __init__(self, cfg: RunConfig) -> None:

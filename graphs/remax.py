@@ -35,6 +35,8 @@ from flowrl.nodes import NodeOut, node
 class ReMax(Family):
     """The greedy response's score as each prompt's baseline: a second generation per step."""
 
+    takes_images = True  # the greedy baseline reads the same prompts, images included (RolloutRole.generate)
+
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
         if not cfg.needs_reward_baseline:

@@ -61,7 +61,7 @@ def resolve_inputs(cfg: RunConfig) -> RunConfig:
         check_model_dir("reward_model.model_path", cfg.reward_model.model_path)
     if cfg.needs_critic and cfg.critic.model_path:
         check_model_dir("critic.model_path", cfg.critic.model_path)
-    check_family(cfg)
+    check_family(cfg, model_path=model_path)
     check_backends(cfg, model_path=model_path)
     check_moe_options(cfg, model_path=model_path)  # actor.router_replay, actor.moe_*_coeff
     check_loggers(cfg)
@@ -190,9 +190,10 @@ def check_loggers(cfg: RunConfig) -> None:
                               f"pip install {module}, or drop {name} from trainer.logger")
 
 
-def check_family(cfg: RunConfig) -> None:
+def check_family(cfg: RunConfig, *, model_path: str | None = None) -> None:
     """``algorithm.family`` (or the family the estimator implies) names a registered family that
-    takes this config, and the cluster's pools host every worker group it declares."""
+    takes this config (a vision-language ``model_path``: one that carries the images), and the
+    cluster's pools host every worker group it declares."""
     from flowrl.config.pools import resolve_pools
     from flowrl.graphs.family import resolve_family
 
@@ -203,6 +204,20 @@ def check_family(cfg: RunConfig) -> None:
                           "leave it empty (the family the estimator implies), or name a registered family "
                           "or package.module:Class") from None
     resolve_pools(cfg.cluster, {s.name: s.mesh.world_size for s in family.group_specs()})
+    _check_family_images(cfg, type(family), model_path or cfg.model.path)
+
+
+def _check_family_images(cfg: RunConfig, family: type, model_path: str) -> None:
+    """A vision-language ``model.path`` trains only in a family whose graphs carry the images."""
+    from flowrl.graphs.family import FAMILIES
+    from flowrl.models.vlm_config import is_vlm_dir
+
+    if family.takes_images or not model_path or not is_vlm_dir(model_path):
+        return
+    takers = [n for n in FAMILIES.names() if getattr(FAMILIES.get(n), "takes_images", False)]
+    raise ConfigError("algorithm.family", cfg.algorithm.family or family.name, f"model.path={model_path} is a "
+                      f"vision-language model, and the {family.name} family reads its data without the images "
+                      "(it would train on the prompts' text alone)", f"use the {' or '.join(takers)} family")
 
 
 def check_auto_resume(run_dir: Path) -> None:

@@ -352,3 +352,18 @@ def test_checkpoints_and_hf_export_carry_the_vision_weights(vlm_dir, tmp_path):
     back = AutoModelForCausalLM.from_pretrained(tmp_path / "export")
     for n, p in vision_tower(engine.model).named_parameters():
         assert torch.equal(dict(vision_tower(back).named_parameters())[n], p), n
+
+
+@pytest.mark.parametrize("family", ["sft", "dpo", "rm"])
+def test_a_family_that_reads_its_data_without_images_refuses_a_vlm(vlm_dir, tiny_model_dir, family):
+    """SFT, DPO and reward-model training read chat messages / pairs without an images column: a VLM
+    model.path is refused naming the families that carry images, a text model is not."""
+    from flowrl.config import ConfigError, load_config
+    from flowrl.run.preflight import check_family
+
+    with pytest.raises(ConfigError, match=f"algorithm.family='{family}'.*vision-language.*use the grpo or ppo or remax"):
+        check_family(load_config(None, [f"model.path={vlm_dir}", f"algorithm.family={family}"]), model_path=vlm_dir)
+    check_family(load_config(None, [f"model.path={tiny_model_dir}", f"algorithm.family={family}"]),
+                 model_path=str(tiny_model_dir))
+    for ok in (["algorithm.adv_estimator=remax"], ["algorithm.adv_estimator=gae"], []):
+        check_family(load_config(None, [f"model.path={vlm_dir}", *ok]), model_path=vlm_dir)
