@@ -368,7 +368,8 @@ GEN_BACKENDS.add(GenerateBackendSpec(
 GEN_BACKENDS.add(GenerateBackendSpec(
     name="vllm", engine=f"{_VLLM}:VLLMGenerator", parallel_axes=frozenset({_DP, _TP}),
     config_keys=frozenset({"gpu_memory_utilization", "free_cache_engine", "enforce_eager", "max_num_batched_tokens",
-                           "enable_chunked_prefill"}),
+                           "enable_chunked_prefill", "max_num_seqs", "max_model_len", "enable_prefix_caching",
+                           "engine_kwargs"}),
     shard_style=ShardStyle.VLLM, reshard=ReshardMode.STAGED, in_process=False, joins_trainer_group=True, sleeps=True,
     adapter_sync=True, takes_images=True,
     role_kwargs=f"{_VLLM}:vllm_role_kwargs", preflight=f"{_VLLM}:check_installed",

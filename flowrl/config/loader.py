@@ -291,6 +291,10 @@ def _coerce(tp: Any, value: Any, key: str, errors: list[ConfigError] | None = No
         if not isinstance(value, list):
             raise ConfigError(key, value, "expected a list", f"write {key}=[...]")
         return [_coerce(arg, v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:  # a mapping handed on as it is (rollout.engine_kwargs: vllm.LLM's arguments)
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ConfigError(key, value, "expected a mapping of names to values", f"write {key}.<name>=<value>")
+        return dict(value)
     if tp is bool:
         if isinstance(value, bool):
             return value

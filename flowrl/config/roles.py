@@ -9,7 +9,7 @@ capabilities there (never its name); loss aggregation modes against ``flowrl.cat
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from flowrl.catalog.algos import AGG_MODES
 from flowrl.catalog.backends import GEN_BACKENDS, TRAIN_BACKENDS, VALUE_BACKENDS, ParallelAxis, either
@@ -25,6 +25,7 @@ from flowrl.config.group_checks import (  # noqa: F401 (re-exported: the section
 )
 from flowrl.config.megatron import MEGATRON_SECTION, MegatronConfig, check_megatron_owner
 from flowrl.config.multi_turn import MultiTurnConfig
+from flowrl.config.rollout_engine import check_engine_settings
 from flowrl.config.sequence_parallel import check_ulysses
 from flowrl.config.sections import OptimConfig
 
@@ -101,6 +102,16 @@ class RolloutConfig(ParallelFields):
     """vllm: split long prefills over scheduler steps (verl's key and default). CPU builds always
     run without it: their seeded sampling fails on a chunked prompt (``CPU Generator does not use
     offset``, e.g. 32 prompts x 8 samples of 50 tokens over a 4096-token budget)."""
+    max_num_seqs: int | None = None
+    """vllm: sequences the engine runs at once (verl's key; verl: 1024). null: ``micro_batch_size``."""
+    max_model_len: int | None = None
+    """vllm: the engine's context length (verl's key); at least ``data.max_prompt_length +
+    rollout.response_length``, which null takes (as verl)."""
+    enable_prefix_caching: bool = True
+    """vllm: reuse cached prompt prefixes (verl's key and default): the n samples of a prompt share it."""
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    """vllm: more ``vllm.LLM`` arguments, passed last (verl's ``engine_kwargs.vllm.*``); those flowrl
+    sets itself are refused, naming the key to use (``flowrl.config.rollout_engine``)."""
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     """Multi-turn, tool-using rollouts (off by default; see ``flowrl.config.multi_turn``)."""
 
@@ -119,9 +130,7 @@ class RolloutConfig(ParallelFields):
         check_positive("micro_batch_size", self.micro_batch_size, "use e.g. 256")
         check_positive("max_num_batched_tokens", self.max_num_batched_tokens, "use 8192 (verl's default)")
         spec = GEN_BACKENDS.spec(self.name)
-        check(self.max_num_batched_tokens >= self.micro_batch_size or not spec.owns("max_num_batched_tokens"),
-              "max_num_batched_tokens", self.max_num_batched_tokens, f"must be >= rollout.micro_batch_size="
-              f"{self.micro_batch_size} (vLLM's max_num_seqs)", f"use e.g. {max(8192, self.micro_batch_size)}")
+        check_engine_settings(self, owned=spec.owns("engine_kwargs"))  # vLLM's own (flowrl.config.rollout_engine)
         if not spec.supports(ParallelAxis.TP):
             check(
                 self.tensor_model_parallel_size == 1 and self.pipeline_model_parallel_size == 1,
