@@ -106,6 +106,7 @@ def test_role_kwargs_carry_the_mesh_and_memory_settings():
         "tensor_parallel_size": 2, "gpu_memory_utilization": 0.3, "free_cache_engine": False,
         "enforce_eager": False, "max_num_seqs": 64, "max_model_len": 32 + r.response_length, "seed": 7,
         "max_num_batched_tokens": 8192, "enable_chunked_prefill": True,  # verl's defaults (CPU: no chunking)
+        "enable_prefix_caching": True, "extra_engine_kwargs": {},
     }
     assert rollout_role_kwargs(RolloutConfig(), max_prompt_length=32, seed=0) == {}
 

@@ -94,3 +94,7 @@ def test_vision_language_grpo_on_vllm_hybrid_and_split():
 
 def test_mixture_of_experts_generation_and_weight_sync():
     _run_checks("check_moe.py", timeout=400)
+
+
+def test_the_rollout_sections_engine_settings_reach_the_engine():
+    _run_checks("check_engine_settings.py", timeout=120)

@@ -65,6 +65,8 @@ from flowrl.backends.generate.checkpoint_layout import checkpoint_layout
 from flowrl.backends.generate.vllm_images import (
     check_expanded, forget_image_features, image_logprobs, image_pad_id, image_requests, vlm_engine_kwargs)
 from flowrl.backends.generate.vllm_lora import install_adapter, lora_engine_kwargs
+from flowrl.backends.generate.vllm_settings import engine_arg_names, extra_engine_kwargs
+from flowrl.backends.generate.vllm_settings import vllm_role_kwargs  # noqa: F401 - the spec's role_kwargs
 from flowrl.backends.generate.vllm_weights import (  # noqa: F401 - _read_safetensors re-exported for the checks
     _chunks, _read_safetensors, _rng_state, _set_rng_state, ipc_bucket)
 from flowrl.backends.generate.vllm_worker import EXTENSION, encode_ipc_bucket, encode_state
@@ -86,27 +88,6 @@ def engine_dtype(dtype: str, *, on_cuda: bool, lora: dict | None) -> str:
         raise ValueError("model.dtype=float32 with model.lora_rank > 0 and rollout.name=vllm on a GPU: vLLM's LoRA "
                          "kernels run in bf16/fp16 only; fix: model.dtype=auto (bf16 on a GPU) or bfloat16")
     return resolved
-
-
-def vllm_role_kwargs(rollout: Any, *, max_prompt_length: int, seed: int) -> dict:
-    """``RolloutRole``'s keyword arguments for a ``RolloutConfig`` with ``name=vllm``: the
-    replica's tp size and the engine's settings."""
-    return {
-        "tensor_model_parallel_size": rollout.tensor_model_parallel_size,
-        "engine_kwargs": {
-            "tensor_parallel_size": rollout.tensor_model_parallel_size,
-            "gpu_memory_utilization": rollout.gpu_memory_utilization,
-            # resolved by the run (flowrl.config.free_cache_auto); an unresolved auto (a section
-            # used outside a run) keeps the engine awake
-            "free_cache_engine": rollout.free_cache_engine is True,
-            "enforce_eager": rollout.enforce_eager,
-            "max_num_seqs": rollout.micro_batch_size,
-            "max_model_len": max_prompt_length + rollout.response_length,
-            "max_num_batched_tokens": rollout.max_num_batched_tokens,
-            "enable_chunked_prefill": rollout.enable_chunked_prefill,
-            "seed": seed,
-        },
-    }
 
 
 def scheduler_kwargs(*, on_cuda: bool, max_num_batched_tokens: int, enable_chunked_prefill: bool,
@@ -256,6 +237,8 @@ class VLLMGenerator:
         max_model_len: int | None = None,
         max_num_batched_tokens: int = 8192,
         enable_chunked_prefill: bool = True,
+        enable_prefix_caching: bool = True,
+        extra_engine_kwargs: dict | None = None,
         seed: int = 0,
         load_weights_on_start: bool = True,
         lora: dict | None = None,
@@ -281,7 +264,8 @@ class VLLMGenerator:
                                      max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                      max_num_batched_tokens=max_num_batched_tokens,
                                      enable_chunked_prefill=enable_chunked_prefill,
-                                     gpu_memory_utilization=gpu_memory_utilization)
+                                     gpu_memory_utilization=gpu_memory_utilization,
+                                     enable_prefix_caching=enable_prefix_caching, extra=extra_engine_kwargs)
         with _children_allowed(), _launcher_env(self.external_launcher, self.on_cuda):
             self.llm = vllm.LLM(**kwargs)
         if self.uses_ipc:
@@ -291,8 +275,10 @@ class VLLMGenerator:
 
     def _engine_kwargs(self, model_dir: str, *, dtype: str, seed: int, enforce_eager: bool, max_num_seqs: int,
                        max_model_len: int | None, max_num_batched_tokens: int, enable_chunked_prefill: bool,
-                       gpu_memory_utilization: float) -> dict[str, Any]:
-        """``vllm.LLM``'s keyword arguments for this engine (its device, tp, LoRA and launcher set)."""
+                       gpu_memory_utilization: float, enable_prefix_caching: bool = True,
+                       extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``vllm.LLM``'s keyword arguments for this engine (its device, tp, LoRA and launcher set),
+        then ``extra`` (``rollout.engine_kwargs``: :func:`.vllm_settings.extra_engine_kwargs`)."""
         kwargs: dict[str, Any] = dict(
             model=model_dir,
             tokenizer=model_dir,
@@ -303,7 +289,7 @@ class VLLMGenerator:
             seed=seed,
             enforce_eager=enforce_eager,
             max_num_seqs=max_num_seqs,
-            enable_prefix_caching=True,
+            enable_prefix_caching=enable_prefix_caching,
             logprobs_mode="processed_logprobs",
             worker_extension_cls=EXTENSION,
         )
@@ -318,7 +304,7 @@ class VLLMGenerator:
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.free_cache_engine)
         if self.uses_ipc:
             kwargs.update(weight_transfer_config={"backend": "ipc"})
-        return kwargs
+        return {**kwargs, **(extra_engine_kwargs(extra, engine_arg_names()) if extra else {})}
 
     # ----------------------------------------------------------------- generation
     def generate(
