@@ -28,6 +28,7 @@ from typing import Any
 from flowrl.config.errors import ConfigError
 from flowrl.config.verl_batch import per_gpu_micro_batches
 from flowrl.config.verl_reward import reward_manager
+from flowrl.config.verl_rollout import turn_caps, vllm_engine_kwargs
 from flowrl.config.verl_keys import (_NO, _OFF, AR, KNOCK_ON, REFUSED_VALUES, VERL_KEYS, VERL_NAMES,  # noqa: F401
                                      VerlKey, _k)  # the table, re-exported
 
@@ -347,6 +348,8 @@ def derive(flat: dict[str, Any]) -> dict[str, Any]:
     if flat.get(f"{AR}.rollout.multi_turn.tool_config_path") not in (None, "", "null"):
         out["rollout.multi_turn.tool_reward_coef"] = 0.0  # verl keeps its tools' step rewards out of the score
     out.update(per_gpu_micro_batches(flat))  # verl's global micro-batches, per GPU (verl_batch)
+    out.update(turn_caps(flat))  # max_assistant_turns, max_user_turns + 1: max_turns (verl_rollout)
+    out.update(vllm_engine_kwargs(flat))  # engine_kwargs.vllm.*: rollout.engine_kwargs.* (verl_rollout)
     out.update(_rollout_correction(flat))
     out.update(reward_manager(flat))  # naive, or dapo with its overlong penalty (verl_reward)
     gpus = flat.get("trainer.n_gpus_per_node")

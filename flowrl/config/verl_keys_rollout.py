@@ -1,6 +1,7 @@
 """verl's ``actor_rollout_ref.rollout.*`` keys: the generation engine's sizes and batching, vLLM's
-knobs (no flowrl setting yet for most: no effect), multi-turn tools and turns, and what flowrl's
-rollout lacks, refused by name. A part of :data:`flowrl.config.verl_keys.VERL_KEYS`."""
+settings (``rollout.max_num_seqs``, ``max_model_len``, ``enable_prefix_caching``, ``engine_kwargs``;
+verl's other engine knobs: no effect, each with its reason), multi-turn tools and turns, and what
+flowrl's rollout lacks, refused by name. A part of :data:`flowrl.config.verl_keys.VERL_KEYS`."""
 
 from __future__ import annotations
 
@@ -29,15 +30,23 @@ ROLLOUT_KEYS: tuple[VerlKey, ...] = (
     # trainer's devices and can sleep (flowrl.config.free_cache_auto); true written out maps
     _k(f"{AR}.rollout.free_cache_engine", "map", "rollout.free_cache_engine", default=True, adopt=False),
     _k(f"{AR}.rollout.profiler.*", "noop", does="verl's rollout profiler", nearest="flowrl dashboard RUN_DIR"),
+    # --- vLLM's engine settings (flowrl.config.rollout_engine). A verl YAML's max_num_seqs default (1024)
+    # is not adopted: flowrl's null is rollout.micro_batch_size, the sequences of one generate call
+    _k(f"{AR}.rollout.max_num_seqs", "map", "rollout.max_num_seqs", default=1024, adopt=False),
+    _k(f"{AR}.rollout.max_model_len", "map", "rollout.max_model_len"),  # null: prompt + response, as verl
+    _k(f"{AR}.rollout.enable_prefix_caching", "map", "rollout.enable_prefix_caching", default=True),
+    _k(f"{AR}.rollout.engine_kwargs.vllm.*", "derive", "rollout.engine_kwargs.*",
+       does="extra vLLM engine arguments: rollout.engine_kwargs.* (passed to vllm.LLM last; those flowrl sets "
+            "itself refused, naming the key to use)"),
+    # the engine's first weights: flowrl's engine starts without reading them (dummy; a vision-language
+    # model: auto) and always gets the trainer's before it generates, so any load_format samples the same
+    _k(f"{AR}.rollout.load_format", "noop", does="how vLLM loads its first weights (dummy, auto, safetensors, ...)",
+       nearest="none needed: flowrl syncs the trainer's weights before every rollout, whatever was loaded"),
     # --- verl's engine and agent-loop knobs (no effect), then what flowrl lacks (refused by name)
     *(_k(f"{AR}.rollout.{knob}", "noop", does=why, nearest=near) for knob, why, near in (
         ("calculate_log_probs", "returns the rollout's log-probs", "flowrl's actor recomputes them"),
         ("layered_summon", "gathers FSDP weights layer by layer for the sync", "flowrl's reshard plan (rollout.reshard_*)"),
         ("multi_stage_wake_up", "wakes vLLM's weights and cache in two stages", "a memory option"),
-        ("load_format", "how vLLM loads its first weights", "flowrl syncs the actor's weights before each rollout"),
-        ("max_num_seqs", "vLLM's concurrent sequences", "no flowrl setting yet: vLLM's own default"),
-        ("max_model_len", "vLLM's context length", "flowrl sets data.max_prompt_length + rollout.response_length"),
-        ("enable_prefix_caching", "vLLM's prefix cache", "no flowrl setting yet: vLLM's own default"),
         ("cudagraph_capture_sizes", "vLLM's CUDA-graph batch sizes", "rollout.enforce_eager"),
         ("disable_log_stats", "vLLM's statistics log", "none"),
         ("checkpoint_engine.*", "verl's weight-sync transport", "rollout.reshard_transport, rollout.reshard_bucket_mb"),
@@ -49,7 +58,6 @@ ROLLOUT_KEYS: tuple[VerlKey, ...] = (
         ("seed", "the rollout engine's seed", "trainer.seed"),
         ("full_determinism", "bitwise-deterministic rollouts", "trainer.seed"),
         ("logprobs_mode", "which log-probs the engine returns", "flowrl's actor recomputes them"),
-        ("engine_kwargs.vllm.*", "extra vLLM engine arguments", "no flowrl setting yet: vLLM's own defaults"),
         ("engine_kwargs.*", "arguments of another engine (SGLang, TensorRT-LLM)", "read only with that rollout.name"),
         ("agent.*", "verl's agent-loop workers", "rollout.multi_turn.*"),
         ("n_gpus_per_node", "GPUs of a separate rollout pool", "rollout.data_parallel_size"),
@@ -77,13 +85,11 @@ ROLLOUT_KEYS: tuple[VerlKey, ...] = (
     _k(f"{AR}.rollout.multi_turn.enable", "map", "rollout.multi_turn.enable"),
     # verl's tool config: its tools join flowrl's (flowrl.agents.verl_tools); tool_reward_coef=0 as verl (derive)
     _k(f"{AR}.rollout.multi_turn.tool_config_path", "map", "rollout.multi_turn.tool_config_path"),
-    # verl's tool agent loop ends a trajectory once its assistant turns reach max_assistant_turns, the
-    # last turn's tool calls not run: flowrl's max_turns counts the same (flowrl.agents.loop); verl's
-    # null (no cap but the response length) leaves flowrl's own
-    _k(f"{AR}.rollout.multi_turn.max_assistant_turns", "map", "rollout.multi_turn.max_turns"),
-    # verl's max_user_turns=U ends it after the model turn that follows the U-th tool answer: flowrl's
-    # max_turns=U+1, which the table cannot write (a map copies the value); refused with that fix
-    _k(f"{AR}.rollout.multi_turn.max_user_turns", "refuse", does="caps the tool-answer (user) turns",
-       nearest="rollout.multi_turn.max_turns = max_user_turns + 1 (flowrl counts the model's turns), or "
-               "verl's max_assistant_turns", accept=(None, 0)),  # verl's 0, as null: no cap
+    # verl's turn caps: flowrl's max_turns = min(max_assistant_turns, max_user_turns + 1), null or 0 no
+    # cap (flowrl.config.verl_rollout.turn_caps)
+    _k(f"{AR}.rollout.multi_turn.max_assistant_turns", "derive", "rollout.multi_turn.max_turns",
+       does="caps the model's turns: flowrl's max_turns (the smaller with max_user_turns + 1; null or 0: no cap)"),
+    _k(f"{AR}.rollout.multi_turn.max_user_turns", "derive", "rollout.multi_turn.max_turns",
+       does="caps the tool-answer (user) turns: flowrl's max_turns = max_user_turns + 1 (the model turn after "
+            "the last answer; the smaller with max_assistant_turns; null or 0: no cap)"),
 )

@@ -161,7 +161,7 @@ def test_the_agent_loop_runs_the_tool_from_the_config(tool_config):
         agent.close()
 
 
-def test_verls_turn_caps_max_assistant_turns_maps_max_user_turns_refused_with_the_conversion(tool_config):
+def test_verls_turn_caps_max_assistant_turns_and_max_user_turns_plus_one(tool_config):
     """verl's tool agent loop (verl 0.9.1 ``experimental/agent_loop/tool_agent_loop.py``) ends a
     trajectory once ``assistant_turns >= max_assistant_turns``, before that turn's tool calls run:
     flowrl's ``max_turns`` (flowrl.agents.loop). With max_assistant_turns=2 and a model that calls a
@@ -179,7 +179,7 @@ def test_verls_turn_caps_max_assistant_turns_maps_max_user_turns_refused_with_th
     ns = build_parser().parse_args(flags_first(args))
     mt = load_config_with_notes(*_split_config_args(ns.items, ns))[0].rollout.multi_turn
     assert mt.max_turns == 2
-    assert translate_item(f"{key}.max_assistant_turns", None)[0] == "rollout.multi_turn.max_turns"  # null: flowrl's
+    assert translate_item(f"{key}.max_assistant_turns", 2) == (None, None)  # read by derive (verl_rollout)
 
     tok = build_agent_tokenizer()
     agent = Agent(mt, tok)
@@ -198,7 +198,18 @@ def test_verls_turn_caps_max_assistant_turns_maps_max_user_turns_refused_with_th
     finally:
         agent.close()
 
-    # max_user_turns=U is flowrl's max_turns=U+1, which a table entry cannot write: refused, saying so
-    assert translate_item(f"{key}.max_user_turns", None) == (None, None)
-    with pytest.raises(ConfigError, match=r"max_turns = max_user_turns \+ 1"):
-        translate_item(f"{key}.max_user_turns", 16)
+    # max_user_turns=U ends verl's loop after the model turn that follows the U-th tool answer: U + 1
+    # model turns, flowrl's max_turns; with both caps the smaller wins; null or 0 is no cap (verl_rollout)
+    def turns(*items):
+        ns = build_parser().parse_args(flags_first(["config", "--from-verl", f"{key}.enable=true",
+                                                    f"{key}.tool_config_path={tool_config}", *items]))
+        return load_config_with_notes(*_split_config_args(ns.items, ns))[0].rollout.multi_turn.max_turns
+
+    assert turns(f"{key}.max_user_turns=16") == 17
+    assert turns(f"{key}.max_user_turns=16", f"{key}.max_assistant_turns=2") == 2
+    assert turns(f"{key}.max_user_turns=1", f"{key}.max_assistant_turns=5") == 2
+    assert turns(f"{key}.max_user_turns=0", f"{key}.max_assistant_turns=3") == 3  # 0: no cap
+    # no cap at all: the response length bounds the turns (each model turn takes a token of it)
+    assert turns(f"{key}.max_user_turns=null", "data.max_response_length=300") == 300
+    with pytest.raises(ConfigError, match=r"max_user_turns=-1: must be a whole number of turns"):
+        turns(f"{key}.max_user_turns=-1")
