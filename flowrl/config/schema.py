@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flowrl.catalog.algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, estimator_traits
-from flowrl.catalog.backends import TRAIN_BACKENDS, checkpoint_problem
+from flowrl.catalog.backends import GEN_BACKENDS, TRAIN_BACKENDS, checkpoint_problem
 from flowrl.config.algorithm import AlgorithmConfig
 from flowrl.config.cluster import ClusterConfig
 from flowrl.config.errors import ConfigError, check
 from flowrl.config.pools import check_placement, resolve_placement
+from flowrl.config.rollout_engine import check_max_model_len
 from flowrl.config.roles import (ActorConfig, CriticConfig, ReferenceConfig, RewardModelConfig, RolloutConfig,
                                  check_reference_budget)
 from flowrl.config.sections import DataConfig, ModelConfig, TrainerConfig
@@ -74,6 +75,8 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         self._check_algorithm_family()
+        if "max_model_len" in GEN_BACKENDS.spec(self.rollout.name).config_keys:  # vLLM's context against both sections
+            check_max_model_len(self.rollout, max_prompt_length=self.data.max_prompt_length)
         check(self.trainer.test_freq >= 0, "trainer.test_freq", self.trainer.test_freq, "must be >= 0",
               "use 0 (never validate) or e.g. 5 (every 5 steps)")
         check(self.data.val_max_samples == -1 or self.data.val_max_samples >= 1, "data.val_max_samples",

@@ -93,6 +93,10 @@ def test_a_context_shorter_than_the_longest_rollout_is_refused_naming_both():
                                           r"rollout.response_length=16 = 48.*fix: set rollout.max_model_len=48 or more"):
         rollout_role_kwargs(r, max_prompt_length=32, seed=0)
     assert rollout_role_kwargs(r, max_prompt_length=24, seed=0)["engine_kwargs"]["max_model_len"] == 40  # 24 + 16 fits
+    # and when the config loads, with every other mistake, before anything starts; hf ignores the key
+    with pytest.raises(ConfigError, match=r"rollout.max_model_len=10: is shorter than data.max_prompt_length=32"):
+        load_config(None, ["rollout.name=vllm", "rollout.max_model_len=10"])
+    load_config(None, ["rollout.name=hf", "rollout.max_model_len=10"])
 
 
 # ----------------------------------------------------------------------------- a fake vllm.LLM
