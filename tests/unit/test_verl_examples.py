@@ -4,7 +4,8 @@
 verl's example scripts (volcengine/verl at b178a3cd, January 2026), recorded by running each
 ``examples/**/*.sh`` with a fake ``python3`` (and fake ``ray``, ``nvidia-smi``, ``wget``, ...) first on
 ``PATH``, each under ``timeout 10``; kept are the 76 of the 120 lists that verl 0.9.1 composes with
-Hydra against its wheel's config tree. Each list is fed to flowrl as it is and counted as accepted,
+Hydra against its wheel's config tree (``python benchmarks/verl_catalogue.py b178a3cd5 --argv-out DIR``
+writes them again; the tool also measures other commits). Each list is fed to flowrl as it is and counted as accepted,
 refused by name (a feature flowrl lacks, named), an unknown key, a value refused, or a Hydra flag
 refused.
 
@@ -15,15 +16,29 @@ of those files (the defaults list and the rollout engine) into a temporary direc
 
 from __future__ import annotations
 
-import contextlib
-import io
+import importlib.util
 import shlex
+import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from flowrl.config.verl_yaml import verl_config_dir
+
+
+def _load_catalogue():
+    """``benchmarks/verl_catalogue.py`` (the capture tool), whose ``classify`` these tests share."""
+    spec = importlib.util.spec_from_file_location("bench_verl_catalogue", Path(__file__).resolve().parents[2]
+                                                  / "benchmarks" / "verl_catalogue.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+catalogue = _load_catalogue()
+classify = catalogue.classify
 
 DATA = Path(__file__).parent / "data" / "verl_example_argv.txt"
 USER_DIR = "/verl/examples/sglang_multiturn/config"
@@ -51,55 +66,6 @@ def write_user_configs(directory: Path) -> None:
         (directory / f"{name}.yaml").write_text(
             f"defaults:\n  - {base}\n  - _self_\n\ndata:\n  max_prompt_length: 1024\n  return_raw_chat: true\n\n"
             "actor_rollout_ref:\n  rollout:\n    name: sglang\n    multi_turn:\n      enable: true\n")
-
-
-def classify(args: list[str]) -> tuple[str, list[str]]:
-    """``(class, error lines)`` of ``flowrl config --from-verl ARGS``: accepted, named (refused
-    naming what flowrl lacks), unknown, value (a value refused), hydra (a Hydra flag refused) or
-    preflight (accepted, but ``flowrl train``'s model-free pre-flight refuses it)."""
-    from flowrl.cli import main
-
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            rc = main(["config", "--from-verl", *args])
-        except SystemExit as exc:  # argparse
-            rc = exc.code
-    lines = [line for line in err.getvalue().splitlines() if line.startswith("error")]
-    if rc == 0:
-        problem = preflight_problem(args)
-        return ("accepted", lines) if problem is None else ("preflight", [problem])
-    if any("unrecognized arguments" in line for line in err.getvalue().splitlines()):
-        return "hydra", lines
-    if any("unknown key" in line for line in lines):
-        return "unknown", lines
-    if lines and all(any(w in line for w in NAMED) for line in lines):
-        return "named", lines
-    return "value", lines
-
-
-def preflight_problem(args: list[str]) -> str | None:
-    """The error of the pre-flight checks that need no model (``check_model_options``: what the
-    actor's backend builds of ``model.*``) on the config ``args`` make, as ``flowrl train`` runs
-    them before any worker starts; None when they pass. (verl's Megatron config leaves
-    ``enable_gradient_checkpointing: true``, which flowrl's megatron backend refuses: 7 lists passed
-    ``config --from-verl`` and failed here before the default was no longer adopted.)"""
-    from flowrl.backends.preflight import check_model_options
-    from flowrl.cli import _split_config_args, build_parser
-    from flowrl.config import ConfigError
-    from flowrl.config.loader import load_config_with_notes
-    from flowrl.config.verl_hydra import flags_first
-
-    ns = build_parser().parse_args(flags_first(["config", "--from-verl", *args]))
-    cfg, _, _ = load_config_with_notes(*_split_config_args(ns.items, ns))
-    try:
-        check_model_options(cfg)
-    except ConfigError as exc:
-        return f"error: {exc}"
-    return None
-
-
-NAMED = ("flowrl has no equivalent", "not implemented", "flowrl lacks", "is not built in flowrl")
 
 
 def measure(tmp_path: Path) -> tuple[Counter, dict[str, list[str]]]:
