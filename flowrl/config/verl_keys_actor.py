@@ -21,9 +21,11 @@ ACTOR_KEYS: tuple[VerlKey, ...] = (
                "longest row; the results are the same"),
     # a verl YAML's default (true) is not adopted: verl's Megatron engine never reads this key (its
     # recompute is override_transformer_config.recompute_*), and under FSDP it trades speed for memory,
-    # the results are the same; set on the command line it maps (Megatron refuses it by name)
+    # the results are the same; set on the command line it maps, except under actor.strategy=megatron,
+    # where verl ignores it and so does flowrl (verl_keys_megatron.ENGINE_IGNORES)
     _k(f"{AR}.model.enable_gradient_checkpointing", "dyn", "model.enable_gradient_checkpointing",
-       does="recomputes activations in the backward pass to save memory",
+       does="recomputes activations in the backward pass to save memory (under actor.strategy=megatron: "
+            "no effect, as in verl, whose Megatron engine never reads it)",
        nearest="lower actor.ppo_micro_batch_size_per_gpu (less activation memory)", accept=_OFF,
        default=True, adopt=False),
     _k(f"{AR}.model.external_lib", "refuse", does="imports a module that registers a custom model",

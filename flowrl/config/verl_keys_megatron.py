@@ -7,6 +7,16 @@ from __future__ import annotations
 from flowrl.config.verl_key import _OFF, VerlKey, _k
 from flowrl.config.verl_names import AR
 
+#: (verl key, the actor's strategy) -> why verl's engine of that strategy never reads the key: set
+#: under it, the key is accepted with that note and sets nothing (flowrl.config.verl_load.translate_all),
+#: where flowrl's own setting of the same name would be refused (verl 0.3/0.4's Megatron examples set
+#: enable_gradient_checkpointing=True, which verl 0.9.1's Megatron engine and workers never read)
+ENGINE_IGNORES: dict[tuple[str, str], str] = {
+    (f"{AR}.model.enable_gradient_checkpointing", "megatron"):
+        "verl's Megatron engine never reads it (its recomputation is "
+        "megatron.override_transformer_config.recompute_*, accepted, no effect)",
+}
+
 MEGATRON_KEYS: tuple[VerlKey, ...] = (
     # Megatron (actor, ref, critic): the parallel sizes map; the rest is verl's implementation or refused
     *(e for role, to in ((f"{AR}.actor", "actor"), (f"{AR}.ref", "ref"), ("critic", "critic")) for e in (

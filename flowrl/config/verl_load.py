@@ -11,8 +11,9 @@ from functools import lru_cache
 from typing import Any
 
 from flowrl.config.errors import ConfigError
-from flowrl.config.verl import (_EXACT, DROP, KNOCK_ON, REFUSED_VALUES, VERL_KEYS, alias, derive, field_exists, lookup,
-                                translate_default, translate_item, verl_value)
+from flowrl.config.verl import (_EXACT, AR, DROP, KNOCK_ON, REFUSED_VALUES, VERL_KEYS, alias, derive, field_exists,
+                                lookup, translate_default, translate_item, verl_value)
+from flowrl.config.verl_keys_megatron import ENGINE_IGNORES
 
 
 def translate_all(yaml_items: list[tuple[str, Any, str]], cli_items: list[tuple[str, Any]],
@@ -36,7 +37,10 @@ def translate_all(yaml_items: list[tuple[str, Any, str]], cli_items: list[tuple[
     given = {key for key, _ in cli_items}
     missing = [key for key, _, state in yaml_items if state == "missing" and key not in given]
     errors.extend(_mandatory(key) for key in missing)
+    strategy = str(verl_flat.get(f"{AR}.actor.strategy", ""))
     for key, value, state in yaml_items:
+        if state in ("set", "written") and _engine_ignores(key, value, strategy, notes):
+            continue
         if state == "written":  # at verl's default, written in the user's own file: explicit where not adopted
             state = "default" if _adopts(key) else "set"
         if state not in ("inert", "missing"):  # a verl YAML's -1 of save_freq / test_freq is flowrl's 0 (never)
@@ -44,7 +48,8 @@ def translate_all(yaml_items: list[tuple[str, Any, str]], cli_items: list[tuple[
             _one(out, {}, notes, errors, key, value, state == "default")
     set_by: dict[str, str] = {}
     for key, value in cli_items:
-        _one(out, set_by, notes, errors, key, value, False)
+        if not _engine_ignores(key, value, strategy, notes):
+            _one(out, set_by, notes, errors, key, value, False)
     for key in missing:  # verl's mandatory rollout.name: flowrl's default engine would judge verl's sizes
         for target in KNOCK_ON.get(lookup(key)[1], ()):
             out.pop(target, None)
@@ -52,6 +57,15 @@ def translate_all(yaml_items: list[tuple[str, Any, str]], cli_items: list[tuple[
         for target in KNOCK_ON.get(refused, ()):
             out.pop(target, None)  # its check fails only because of the refusal already reported
     return out, notes, {target: key for target, key in set_by.items() if target != key}
+
+
+def _engine_ignores(key: str, value: Any, strategy: str, notes: list[str]) -> bool:
+    """``key`` is one that verl's engine of ``strategy`` never reads (:data:`ENGINE_IGNORES`): noted
+    as accepted with no effect, as verl takes it; it then sets nothing."""
+    why = ENGINE_IGNORES.get((key, strategy))
+    if why is not None:
+        notes.append(f"{key}={value!r}: accepted, changes nothing in flowrl (actor.strategy={strategy}: {why})")
+    return why is not None
 
 
 def _adopts(key: str) -> bool:
@@ -124,8 +138,7 @@ def _one(out: dict[str, Any], set_by: dict[str, str], notes: list[str], errors: 
         hint = suggest(target)
         errors.append(ConfigError(key, value, f"unknown key (as flowrl's {target})", hint or "see flowrl config --fields"))
         return
-    if target != key:
-        value = alias(target, value)
+    value = alias(target, value)  # verl's spelling, also of a key whose path is flowrl's (filter_groups.metric)
     try:
         value = verl_value(key, target, value)
     except ConfigError as exc:

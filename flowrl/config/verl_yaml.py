@@ -45,8 +45,9 @@ def compose_verl_yaml(path: Path, items: list[tuple[str, Any, str]]) -> tuple[li
     out = []
     for key, value in flat.items():
         at_default = reference is not None and key in reference and reference[key] == value
-        if at_default and any(key.startswith(p) for p in off):
-            state = "inert"  # a default under a feature left off (``enable: false``)
+        if (at_default or _added(key, reference)) and any(key.startswith(p) for p in off):
+            state = "inert"  # a default under a feature left off (``enable: false``), or a key of the user's file
+            # that verl's config lacks there (recipe/fapo's reward_model.model.type): verl reads neither
         elif value == "???":
             state = "missing"  # verl's mandatory value, not given (``name: ???`` of the rollout)
         elif at_default and key in written:  # verl's default, written in the user's own file
@@ -57,6 +58,14 @@ def compose_verl_yaml(path: Path, items: list[tuple[str, Any, str]]) -> tuple[li
             state = "set"
         out.append((key, None if value == "???" else value, state))
     return out, rest
+
+
+def _added(key: str, reference: dict[str, Any] | None) -> bool:
+    """``key`` is not in verl's config (``reference``), nor inside one of its mappings: a user's file added it."""
+    if reference is None or key in reference:
+        return False
+    parts = key.split(".")
+    return not any(".".join(parts[:i]) in reference for i in range(1, len(parts)))
 
 
 def _written(path: Path) -> set[str]:
