@@ -37,7 +37,7 @@ from flowrl.config.verl_keys import (_NO, _OFF, AR, KNOCK_ON, REFUSED_VALUES, VE
 #: YAML's keys at their default.
 VALUE_ALIASES: dict[tuple[str, Any], Any] = {
     ("trainer.save_freq", -1): 0, ("trainer.test_freq", -1): 0,  # verl's -1: never
-    ("actor.strategy", "fsdp2"): "fsdp",  # flowrl's fsdp strategy is FSDP2
+    ("actor.strategy", "fsdp2"): "fsdp", ("critic.strategy", "fsdp2"): "fsdp",  # flowrl's fsdp strategy is FSDP2
     # verl's DAPO "reward": the sequence's reward before the KL penalty (rm_scores), flowrl's seq_reward
     ("algorithm.filter_groups.metric", "reward"): "seq_reward",
     ("model.dtype", "bf16"): "bfloat16", ("model.dtype", "fp32"): "float32",  # verl's short dtype names

@@ -89,6 +89,14 @@ ROLLOUT_KEYS: tuple[VerlKey, ...] = (
     # cap (flowrl.config.verl_rollout.turn_caps)
     _k(f"{AR}.rollout.multi_turn.max_assistant_turns", "derive", "rollout.multi_turn.max_turns",
        does="caps the model's turns: flowrl's max_turns (the smaller with max_user_turns + 1; null or 0: no cap)"),
+    # verl 0.4's multi_turn.max_turns (0.5 renamed it max_assistant_turns): its SGLang loop counted the model's turns
+    _k(f"{AR}.rollout.multi_turn.max_turns", "derive", "rollout.multi_turn.max_turns",
+       does="verl 0.4's name of max_assistant_turns: caps the model's turns"),
+    # the SGLang server mode of verl's example configs (sglang_multiturn/config/*_server.yaml), no key of verl's own
+    _k(f"{AR}.rollout.sglang_rollout_mode", "refuse", does="SGLang's rollout mode (engine or server)",
+       nearest="rollout.name", accept=_OFF),
+    _k(f"{AR}.rollout.server.*", "refuse", does="options of an SGLang rollout server", nearest="rollout.name",
+       accept=_OFF),
     _k(f"{AR}.rollout.multi_turn.max_user_turns", "derive", "rollout.multi_turn.max_turns",
        does="caps the tool-answer (user) turns: flowrl's max_turns = max_user_turns + 1 (the model turn after "
             "the last answer; the smaller with max_assistant_turns; null or 0: no cap)"),

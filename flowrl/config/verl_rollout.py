@@ -30,7 +30,7 @@ def turn_caps(flat: dict[str, Any]) -> dict[str, Any]:
     """``rollout.multi_turn.max_turns`` of verl's ``max_assistant_turns`` and ``max_user_turns``
     (see the module docstring); nothing when neither cap is given and multi-turn is off."""
     caps = []
-    for name, extra_turn in (("max_assistant_turns", 0), ("max_user_turns", 1)):
+    for name, extra_turn in (("max_assistant_turns", 0), ("max_user_turns", 1), ("max_turns", 0)):  # max_turns: verl 0.4
         value = flat.get(f"{_MT}.{name}")
         if value in (None, 0, "", "null", "None"):
             continue  # verl: no cap

@@ -26,16 +26,6 @@ ARGV = DATA / "verl_other_commits_argv.txt"
 pytestmark = pytest.mark.skipif(verl_config_dir() is None, reason="verl's config tree is absent: "
                                 "pip install --no-deps verl==0.9.1 (as .ci/run does)")
 
-#: lists refused today only for a key of verl_keys_rollout.py / a value alias of verl.py that another
-#: change owns (the hunks of that change): multi_turn.max_turns of verl 0.4's user configs, SGLang's
-#: server-mode keys, critic.strategy=fsdp2
-AWAITING = {
-    ("v0.4.0", "examples/sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn.sh"),
-    ("v0.4.0", "examples/sglang_multiturn/search_r1_like/run_qwen2.5-3b_instruct_search_multiturn.sh"),
-    ("v0.6.1", "recipe/one_step_off_policy/dapo_7b_math_fsdp2_colocate.sh"),
-}
-
-
 def other_lists() -> list[tuple[str, str, list[str]]]:
     out = []
     for line in ARGV.read_text().splitlines():
@@ -47,20 +37,11 @@ def other_lists() -> list[tuple[str, str, list[str]]]:
 
 
 def _cases():
-    return [pytest.param(args, id=f"{commit}:{script}") for commit, script, args in other_lists()
-            if (commit, script) not in AWAITING]
+    return [pytest.param(args, id=f"{commit}:{script}") for commit, script, args in other_lists()]
 
 
 @pytest.mark.parametrize("args", _cases())
 def test_each_list_is_accepted_or_refused_by_name(args):
-    kind, lines = classify(args)
-    assert kind in ("accepted", "named"), lines
-
-
-@pytest.mark.xfail(reason="awaits the verl_keys_rollout.py / verl.py hunks (AWAITING)", strict=False)
-@pytest.mark.parametrize("args", [pytest.param(args, id=f"{commit}:{script}") for commit, script, args in other_lists()
-                                  if (commit, script) in AWAITING])
-def test_awaiting_lists_are_accepted_or_refused_by_name(args):
     kind, lines = classify(args)
     assert kind in ("accepted", "named"), lines
 
