@@ -39,9 +39,15 @@ GLOBAL_MICRO_BATCHES: dict[str, tuple[str, str, str, str, str]] = {
 
 def num_gpus(flat: dict[str, Any]) -> int:
     """``trainer.n_gpus_per_node * trainer.nnodes`` of a verl command line (verl's defaults 8 and 1)."""
-    gpus = flat.get("trainer.n_gpus_per_node")
-    nodes = flat.get("trainer.nnodes")
-    return int(VERL_GPUS_PER_NODE if gpus is None else gpus) * int(1 if nodes is None else nodes)
+    counts = []
+    for key, default in (("trainer.n_gpus_per_node", VERL_GPUS_PER_NODE), ("trainer.nnodes", 1)):
+        value = flat.get(key)
+        try:
+            counts.append(int(default if value is None else value))
+        except (TypeError, ValueError):  # e.g. `trainer.n_gpus_per_node=` of a script whose variable is unset
+            raise ConfigError(key, value, "is not a whole number (verl multiplies the per-GPU micro-batch sizes "
+                              "by n_gpus_per_node x nnodes)", f"set {key}={default} or another count") from None
+    return counts[0] * counts[1]
 
 
 def ranks_of(flat: dict[str, Any], megatron_prefix: str, sp_key: str, gpus: int) -> int:

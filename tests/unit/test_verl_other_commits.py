@@ -77,3 +77,11 @@ def test_a_key_a_users_file_adds_under_a_feature_left_off_is_inert(tmp_path):
                                       "  model:\n    type: discriminative\n")
     args = [f"--config-path={tmp_path}", "--config-name=rm", "actor_rollout_ref.rollout.name=vllm"]
     assert classify(args) == ("accepted", [])
+
+
+def test_an_empty_gpu_count_is_a_config_error_not_a_crash():
+    """verl v0.5.0's langgraph_agent script passes `trainer.n_gpus_per_node=` when its variable is
+    unset: a named config error (it crashed with a bare ValueError in the batch arithmetic)."""
+    kind, lines = classify(["actor_rollout_ref.rollout.name=vllm", "trainer.n_gpus_per_node=",
+                            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"])
+    assert kind != "crash" and any("trainer.n_gpus_per_node" in line and "whole number" in line for line in lines), (kind, lines)
