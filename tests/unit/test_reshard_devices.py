@@ -13,8 +13,6 @@ once as two spawned processes over a real gloo group (a FileStore in tmp_path).
 from __future__ import annotations
 
 import json
-import queue
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -28,6 +26,7 @@ from flowrl.parallel.mesh import ParallelDims
 from flowrl.parallel.shard_spec import ModelShape
 from flowrl_testing.reshard import expected_shard, synthetic_shard
 from flowrl_testing.spawned import run_ranks
+from flowrl_testing.thread_group import ThreadGroup
 
 SHAPE = ModelShape(vocab_size=61, hidden_size=16, ffn_hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
                    head_dim=4)
@@ -50,40 +49,6 @@ def _job(case: str, transport: str = "planned", bucket: int | None = 512):
                     **styles)
 
 
-class _Work:
-    def __init__(self, done=None) -> None:
-        self._done = done
-
-    def wait(self) -> None:
-        if self._done is not None:
-            self._done()
-
-
-class ThreadGroup:
-    """``send``/``recv`` of a gloo group between threads of this process: a send completes at once
-    (a copy queued per (src, dst, tag)), a receive's ``wait`` takes it. Every posted tensor is kept
-    in ``posted`` as (op, tensor)."""
-
-    def __init__(self, rank: int, boxes: dict) -> None:
-        self.rank, self.boxes, self.posted = rank, boxes, []
-
-    def _box(self, key) -> queue.Queue:  # noqa: ANN001
-        with _LOCK:
-            return self.boxes.setdefault(key, queue.Queue())
-
-    def send(self, tensors, dst, tag):  # noqa: ANN001
-        self.posted.append(("send", tensors[0]))
-        self._box((self.rank, dst, tag)).put(tensors[0].clone())  # the bytes leave now
-        return _Work()
-
-    def recv(self, tensors, src, tag):  # noqa: ANN001
-        self.posted.append(("recv", tensors[0]))
-        box = self._box((src, self.rank, tag))
-        # gloo moves bytes: the shapes of the two ends may differ, their element counts not
-        return _Work(lambda: tensors[0].view(-1).copy_(box.get(timeout=TIMEOUT_S).view(-1)))
-
-
-_LOCK = threading.Lock()
 
 
 def _shards(job, process, *, dst_device="cpu"):
@@ -108,7 +73,7 @@ def _run_threads(job, *, dst_device="cpu", device: set[int] | None = None):
     if device is not None:
         device.update(_storage(t) for *_, src, dst in shards.values() for d in (src, dst) for t in (d or {}).values())
     boxes: dict = {}
-    groups = {p: ThreadGroup(p, boxes) for p in procs}
+    groups = {p: ThreadGroup(p, boxes, timeout_s=TIMEOUT_S) for p in procs}
 
     def one(p):  # noqa: ANN001, ANN202
         src_rank, dst_rank, src, dst = shards[p]
@@ -150,7 +115,7 @@ def test_device_tensors_are_staged_in_host_memory(monkeypatch, case, transport):
     on_cpu = _run_threads(job)
     _check_exact(job, on_cpu)
     own = {_storage(t) for _, (_, _, src, dst), _ in on_cpu.values() for t in [*(src or {}).values(), *(dst or {}).values()]}
-    in_place = [t for *_, g in on_cpu.values() for _, t in g.posted if _storage(t) in own]
+    in_place = [t for *_, g in on_cpu.values() for *_, t in g.posted if _storage(t) in own]
     if transport == "planned":
         assert in_place, "no message went without staging on the CPU"
 
@@ -160,7 +125,7 @@ def test_device_tensors_are_staged_in_host_memory(monkeypatch, case, transport):
     monkeypatch.setattr(wire, "on_host", lambda t: real_on_host(t) and _storage(t) not in device)
     staged = _run_threads(job, device=device)
     _check_exact(job, staged)  # the final copies landed in the "device" tensors
-    posted = [(op, t) for *_, g in staged.values() for op, t in g.posted]
+    posted = [(op, t) for *_, g in staged.values() for op, *_, t in g.posted]
     assert posted and all(t.device == wire.HOST and _storage(t) not in device for _, t in posted)
     peaks = {p: s["peak_extra_bytes"] for p, (s, _, _) in staged.items()}
     moved = {p: s["bytes_sent"] + s["bytes_received"] for p, (s, _, _) in staged.items()}
@@ -174,11 +139,11 @@ def test_receive_buffers_are_host_and_the_copy_lands_on_the_destination_device(c
     job = _job(case)
     results = _run_threads(job, dst_device="meta")
     for p, (stats, (_, dst_rank, _, dst), group) in results.items():
-        assert all(t.device == wire.HOST for _, t in group.posted)
+        assert all(t.device == wire.HOST for *_, t in group.posted)
         if dst_rank is not None:
             assert all(t.device.type == "meta" for t in dst.values())
             if stats["bytes_received"]:
-                assert any(op == "recv" for op, _ in group.posted)
+                assert any(op == "recv" for op, *_ in group.posted)
 
 
 def test_a_device_tensor_never_reaches_the_group(monkeypatch):

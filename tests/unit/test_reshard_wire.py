@@ -7,8 +7,6 @@ byte accounting as the host wire.
 
 from __future__ import annotations
 
-import queue
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -37,6 +35,7 @@ from flowrl.parallel.device_plan import GroupLayout, Inventory, plan_devices
 from flowrl.parallel.mesh import ParallelDims
 from flowrl.parallel.shard_spec import ModelShape
 from flowrl_testing.reshard import expected_shard, synthetic_shard
+from flowrl_testing.thread_group import ThreadGroup
 
 SHAPE = ModelShape(vocab_size=61, hidden_size=16, ffn_hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
                    head_dim=4)
@@ -266,45 +265,11 @@ def test_senders_only_send_receivers_only_receive_and_empty_rounds_post_nothing(
 
 
 # --------------------------------------------------------------------------- batched rounds, threads
-class _Work:
-    def __init__(self, done=None) -> None:
-        self._done = done
-
-    def wait(self) -> None:
-        if self._done is not None:
-            self._done()
-
-
-_LOCK = threading.Lock()
-
-
-class ThreadGroup:
-    """``send``/``recv`` between threads: a send completes at once (a copy queued per (src, dst,
-    tag)), a receive's ``wait`` takes the oldest; every post is kept as (op, peer, tag)."""
-
-    def __init__(self, rank: int, boxes: dict, backend: str | None) -> None:
-        self.rank, self.boxes, self.posted, self.backend = rank, boxes, [], backend
-
-    def _box(self, key) -> queue.Queue:
-        with _LOCK:
-            return self.boxes.setdefault(key, queue.Queue())
-
-    def send(self, tensors, dst, tag):
-        self.posted.append(("send", dst, tag))
-        self._box((self.rank, dst, tag)).put(tensors[0].clone())
-        return _Work()
-
-    def recv(self, tensors, src, tag):
-        self.posted.append(("recv", src, tag))
-        box = self._box((src, self.rank, tag))
-        return _Work(lambda: tensors[0].view(-1).copy_(box.get(timeout=TIMEOUT_S).view(-1)))
-
-
 def _run_threads(job, *, wire=None, backend=None):
     procs = _processes(job)
     src_spec, dst_spec = job.specs()
     boxes: dict = {}
-    groups = {p: ThreadGroup(p, boxes, backend) for p in procs}
+    groups = {p: ThreadGroup(p, boxes, backend, timeout_s=TIMEOUT_S) for p in procs}
 
     def one(p):
         src_rank, dst_rank = job.placement.src_rank_at(p), job.placement.dst_rank_at(p)
@@ -339,6 +304,6 @@ def test_batched_rounds_land_the_same_tensors_with_the_same_accounting(case, tra
     for p in host:
         assert {k: host[p][0][k] for k in keys} == {k: batched[p][0][k] for k in keys}, p
         assert (host[p][0]["wire"], batched[p][0]["wire"]) == ("host", "batched")
-        assert all(tag == 0 for *_, tag in batched[p][3].posted)  # tags unused
+        assert all(tag == 0 for _, _, tag, _ in batched[p][3].posted)  # tags unused
     if transport == "planned":  # the host wire tags each message with its index in the pair
-        assert any(tag for p in host for *_, tag in host[p][3].posted) or job.bucket_bytes is None
+        assert any(tag for p in host for _, _, tag, _ in host[p][3].posted) or job.bucket_bytes is None
