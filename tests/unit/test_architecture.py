@@ -244,3 +244,13 @@ def test_modules_and_functions_stay_readable(limit_lines, limit_function):
 def test_test_helpers_live_under_tests():
     shipped = [str(p.relative_to(ROOT)) for p in _module_files().values() if "testing" in p.stem]
     assert not shipped, f"test helpers in the library (move them to tests/flowrl_testing): {shipped}"
+
+
+def test_test_modules_have_unique_basenames():
+    """pytest's default import mode imports test modules by basename: two files of one name in
+    different test folders stop the whole run at collection ("import file mismatch"), as
+    tests/unit/test_vlm_critic.py and tests/dist/test_vlm_critic.py did."""
+    from collections import Counter
+
+    names = Counter(p.name for p in (ROOT / "tests").rglob("test_*.py"))
+    assert not [n for n, k in names.items() if k > 1], sorted(n for n, k in names.items() if k > 1)
