@@ -115,11 +115,16 @@ class RunConfig:
             "choose sizes so that ppo_mini_batch_size * rollout.n is a multiple of the data-parallel size",
         )
         for role, o in (("actor", self.actor.optim), ("critic", self.critic.optim)):
-            check(self.trainer.total_training_steps > 0 or (o.lr_scheduler_type == "constant" and o.lr_warmup_steps <= 0
-                  and o.lr_warmup_steps_ratio == 0), f"{role}.optim.lr_scheduler_type", o.lr_scheduler_type,
+            # the setting that needs the run's length, named as it is (a warm-up under a constant schedule too)
+            offenders = [(k, v, off) for k, v, off, on in (
+                ("lr_scheduler_type", o.lr_scheduler_type, "constant", o.lr_scheduler_type != "constant"),
+                ("lr_warmup_steps", o.lr_warmup_steps, 0, o.lr_warmup_steps > 0),
+                ("lr_warmup_steps_ratio", o.lr_warmup_steps_ratio, 0, o.lr_warmup_steps_ratio != 0)) if on]
+            key, value, off = offenders[0] if offenders else (None, None, None)
+            check(self.trainer.total_training_steps > 0 or key is None, f"{role}.optim.{key}", value,
                   "a schedule or warm-up needs the run's length, and trainer.total_training_steps is 0: deriving "
                   "it from the data's size (verl's way) is not built in flowrl",
-                  "set trainer.total_training_steps (with total_epochs: the cap), or lr_scheduler_type=constant")
+                  f"set trainer.total_training_steps (with total_epochs: the cap), or {role}.optim.{key}={off}")
         problem = checkpoint_problem(TRAIN_BACKENDS.spec(self.actor.strategy), self.actor)
         if problem is not None and self.trainer.save_freq > 0:
             raise ConfigError("trainer.save_freq", self.trainer.save_freq, *problem)

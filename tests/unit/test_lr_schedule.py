@@ -91,6 +91,12 @@ def test_a_schedule_needs_the_runs_length_and_verl_names_map():
     with pytest.raises(ConfigError, match="needs the run's length"):
         load_config(None, ["actor.optim.lr_scheduler_type=cosine", "trainer.total_training_steps=0",
                            "trainer.total_epochs=2"])
+    # a warm-up under the constant schedule is named as itself (verl's search_r1 list got "set
+    # lr_scheduler_type=constant" for lr_scheduler_type='constant')
+    with pytest.raises(ConfigError, match=r"actor.optim.lr_warmup_steps_ratio=0.285: .*needs the run's length.*"
+                                          r"or actor.optim.lr_warmup_steps_ratio=0$"):
+        load_config(None, ["actor.optim.lr_warmup_steps_ratio=0.285", "trainer.total_training_steps=0",
+                           "trainer.total_epochs=2"])
     cfg = load_config(None, ["actor_rollout_ref.actor.optim.warmup_style=cosine",  # verl's deprecated name
                              "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1",
                              "actor_rollout_ref.actor.optim.min_lr_ratio=0.1", "critic.optim.lr_scheduler_type=linear"])
