@@ -19,11 +19,6 @@ from typing import Any
 from flowrl.catalog.backends import GEN_BACKENDS, TRAIN_BACKENDS, ShardStyle, either
 from flowrl.config.errors import ConfigError
 
-NOT_TAKEN: dict[str, str] = {}
-"""Why a generation backend whose spec does not ``takes_images`` refuses a VLM, where more is known
-than that it is not given the images."""
-
-
 def check_vlm(cfg: Any, *, model_path: str) -> None:
     """Raise :class:`ConfigError` when ``model_path`` is a vision-language model and the config
     asks for something flowrl does not run one with; nothing for a text model."""
@@ -39,8 +34,7 @@ def check_vlm(cfg: Any, *, model_path: str) -> None:
             raise ConfigError(f"{section}.strategy", strategy, f"{what}, which the {strategy} strategy does not build "
                               "(no vision tower)", f"set {section}.strategy={builders}")
     if not GEN_BACKENDS.spec(cfg.rollout.name).takes_images:
-        why = NOT_TAKEN.get(cfg.rollout.name, "this generation backend is not given the images")
-        raise ConfigError("rollout.name", cfg.rollout.name, f"{what}; {why}",
+        raise ConfigError("rollout.name", cfg.rollout.name, f"{what}; this generation backend is not given the images",
                           f"set rollout.name={either(GEN_BACKENDS.names_where(lambda s: s.takes_images))}")
     _check_weight_sync(cfg, what)
     if cfg.rollout.multi_turn.enable:

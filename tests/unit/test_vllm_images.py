@@ -1,5 +1,5 @@
-"""The vllm backend's requests for prompts with images, recorded by a fake ``vllm.LLM`` (vLLM 0.32's
-CPU build cannot load a Qwen2-VL: its image processor imports torchvision; the real engine runs in
+"""The vllm backend's requests for prompts with images, recorded by a fake ``vllm.LLM`` (the real
+engine runs in the vLLM CPU environment, ``tests/vllm_env/check_vlm.py``, and on a GPU in
 ``tests/gpu/vlm_vllm_gpu.py``). The fake expands each image's one ``<|image_pad|>`` to the image's
 tokens as vLLM's Qwen2-VL processor does (one token per 16 x 16 pixels here), so what the engine
 would see is checked: the images decoded, in prompt order, n requests per prompt, the prompt's

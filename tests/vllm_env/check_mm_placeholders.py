@@ -1,5 +1,5 @@
-"""vLLM's own placeholder handling for a Qwen2-VL token prompt, without an engine (vLLM 0.32's CPU
-build cannot load a Qwen2-VL: its image processor imports torchvision). vLLM applies the model's
+"""vLLM's own placeholder handling for a Qwen2-VL token prompt, without an engine (the engine's run:
+``check_vlm.py``). vLLM applies the model's
 prompt update to every token prompt with images (``processor.py`` ``_apply_prompt_updates``), and
 Qwen2-VL's update replaces one ``<|image_pad|>`` by the image's k tokens (``qwen2_vl.py``
 ``_get_prompt_updates``). So a prompt sent with one pad per image comes back exactly as flowrl's
