@@ -45,7 +45,7 @@ def reshard(actor: BoundCall, rollout: BoundCall, _after: Any, job: "ReshardJob"
                            list(actor.group.addresses) * 2)[:actor.group.world_size]
         checked = verify_fingerprints([r for r, _ in results], fingerprint)
         return NodeOut(None, {**reshard_metrics([r for r, _ in results], max(s for _, s in results)), **checked})
-    if job.joint is not None and not job.joint.host:  # rendezvous at the actor's rank 0
+    if getattr(job, "joint", None) is not None and not job.joint.host:  # rendezvous at the actor's rank 0
         host, port = actor.group.actors[0].host_port().result(timeout=timeout)
         job = dataclasses.replace(job, joint=dataclasses.replace(job.joint, host=host, port=port))
     futures, addresses = [], []
@@ -146,7 +146,36 @@ def _reshard_run(actor: BoundCall, rollout: BoundCall, after: Any, cfg: Any) -> 
     job = job_for_run(cfg, colocated=same_ranks(actor.group, rollout.group))
     # the processes' GPUs from the device plan: with the group's backend they choose the wire
     job = with_devices(job, actor.group.devices, rollout.group.devices)
+    job = _nccl_job(cfg, actor.group, rollout.group, job)
     return reshard(actor, rollout, after, job, fingerprint=cfg.trainer.checks.weight_sync)
+
+
+_NCCL_ENDPOINTS: dict[tuple, tuple] = {}
+"""Per (trainer ranks' addresses, senders): the NCCL rendezvous the first sync reserved; the
+groups are made once, so later syncs name the same."""
+
+
+def _nccl_job(cfg: Any, actor: WorkerGroup, rollout: WorkerGroup, job: Any) -> Any:
+    """``job`` as a sync over vLLM's NCCL weight transfer where
+    :func:`~flowrl.backends.generate.vllm_nccl.choose_weight_path` picks it (split pools of
+    GPUs, vLLM, no LoRA), else ``job`` as is."""
+    from flowrl.backends.generate.vllm_nccl import choose_weight_path, nccl_sync_job, sender_ranks
+    from flowrl.backends.reshard import ReshardJob
+    from flowrl.config.pools import resolve_placement
+
+    placement = "hybrid" if same_ranks(actor, rollout) else resolve_placement(cfg)[0]
+    path = choose_weight_path(placement=placement, trainer_devices=actor.devices, engine_devices=rollout.devices,
+                              engine=cfg.rollout.name, lora=not isinstance(job, ReshardJob))
+    if path.name != "nccl":
+        return job
+    tp = cfg.rollout.tensor_model_parallel_size
+    senders = sender_ranks(actor.world_size, rollout.world_size // tp)
+    key = (tuple(actor.addresses), senders)
+    if key not in _NCCL_ENDPOINTS:
+        _NCCL_ENDPOINTS[key] = tuple(tuple(actor.actors[s].host_port().result(timeout=actor.timeout_s))
+                                     for s in senders)
+    log.info("weight sync over vLLM's NCCL weight transfer: %s", path.reason)
+    return nccl_sync_job(job, engine_tp=tp, endpoints=_NCCL_ENDPOINTS[key], model_dir=cfg.model.path)
 
 
 def release_rollout(rollout: BoundCall, table: pa.Table) -> NodeOut:

@@ -30,6 +30,7 @@ from flowrl.roles.epochs import run_epochs
 from flowrl.roles.memory import Residency
 
 if TYPE_CHECKING:
+    from flowrl.backends.generate.vllm_nccl import NcclSyncJob
     from flowrl.backends.reshard import AdapterJob, ReshardJob
 
 
@@ -44,6 +45,9 @@ def _policy_loss(name: str, bypass: dict | None):
 
 
 class PolicyRole:
+    _nccl_sender = None
+    """This rank's NCCL communicators to the vLLM engines it sends to (``vllm_nccl``; None: none yet)."""
+
     def __init__(
         self,
         *,
@@ -212,10 +216,13 @@ class PolicyRole:
         with self.residency.resident(optimizer=True):
             return engine_state(self.engine, self.rank, sharded=self.checkpoint_kind is CheckpointKind.SHARDED)
 
-    def reshard(self, job: "ReshardJob | AdapterJob", fingerprint: bool = False) -> dict:
+    def reshard(self, job: "ReshardJob | AdapterJob | NcclSyncJob", fingerprint: bool = False) -> dict:
         """Send this rank's parameter shards to the generation layout (``flowrl.backends.reshard``);
-        an ``AdapterJob`` (LoRA into vLLM): the adapters only, from rank 0. ``fingerprint``: with
+        an ``AdapterJob`` (LoRA into vLLM): the adapters only, from rank 0; an ``NcclSyncJob``
+        (split GPU pools into vLLM): the planner's gather onto the sender ranks, which broadcast
+        over vLLM's NCCL weight transfer (:mod:`flowrl.backends.generate.vllm_nccl`). ``fingerprint``: with
         this rank's fingerprints of what it sent (``trainer.checks.weight_sync``, :mod:`flowrl.checks.fingerprint`)."""
+        from flowrl.backends.generate.vllm_nccl import NcclSyncJob, run_trainer_rank
         from flowrl.backends.reshard import AdapterJob, run_adapter_rank, run_rank
         from flowrl.checks import fingerprint as fp
 
@@ -229,6 +236,9 @@ class PolicyRole:
 
                 return fp.attach(stats, fp.adapter_source_report(job, sync_names(adapters)))
             src = self.engine.reshard_source()
+            if isinstance(job, NcclSyncJob):  # vLLM's NCCL weight transfer (split GPU pools)
+                stats, self._nccl_sender = run_trainer_rank(job, self.rank, src, self._nccl_sender)
+                return fp.attach(stats) if fingerprint else stats
             stats = run_rank(job, src_rank=self.rank, src=src)
             return fp.attach(stats, fp.source_report(job, self.rank, src)) if fingerprint else stats
 

@@ -204,6 +204,11 @@ class RolloutRole:
         from flowrl.backends.reshard import AdapterJob, run_adapter_rank, run_rank
         from flowrl.checks import fingerprint as fp
 
+        from flowrl.backends.generate.vllm_nccl import NcclSyncJob, run_engine_rank
+
+        if isinstance(job, NcclSyncJob):  # vLLM's NCCL weight transfer (split GPU pools)
+            stats = run_engine_rank(job, self.rank, self.engine)
+            return fp.attach(stats) if fingerprint else stats
         if isinstance(job, AdapterJob):
             stats, received = run_adapter_rank(job, dst_rank=self.rank)
             if received is not None:

@@ -56,6 +56,10 @@ def test_weight_update_payload_passes_vllms_serializer_and_parsers():
     _run_checks("check_weight_payload.py", timeout=120)
 
 
+def test_split_nccl_weight_sync_payloads_pass_vllms_parsers_and_its_nccl_engine():
+    _run_checks("check_nccl_payload.py", timeout=120)
+
+
 def test_vlm_prompts_reach_vllms_placeholder_expansion_as_flowrl_expanded_them():
     _run_checks("check_mm_placeholders.py", timeout=120)
 

