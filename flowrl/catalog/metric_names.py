@@ -62,6 +62,11 @@ NUM_RESPONSE_TOKENS = "num_response_tokens"
 NUM_TOKENS = "num_tokens"
 ROLLOUT_LOGPROB_DIFF_MAX = "rollout/logprob_diff_max"
 """Largest |log-prob of the generation engine - log-prob of the trainer| over the batch's tokens."""
+ROLLOUT_LOGPROB_DIFF_P99 = "rollout/logprob_diff_p99"
+"""The 99th percentile of that gap over the batch's tokens: the max alone is the one token where
+fp32 rounding is amplified most (sharp attention), the percentile the gap's bulk."""
+ROLLOUT_LOGPROB_DIFF_MEAN = "rollout/logprob_diff_mean"
+"""Its mean over the batch's tokens (verl: ``training/rollout_probs_diff_mean``, on probabilities)."""
 
 # --------------------------------------------------------------------------- the critic (PPO)
 VALUES_MEAN = "critic/values/mean"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from flowrl.data import experience
@@ -51,7 +52,10 @@ def data_metrics(table: pa.Table) -> dict[str, float]:
         a, _ = experience.token_column(table, "rollout_logprobs")
         b, _ = experience.token_column(table, "old_logprobs")
         if a.numel():
-            out[names.ROLLOUT_LOGPROB_DIFF_MAX] = float((a - b).abs().max())
+            gap = (a - b).abs().double().numpy()
+            out[names.ROLLOUT_LOGPROB_DIFF_MAX] = float(gap.max())
+            out[names.ROLLOUT_LOGPROB_DIFF_P99] = float(np.quantile(gap, 0.99))
+            out[names.ROLLOUT_LOGPROB_DIFF_MEAN] = float(gap.mean())
     return out
 
 
