@@ -261,6 +261,10 @@ class GenerateBackendSpec(BackendSpec):
     role_kwargs: str | None = None
     """Import string of ``fn(rollout_cfg, *, max_prompt_length, seed) -> dict``, extra
     ``RolloutRole`` keyword arguments; None: none."""
+    library: str | None = None
+    """The package the engine runs on, which its module imports only when an engine starts: a
+    hybrid rank imports it before taking its memory baseline, so the library's code is not
+    counted as the engine's memory (``perf/hybrid_peak_over_state_and_kv``)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -371,7 +375,7 @@ GEN_BACKENDS.add(GenerateBackendSpec(
                            "enable_chunked_prefill", "max_num_seqs", "max_model_len", "enable_prefix_caching",
                            "engine_kwargs"}),
     shard_style=ShardStyle.VLLM, reshard=ReshardMode.STAGED, in_process=False, joins_trainer_group=True, sleeps=True,
-    adapter_sync=True, takes_images=True,
+    adapter_sync=True, takes_images=True, library="vllm",
     role_kwargs=f"{_VLLM}:vllm_role_kwargs", preflight=f"{_VLLM}:check_installed",
 ))
 

@@ -25,6 +25,7 @@ core the rank's share of the machine has), so each phase, generation or training
 from __future__ import annotations
 
 import contextlib
+import importlib
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -33,6 +34,7 @@ import torch
 from flowrl.backends.interfaces import HasGenerationModule
 from flowrl.catalog.backends import GEN_BACKENDS, ReshardMode, ShardStyle
 from flowrl.registry import import_string
+from flowrl.roles.memory import rss_bytes
 from flowrl.roles.rollout import RolloutRole
 
 if TYPE_CHECKING:
@@ -65,8 +67,6 @@ class PhaseMemory:
         if self.cuda:
             free, total = torch.cuda.mem_get_info()
             return max(torch.cuda.max_memory_allocated(), total - free)
-        from flowrl.roles.memory import rss_bytes
-
         return rss_bytes()
 
     def metrics(self) -> dict[str, float]:
@@ -164,11 +164,15 @@ class HybridRole:
         missing = {"actor", "rollout"} - set(parts)
         if missing:
             raise ValueError(f"HybridRole needs the actor and rollout parts, missing {sorted(missing)}")
-        policy = self._build(parts["actor"])
         rollout_cls, rollout_kwargs = parts["rollout"]
+        spec = GEN_BACKENDS.spec(rollout_kwargs.get("backend", "hf"))
+        if spec.library is not None:  # its code is not the engine's memory
+            importlib.import_module(spec.library)
+        self._rss_base = rss_bytes()
+        """The process's resident memory with its libraries loaded and nothing built (CPU)."""
+        policy = self._build(parts["actor"])
         module = shares_layout(policy.engine, rollout_kwargs.get("backend", "hf"),
                                rollout_kwargs.get("tensor_model_parallel_size", 1))
-        spec = GEN_BACKENDS.spec(rollout_kwargs.get("backend", "hf"))
         if module is not None:
             rollout = SharedRollout(rank=rank, world_size=world_size, module=module, **rollout_kwargs)
         elif spec.joins_trainer_group and not spec.in_process:  # vLLM: its tp group of these processes
@@ -220,7 +224,7 @@ class HybridRole:
                 stats = load_into_engine(job, rank=self.rank, world_size=self.world_size, train_engine=self.actor.inner.engine,
                                          engine=rollout.engine, dtype=torch_dtype(rollout.dtype),
                                          device=rollout.device)
-            return {**stats, **self.memory.metrics()}
+            return {**stats, **self.budget_metrics(), **self.memory.metrics()}
         if self.shared:
             start = time.perf_counter()
             return {"bytes_sent": 0, "bytes_received": 0, "bytes_local": 0, "peak_extra_bytes": 0,
@@ -273,6 +277,30 @@ class HybridRole:
         turn) already wrote the generation weights in this process."""
 
     # ----------------------------------------------------------------- memory
+    def budget_metrics(self) -> dict[str, float]:
+        """This rank's peak since the last report against what the hybrid engine must hold: the
+        trainer's state (parameters, gradients, optimizer) plus the engine's KV cache.
+        ``perf/hybrid_peak_over_state_and_kv``: the largest phase peak (on the CPU less the
+        process's memory before anything was built, libraries loaded) over that sum; the engine's
+        own weights and workspaces, the staging and activations are the excess. With the parts,
+        ``perf/hybrid_trainer_state_bytes`` and ``perf/hybrid_kv_cache_bytes`` (tensor bytes,
+        each storage once). Empty before any phase ran or for an engine that does not report
+        its memory."""
+        from flowrl.roles.memory import role_memory_bytes
+
+        engine = getattr(self.rollout.inner, "engine", None)
+        report = getattr(engine, "memory_bytes", None)
+        if not self.memory.peaks or not callable(report):
+            return {}
+        engine_bytes = report()
+        held = role_memory_bytes(self.actor.inner)
+        trainer = held["params"] + held["grads"] + held["optim"]
+        peak = max(self.memory.peaks.values()) - (0 if self.memory.cuda else self._rss_base)
+        budget = trainer + engine_bytes["kv_cache"]
+        return {"perf/hybrid_trainer_state_bytes": float(trainer),
+                "perf/hybrid_kv_cache_bytes": float(engine_bytes["kv_cache"]),
+                "perf/hybrid_peak_over_state_and_kv": peak / budget if budget else float("nan")}
+
     def memory_bytes(self) -> dict[str, int]:
         """Tensor bytes this rank holds, by kind, each storage counted once (shared generation
         weights are the parameters): ``params``, ``grads``, ``optim`` (the trainer's),

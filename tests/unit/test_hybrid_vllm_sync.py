@@ -29,6 +29,7 @@ class WholeTrainer:
 
     def __init__(self) -> None:
         self.module = torch.nn.Linear(4, 3)
+        self.model = self.module  # what the memory accounting reads (HasModel)
 
     def generation_module(self) -> torch.nn.Module:
         return self.module
@@ -178,3 +179,30 @@ def test_the_hybrid_role_builds_the_engine_in_the_trainer_group_and_syncs_into_i
         f"perf/hybrid_{p}_peak_mem_bytes" for p in ("actor", "rollout", "sync")}
     assert all(stats[f"perf/hybrid_{p}_peak_mem_bytes"] > 0 for p in ("actor", "rollout", "sync"))
     assert role.memory.metrics() == {}
+
+
+def test_the_sync_reports_the_ranks_peak_against_the_trainers_state_plus_the_kv_cache(joiner, monkeypatch):
+    """Issue 29's memory line, as the run reports it: the rank's largest phase peak (on the CPU
+    above the process's memory before any part was built) over the trainer's state plus the
+    engine's KV cache, with the parts in tensor bytes."""
+    import pyarrow as pa
+
+    from flowrl.roles.hybrid import HybridRole
+
+    kv = 3 * 2**20
+    monkeypatch.setattr(JoinerEngine, "memory_bytes", lambda self: {"kv_cache": kv}, raising=False)
+    parts = {"actor": (f"{__name__}:FakePolicy", {}),
+             "rollout": ("flowrl.roles.rollout:RolloutRole", {"model_dir": "unused", "backend": "joiner", "sampling": SAMPLED})}
+    role = HybridRole(rank=0, world_size=1, parts=parts)
+    assert role.budget_metrics() == {}  # no phase ran yet
+    role.rollout.generate(pa.table({"prompt_ids": [[5]], "group": [0]}), seed=1)
+    role.actor.update()
+    job = make_job(SHAPE, src=ParallelDims(dp=1, tp=1, pp=1), dst=ParallelDims(dp=1, tp=1, pp=1), src_style="hf",
+                   dst_style="vllm", make_vocab_size_divisible_by=4)
+    stats = role.reshard(job)
+    trainer = 4 * (4 * 3 + 3)  # the Linear(4, 3)'s fp32 weight and bias; no gradients, no optimizer
+    assert stats["perf/hybrid_trainer_state_bytes"] == trainer
+    assert stats["perf/hybrid_kv_cache_bytes"] == kv
+    peak = max(stats[f"perf/hybrid_{p}_peak_mem_bytes"] for p in ("actor", "rollout", "sync"))
+    assert role._rss_base <= peak  # the baseline was taken before the parts were built
+    assert stats["perf/hybrid_peak_over_state_and_kv"] == pytest.approx((peak - role._rss_base) / (trainer + kv))

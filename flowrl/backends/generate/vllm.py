@@ -68,6 +68,7 @@ from flowrl.backends.generate.vllm_images import (
     check_expanded, forget_image_features, image_logprobs, image_pad_id, image_requests, vlm_engine_kwargs)
 from flowrl.backends.generate.vllm_lora import install_adapter, lora_engine_kwargs
 from flowrl.backends.generate.vllm_nccl import join_group, receive_buckets
+from flowrl.backends.generate.vllm_memory import engine_memory_bytes
 from flowrl.backends.generate.vllm_settings import engine_arg_names, extra_engine_kwargs
 from flowrl.backends.generate.vllm_settings import vllm_role_kwargs  # noqa: F401 - the spec's role_kwargs
 from flowrl.backends.generate.vllm_weights import (  # noqa: F401 - _read_safetensors re-exported for the checks
@@ -486,6 +487,8 @@ class VLLMGenerator:
     @property
     def is_sleeping(self) -> bool:
         return bool(self._sleeping)
+
+    memory_bytes = engine_memory_bytes  # tensor bytes of its KV cache (vllm_memory)
 
     def close(self) -> None:
         llm, self.llm = getattr(self, "llm", None), None
