@@ -34,10 +34,14 @@ from flowrl.parallel.layout_cost import GB, MEMORY_HEADROOM, RESERVED_GB, PlanEn
 from flowrl.parallel.mesh import padded_vocab_size
 from flowrl.parallel.model_spec import ModelSpec
 
-__all__ = ["PHASES", "HybridMemory", "HybridOptions", "hybrid_memory", "format_hybrid"]
+__all__ = ["BUDGET_METRICS", "PHASES", "HybridMemory", "HybridOptions", "hybrid_memory", "format_hybrid"]
 
 PHASES = ("rollout", "actor", "ref", "sync")
 """The phases the run reports (``perf/hybrid_<phase>_peak_mem_bytes``)."""
+BUDGET_METRICS = ("perf/hybrid_trainer_state_bytes", "perf/hybrid_kv_cache_bytes", "perf/hybrid_peak_over_state_and_kv")
+"""The run's (``flowrl.roles.hybrid.HybridRole.budget_metrics``) and the plan's measure of a hybrid
+rank against what it must hold: the trainer's state (parameters, gradients, optimizer), the
+engine's KV budget, and the largest phase over their sum."""
 BUCKET_GB = 0.5
 """One reshard bucket in flight during the sync (``actor.reshard_bucket_mb``-sized, rounded up)."""
 
@@ -72,6 +76,8 @@ class HybridMemory:
     kv_budget_gb: float
     kv_sequences: int
     limit_gb: float
+    trainer_state_gb: float = 0.0
+    """The trainer's weights, gradients and optimizer state on the GPU (offloaded or not)."""
 
     @property
     def peak_gb(self) -> float:
@@ -81,9 +87,17 @@ class HybridMemory:
     def fits(self) -> bool:
         return self.peak_gb <= self.limit_gb and self.kv_sequences > 0
 
+    @property
+    def peak_over_state_and_kv(self) -> float:
+        """The largest phase over the trainer's state plus the KV budget (issue 29's 1.15x line)."""
+        budget = self.trainer_state_gb + self.kv_budget_gb
+        return self.peak_gb / budget if budget else float("nan")
+
     def metrics(self) -> dict[str, float]:
-        """The phases under the names the run logs them with (bytes)."""
-        return {f"perf/hybrid_{p}_peak_mem_bytes": gb * GB for p, gb in self.phases_gb.items()}
+        """The phases and the budget measure under the names the run logs them with (bytes)."""
+        state, kv, ratio = BUDGET_METRICS
+        return {**{f"perf/hybrid_{p}_peak_mem_bytes": gb * GB for p, gb in self.phases_gb.items()},
+                state: self.trainer_state_gb * GB, kv: self.kv_budget_gb * GB, ratio: self.peak_over_state_and_kv}
 
 
 def hybrid_memory(spec: ModelSpec, entry: PlanEntry, options: HybridOptions, *, gpu_memory_gb: float,
@@ -128,19 +142,22 @@ def hybrid_memory(spec: ModelSpec, entry: PlanEntry, options: HybridOptions, *, 
                 + (pool if not o.free_cache_engine else engine) + BUCKET_GB,
     }
     phases = {k: v + RESERVED_GB for k, v in phases.items()}
-    return HybridMemory(phases, engine, kv_budget, kv_sequences, (1 - MEMORY_HEADROOM) * gpu_memory_gb)
+    return HybridMemory(phases, engine, kv_budget, kv_sequences, (1 - MEMORY_HEADROOM) * gpu_memory_gb,
+                        trainer_state_gb=weights + grads + optim)
 
 
 def format_hybrid(rows: list[tuple[PlanEntry, HybridMemory]], options: HybridOptions) -> str:
     """A fixed-width table: the train layout, each phase's GB, the engine's weights, the KV budget."""
     if not rows:
         return "(no layouts)"
-    header = ("#", "dp", "tp", "pp", "ep", "cp", *(f"{p} GB" for p in PHASES), "engine w", "kv GB", "kv seqs", "fits")
+    header = ("#", "dp", "tp", "pp", "ep", "cp", *(f"{p} GB" for p in PHASES), "engine w", "kv GB", "kv seqs",
+              "peak/(state+kv)", "fits")
     table = [header]
     for i, (e, m) in enumerate(rows, 1):
         table.append((str(i), str(e.dims.dp), str(e.dims.tp), str(e.dims.pp), str(e.ep), str(e.cp),
                       *(f"{m.phases_gb[p]:.1f}" for p in PHASES), f"{m.engine_weights_gb:.1f}",
-                      f"{m.kv_budget_gb:.1f}", str(m.kv_sequences), "yes" if m.fits else "no"))
+                      f"{m.kv_budget_gb:.1f}", str(m.kv_sequences), f"{m.peak_over_state_and_kv:.2f}",
+                      "yes" if m.fits else "no"))
     widths = [max(len(r[c]) for r in table) for c in range(len(header))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(r, widths)) for r in table]
     lines.insert(1, "-" * len(lines[0]))

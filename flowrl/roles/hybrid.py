@@ -286,6 +286,7 @@ class HybridRole:
         ``perf/hybrid_trainer_state_bytes`` and ``perf/hybrid_kv_cache_bytes`` (tensor bytes,
         each storage once). Empty before any phase ran or for an engine that does not report
         its memory."""
+        from flowrl.parallel.hybrid_memory import BUDGET_METRICS
         from flowrl.roles.memory import role_memory_bytes
 
         engine = getattr(self.rollout.inner, "engine", None)
@@ -297,9 +298,9 @@ class HybridRole:
         trainer = held["params"] + held["grads"] + held["optim"]
         peak = max(self.memory.peaks.values()) - (0 if self.memory.cuda else self._rss_base)
         budget = trainer + engine_bytes["kv_cache"]
-        return {"perf/hybrid_trainer_state_bytes": float(trainer),
-                "perf/hybrid_kv_cache_bytes": float(engine_bytes["kv_cache"]),
-                "perf/hybrid_peak_over_state_and_kv": peak / budget if budget else float("nan")}
+        state, kv, ratio = BUDGET_METRICS
+        return {state: float(trainer), kv: float(engine_bytes["kv_cache"]),
+                ratio: peak / budget if budget else float("nan")}
 
     def memory_bytes(self) -> dict[str, int]:
         """Tensor bytes this rank holds, by kind, each storage counted once (shared generation

@@ -56,11 +56,14 @@ def test_offloads_and_sleep_move_state_out_of_the_phases():
 def test_the_phases_are_the_ones_the_run_reports():
     from flowrl.roles.hybrid import PhaseMemory
 
+    from flowrl.parallel.hybrid_memory import BUDGET_METRICS
+
     run = PhaseMemory("cpu")
     for phase in PHASES:
         with run.phase(phase):
             pass
-    assert set(_memory().metrics()) == set(run.metrics())
+    # the phases (PhaseMemory) and the budget measure (HybridRole.budget_metrics, same names)
+    assert set(_memory().metrics()) == set(run.metrics()) | set(BUDGET_METRICS)
     assert _memory().metrics()["perf/hybrid_rollout_peak_mem_bytes"] == pytest.approx(
         _memory().phases_gb["rollout"] * GB)
 
@@ -98,3 +101,17 @@ def test_cli_hybrid_plans_fit_and_refuses_what_cannot(capsys):
     assert rows and all(r["hybrid"]["perf/hybrid_rollout_peak_mem_bytes"] <= 72e9 for r in rows)
     assert data["options"] == dataclasses.asdict(HybridOptions(gpu_memory_utilization=0.7, param_offload=True,
                                                                optimizer_offload=True))
+
+
+def test_the_plan_measures_the_peak_against_the_trainers_state_plus_the_kv_budget():
+    """The plan's budget measure is the run's (``perf/hybrid_peak_over_state_and_kv``): the largest
+    phase over the trainer's weights, gradients and optimizer state plus the KV budget."""
+    m = _memory(gpu_memory_utilization=0.5)
+    state = ENTRY.weights_gb + ENTRY.grads_gb + ENTRY.optimizer_gb
+    assert m.trainer_state_gb == pytest.approx(state)
+    assert m.peak_over_state_and_kv == pytest.approx(m.peak_gb / (state + m.kv_budget_gb))
+    metrics = m.metrics()
+    assert metrics["perf/hybrid_kv_cache_bytes"] == pytest.approx(m.kv_budget_gb * GB)
+    assert metrics["perf/hybrid_peak_over_state_and_kv"] == pytest.approx(m.peak_over_state_and_kv)
+    # a larger pool: more KV budget over the same trainer, so the excess is a smaller share
+    assert _memory(gpu_memory_utilization=0.7).peak_over_state_and_kv < m.peak_over_state_and_kv + 1e-9
