@@ -17,6 +17,7 @@ from flowrl.roles.accounting import with_generation_stats
 
 if TYPE_CHECKING:
     from flowrl.agents.loop import Trajectory
+    from flowrl.backends.generate.vllm_nccl import NcclSyncJob
     from flowrl.backends.reshard import AdapterJob, ReshardJob
 
 
@@ -200,11 +201,10 @@ class RolloutRole:
             stats["probe_logp"] = probe_logp(self.engine)
         return stats
 
-    def _take_sync(self, job: "ReshardJob | AdapterJob", fingerprint: bool) -> dict:
+    def _take_sync(self, job: "ReshardJob | AdapterJob | NcclSyncJob", fingerprint: bool) -> dict:
+        from flowrl.backends.generate.vllm_nccl import NcclSyncJob, run_engine_rank
         from flowrl.backends.reshard import AdapterJob, run_adapter_rank, run_rank
         from flowrl.checks import fingerprint as fp
-
-        from flowrl.backends.generate.vllm_nccl import NcclSyncJob, run_engine_rank
 
         if isinstance(job, NcclSyncJob):  # vLLM's NCCL weight transfer (split GPU pools)
             stats = run_engine_rank(job, self.rank, self.engine)
