@@ -264,7 +264,7 @@ class HybridRole:
         nbytes = sum(t.numel() * t.element_size() for t in adapters.values())
         stats = {"bytes_sent": 0, "bytes_received": 0, "bytes_local": nbytes, "peak_extra_bytes": nbytes,
                  "bytes_min": 0, "model_bytes": job.adapter_bytes(), "process": self.rank,
-                 "seconds": time.perf_counter() - start, **self.memory.metrics()}
+                 "seconds": time.perf_counter() - start, **self.budget_metrics(), **self.memory.metrics()}
         if not fingerprint:
             return stats
         src = fp.adapter_source_report(job, adapters) if self.rank == 0 else None

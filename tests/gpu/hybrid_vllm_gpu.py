@@ -12,8 +12,9 @@ GPUs also an engine of tp 2 over two trainer ranks.
 Each run is one ``flowrl train`` process under its own timeout, below the whole script's. One
 table: run, steps, seconds per step, weight-sync seconds and bytes, the peak memory of each phase
 (``perf/hybrid_{rollout,actor,sync}_peak_mem_bytes``: GPU memory on a GPU, the process's RSS on
-CPU), the engine-vs-trainer log-prob agreement (``rollout/logprob_diff_max``) and the rollout
-correction's KL. Checks, each a non-zero exit: every run finishes its steps; the hybrid sync of
+CPU), the rank's largest phase over its trainer's state plus the KV cache
+(``perf/hybrid_peak_over_state_and_kv``), the engine-vs-trainer log-prob agreement
+(``rollout/logprob_diff_max`` and ``_p99``) and the rollout correction's KL. Checks, each a non-zero exit: every run finishes its steps; the hybrid sync of
 the full model moves no bytes between processes at tp 1 (by reference);
 the LoRA sync moves only adapters, in the process (nothing between processes; what it holds well
 under the full model's bytes); the engine's log-probs
@@ -34,8 +35,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PHASES = ("rollout", "actor", "sync")
-COLUMNS = ("run", "steps", "s/step", "sync s", "sync MB", *(f"{p} GB" for p in PHASES), "logp diff max",
-           "rollout KL", "status")
+COLUMNS = ("run", "steps", "s/step", "sync s", "sync MB", *(f"{p} GB" for p in PHASES), "peak/(state+kv)",
+           "logp diff max", "logp diff p99", "rollout KL", "status")
 
 
 def _gpus() -> int:
@@ -123,6 +124,10 @@ def _summary(name: str, rows: list[dict], rc: int, seconds: float, steps: int, c
                         f"held {staged:.0f} (adapters only: > 0, < 1/4 of the model's {full_bytes:.0f})")
     diffs = [r["rollout/logprob_diff_max"] for r in rows if "rollout/logprob_diff_max" in r]
     diff = max(diffs) if diffs else float("nan")
+    p99 = max((r["rollout/logprob_diff_p99"] for r in rows if "rollout/logprob_diff_p99" in r), default=float("nan"))
+    # the hybrid rank's largest phase over its trainer's state plus the KV cache (HybridRole.budget_metrics)
+    ratio = max((r["perf/hybrid_peak_over_state_and_kv"] for r in synced if "perf/hybrid_peak_over_state_and_kv" in r),
+                default=float("nan"))
     kl = max((abs(r.get("rollout_corr/kl", 0.0)) for r in rows), default=0.0)
     bound = 1e-4 if cpu else 0.5
     if not diff <= bound:
@@ -132,7 +137,7 @@ def _summary(name: str, rows: list[dict], rc: int, seconds: float, steps: int, c
     per_step = seconds / max(len(rows), 1)
     sync_s = sum(r.get("timing_s/reshard", 0.0) for r in synced) / max(len(synced), 1)
     row = [name, str(len(rows)), f"{per_step:.1f}", f"{sync_s:.3f}", f"{sync_bytes / 1e6:.1f}",
-           *(f"{peaks[p] / 1e9:.2f}" for p in PHASES), f"{diff:.2e}", f"{kl:.1e}",
+           *(f"{peaks[p] / 1e9:.2f}" for p in PHASES), f"{ratio:.2f}", f"{diff:.2e}", f"{p99:.2e}", f"{kl:.1e}",
            "ok" if not problems else "FAIL"]
     return row, problems
 

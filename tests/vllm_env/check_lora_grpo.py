@@ -100,6 +100,9 @@ def test_each_sync_sends_the_adapters_only(task, outcome, spec, case):
         assert all(b == 0 for b in synced) and all(h == adapter_bytes for h in held), (synced, held, adapter_bytes)
         assert all(r["reshard/fingerprint_mismatch"] == 0 and r["reshard/fingerprint_params"] > 0
                    for r in rows if "reshard/bytes" in r)
+        # the memory line is reported for the adapter sync too (check_grpo.py asserts its bound)
+        assert all(r["perf/hybrid_peak_over_state_and_kv"] > 1.0 and r["perf/hybrid_kv_cache_bytes"] > 0
+                   for r in rows if "reshard/bytes" in r)
     else:
         assert all(b == adapter_bytes for b in synced), (synced, adapter_bytes)
         assert all(r["reshard/bytes_min"] == adapter_bytes for r in rows if "reshard/bytes_min" in r)
