@@ -204,3 +204,38 @@ def test_verls_engine_kwargs_that_flowrl_sets_are_refused_naming_the_key():
         _from_verl(f"{AR}.name=vllm", f"+{AR}.engine_kwargs.vllm.max_model_len=100")
     cfg, _ = _from_verl(f"{AR}.name=vllm", f"+{AR}.engine_kwargs.sglang.attention_backend=fa3")
     assert cfg.rollout.engine_kwargs == {}  # another engine's arguments: not vLLM's
+
+
+# ----------------------------------------------------------------------------- pre-flight
+def test_engine_arg_names_are_read_from_the_installed_source_without_importing_vllm(tmp_path, monkeypatch):
+    from flowrl.backends.generate.vllm_settings import engine_arg_names_from_source
+
+    pkg = tmp_path / "vllm"
+    (pkg / "engine").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise ImportError('importing vllm is what the pre-flight must not do')\n")
+    (pkg / "engine" / "arg_utils.py").write_text(
+        "import dataclasses\nfrom typing import ClassVar\n\n@dataclasses.dataclass\nclass EngineArgs:\n"
+        "    model: str = 'x'\n    swap_space: float = 4\n    registry: ClassVar[dict] = {}\n\n"
+        "    def create(self):\n        local: int = 0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    assert engine_arg_names_from_source() == frozenset({"model", "swap_space"})
+    (pkg / "engine" / "arg_utils.py").write_text("class Other:\n    x: int = 0\n")
+    assert engine_arg_names_from_source() is None  # unreadable: left to the engine's own check
+
+
+def test_preflight_names_every_unknown_engine_kwarg_at_once(monkeypatch):
+    from flowrl.backends.generate import vllm_install, vllm_settings
+    from flowrl.config.errors import ConfigError, ConfigErrors
+
+    monkeypatch.setattr(vllm_settings, "engine_arg_names_from_source", lambda: frozenset({"swap_space", "kv_cache_dtype"}))
+    check = vllm_install._check_engine_kwargs
+    check({"swap_space": 2, "disable_mm_preprocessor_cache": True})  # known, and verl's renamed one: accepted
+    with pytest.raises(ConfigErrors) as info:
+        check({"swap_spaces": 2, "swap_space": 1, "no_such_arg": True})
+    assert [e.key for e in info.value.errors] == ["rollout.engine_kwargs.swap_spaces", "rollout.engine_kwargs.no_such_arg"]
+    assert "did you mean rollout.engine_kwargs.swap_space?" in info.value.errors[0].fix
+    with pytest.raises(ConfigError, match=r"rollout.engine_kwargs.kv_cache_dtypes=.*did you mean rollout.engine_kwargs.kv_cache_dtype"):
+        check({"kv_cache_dtypes": "fp8"})
+    monkeypatch.setattr(vllm_settings, "engine_arg_names_from_source", lambda: None)
+    check({"anything": 1})  # no readable source: the engine refuses it when it starts

