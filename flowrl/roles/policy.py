@@ -237,8 +237,9 @@ class PolicyRole:
                 return fp.attach(stats, fp.adapter_source_report(job, sync_names(adapters)))
             src = self.engine.reshard_source()
             if isinstance(job, NcclSyncJob):  # vLLM's NCCL weight transfer (split GPU pools)
-                stats, self._nccl_sender = run_trainer_rank(job, self.rank, src, self._nccl_sender)
-                return fp.attach(stats) if fingerprint else stats
+                stats, self._nccl_sender = run_trainer_rank(job, self.rank, src, self._nccl_sender,
+                                                            fingerprint=fingerprint)
+                return stats
             stats = run_rank(job, src_rank=self.rank, src=src)
             return fp.attach(stats, fp.source_report(job, self.rank, src)) if fingerprint else stats
 

@@ -177,7 +177,7 @@ def _engine(channels, port):
     return gen
 
 
-def _sync(job, engines, senders, log, channels):
+def _sync(job, engines, senders, log, channels, fingerprint=False):
     """One sync: every trainer rank (threads, the gather on a ThreadGroup) and every generation
     rank at once, as the reshard node calls them."""
     t = job.num_trainer_ranks
@@ -191,7 +191,8 @@ def _sync(job, engines, senders, log, channels):
 
     def trainer(r):
         src = synthetic_shard(src_spec, r, torch.float32)
-        stats, senders[r] = run_trainer_rank(job, r, src, senders.get(r), pg=groups[r], opener=opener)
+        stats, senders[r] = run_trainer_rank(job, r, src, senders.get(r), pg=groups[r], opener=opener,
+                                             fingerprint=fingerprint)
         return stats
 
     def generation(r):
@@ -298,3 +299,43 @@ def test_the_sync_node_wraps_the_split_job_once_per_run_and_leaves_the_rest(monk
     assert weights._nccl_job(cfg, actor, cpu, split) is split  # CPU: the staged sync, as before
     shared = _group(["r0", "r1", "r2", "r3"], GPUS[:4], calls)
     assert weights._nccl_job(cfg, actor, shared, split) is split
+
+
+def test_the_weight_sync_check_compares_what_the_senders_broadcast_with_the_trainer(monkeypatch):
+    """``trainer.checks.weight_sync`` on this path: every trainer rank reports its shard, each
+    sender the whole tensors it broadcasts; the node's comparison finds them equal, and names the
+    parameter when a sender's copy is wrong (here: the gather corrupted on sender 2)."""
+    from flowrl.backends import reshard as reshard_pkg
+    from flowrl.nodes.weights import verify_fingerprints
+
+    job = _job()  # megatron tp2 x dp2 -> two engines of tp 2, senders 0 and 2
+    ports = (29500, 29501)
+
+    def run(fingerprint_mode):
+        channels = {p: queue.Queue() for p in ports}
+        engines = {0: _engine(channels, ports[0]), 2: _engine(channels, ports[1])}
+        trainer_stats, gen_stats = _sync(job, engines, {}, [], channels, fingerprint=True)
+        reports = [r for st in trainer_stats for r in st["fingerprint"]]
+        assert sorted((r["side"], r["rank"]) for r in reports) == [
+            ("dst", 0), ("dst", 1), ("src", 0), ("src", 1), ("src", 2), ("src", 3)]  # senders' copies: dst 0, 1
+        return verify_fingerprints(trainer_stats + gen_stats, fingerprint_mode)
+
+    clean = run("error")
+    params = len(job.gather_job().specs()[1].params)
+    assert clean["reshard/fingerprint_params"] == params and clean["reshard/fingerprint_mismatch"] == 0
+
+    real_run_rank = reshard_pkg.run_rank
+
+    def corrupting(gather, *, src_rank, dst_rank, src, dst, pg):
+        out = real_run_rank(gather, src_rank=src_rank, dst_rank=dst_rank, src=src, dst=dst, pg=pg)
+        if dst_rank == 1:  # sender 2's copy of one tensor
+            next(iter(dst.values())).add_(1.0)
+        return out
+
+    monkeypatch.setattr(reshard_pkg, "run_rank", corrupting)
+    bad = run("warn")
+    assert bad["reshard/fingerprint_mismatch"] == 1
+    from flowrl.checks.fingerprint import WeightSyncMismatch
+
+    with pytest.raises(WeightSyncMismatch, match=r"1 of \d+ parameters differ between the trainer and the generation"):
+        run("error")

@@ -34,8 +34,12 @@ ends derive the buckets from the job (:meth:`NcclSyncJob.buckets`), so no header
 NCCL groups are made at the first sync (``init_weight_transfer_engine`` on the engine, vLLM's
 ``trainer_init`` on the sender, both inside the same reshard call) and kept.
 
+``trainer.checks.weight_sync`` compares the trainer's shards with each sender's whole copy, the
+bytes that leave on NCCL (:func:`run_trainer_rank`); that vLLM loaded them is ``checks.engine_moved``'s
+probe of the engine after the sync.
+
 What has run (CPU only, no GPU here): the path choice, the senders, the planner's gather over an
-in-process group, both sides' call order with a fake communicator and engine
+in-process group, the fingerprints of the senders' copies, both sides' call order with a fake communicator and engine
 (``tests/unit/test_vllm_nccl_sync.py``); the payloads through vLLM's msgpack channel and parsers,
 the worker's swap to vLLM's NCCL engine, and vLLM's real ``NCCLWeightTransferEngine.update_weights``
 receiving this sender's broadcasts through an in-memory communicator
@@ -257,10 +261,15 @@ class NcclSender:
 
 
 def run_trainer_rank(job: NcclSyncJob, rank: int, src: dict[str, Any], sender: NcclSender | None, *,
-                     pg: Any = None, opener: Callable[[dict], Any] = open_endpoint) -> tuple[dict, NcclSender | None]:
+                     pg: Any = None, opener: Callable[[dict], Any] = open_endpoint,
+                     fingerprint: bool = False) -> tuple[dict, NcclSender | None]:
     """Trainer rank ``rank``'s part: the planner's gather of full tensors onto the senders (its
     shard's slices a sender lacks), then, on a sender, the broadcasts. ``sender``: this rank's
-    from an earlier sync (None: made now). Returns the reshard statistics and the sender."""
+    from an earlier sync (None: made now). ``fingerprint`` (``trainer.checks.weight_sync``): with
+    this rank's report of its shard and, on a sender, of the whole tensors it broadcasts (what the
+    engine's workers receive, bit for bit: NCCL's broadcast copies), so the sync node compares the
+    senders' copies with the trainer (vLLM's load itself is ``checks.engine_moved``'s probe).
+    Returns the reshard statistics and the sender."""
     from flowrl.backends.generate.staging import staging_tensors
     from flowrl.backends.interfaces import torch_dtype
     from flowrl.backends.reshard import run_rank
@@ -282,6 +291,11 @@ def run_trainer_rank(job: NcclSyncJob, rank: int, src: dict[str, Any], sender: N
     held = sum(t.nbytes for t in full.values()) if full is not None else 0  # the full model, on a sender
     stats = {**stats, "bytes_min": 0, "bytes_sent": stats["bytes_sent"] + sent, "nccl_bytes_sent": sent,
              "peak_extra_bytes": stats["peak_extra_bytes"] + held, "seconds": time.perf_counter() - start}
+    if fingerprint:
+        from flowrl.checks import fingerprint as fp
+
+        stats = fp.attach(stats, fp.source_report(gather, rank, src),
+                          fp.target_report(gather, dst_rank, full) if full is not None else None)
     return stats, sender
 
 
