@@ -15,7 +15,7 @@ import socket
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["free_port", "rendezvous_store", "reserve_port"]
+__all__ = ["free_port", "release_port", "rendezvous_store", "reserve_port"]
 
 _RESERVED: dict[tuple[str, int], socket.socket] = {}  # bound, not yet listening: the store takes it
 _HELD: list[socket.socket] = []  # bound, never listening: the names of this process's FileStores
@@ -47,6 +47,15 @@ def reserve_port(host: str) -> int:
         except FileNotFoundError:
             pass
     return port
+
+
+def release_port(host: str, port: int) -> None:
+    """Give up this process's reservation of ``port`` (:func:`reserve_port`) for a server that
+    binds it itself (vLLM's weight-transfer rendezvous: ``vllm_nccl.open_endpoint``); another
+    process may take the port between this and that bind. Nothing if it is not reserved here."""
+    sock = _RESERVED.pop((host, port), None)
+    if sock is not None:
+        sock.close()
 
 
 def _private_dir(host: str) -> str | None:

@@ -50,3 +50,20 @@ def test_a_joint_group_on_this_machine_meets_on_a_file_store_not_a_port(tmp_path
     monkeypatch.setenv("FLOWRL_PRIVATE_DIR", str(tmp_path))  # not 0700: no file there, a TCPStore
     os.chmod(tmp_path, 0o755)
     assert store._private_dir("127.0.0.1") is None and store._private_dir("10.0.0.1") is None
+
+
+def test_a_released_reservation_frees_the_port_for_a_server_that_binds_it_itself():
+    """``release_port``: what vLLM's weight-transfer rendezvous needs (it binds the port itself)."""
+    import socket
+
+    from flowrl.comm import store
+
+    port = store.reserve_port("127.0.0.1")
+    with socket.socket() as other, pytest.raises(OSError):
+        other.bind(("127.0.0.1", port))  # held by the reservation
+    store.release_port("127.0.0.1", port)
+    assert ("127.0.0.1", port) not in store._RESERVED
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", port))  # the library's own server gets it
+        server.listen(1)
+    store.release_port("127.0.0.1", port)  # not reserved any more: nothing

@@ -217,11 +217,9 @@ def open_endpoint(init_info: dict[str, Any]) -> Any:
     first, for vLLM's TCPStore to listen on."""
     from vllm.distributed.weight_transfer.nccl_common import trainer_init
 
-    from flowrl.comm import store
+    from flowrl.comm.store import release_port
 
-    sock = store._RESERVED.pop((init_info["master_address"], init_info["master_port"]), None)
-    if sock is not None:
-        sock.close()
+    release_port(init_info["master_address"], init_info["master_port"])
     return trainer_init(init_info, rank=0)
 
 
