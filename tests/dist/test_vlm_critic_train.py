@@ -6,8 +6,6 @@ Qwen2-VL trains end to end with finite critic values and losses that change."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pyarrow as pa
 import pytest
@@ -15,7 +13,7 @@ import torch
 
 from flowrl_testing.fsdp import run_ranks
 from test_vlm_fsdp import vlm_batch
-from test_vlm_geo3k import _geo3k
+from test_vlm_geo3k import train_geo3k
 
 
 def critic_step(rank: int, world: int, model_dir: str, strategy: str, table: pa.Table, ckpt: str) -> dict:
@@ -24,7 +22,6 @@ def critic_step(rank: int, world: int, model_dir: str, strategy: str, table: pa.
     values of a fresh critic that loaded the checkpoint written after the update."""
     from flowrl.config import CriticConfig, OptimConfig
     from flowrl.data import experience as ex
-    from flowrl.data.packed import PackedBatch
     from flowrl.roles.critic import CriticRole
 
     cfg = CriticConfig(strategy=strategy, data_parallel_size=world, optim=OptimConfig(lr=1e-3, grad_clip=1.0),
@@ -77,18 +74,10 @@ def test_fsdp_vlm_critic_at_two_ranks_matches_dp_and_its_checkpoint_restores(tmp
 def test_ppo_with_a_vlm_critic_trains(tmp_path):
     """Three PPO steps (the critic at 2 dp ranks, its values from the images): the critic's values,
     value loss and gradient norm are finite on every step and change from step to step."""
-    from flowrl.models.tiny_vlm import save_tiny_vlm
-
-    model = save_tiny_vlm(tmp_path / "model")
-    data = tmp_path / "geo3k.parquet"
-    _geo3k(data, num_good=8)
-    out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "flowrl.cli", "train", f"model.path={model}", f"data.train_files={data}",
-           f"trainer.run_dir={out}", "algorithm.reward_fn=exact_match", "algorithm.adv_estimator=gae",
-           "rollout.n=4", "rollout.response_length=6", "data.train_batch_size=4", "data.max_prompt_length=64",
-           "actor.ppo_mini_batch_size=4", "critic.ppo_mini_batch_size=4", "actor.freeze_vision_tower=true",
-           "trainer.total_training_steps=3", "trainer.progress=false"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=250)
+    proc, out, _, _ = train_geo3k(
+        tmp_path, "algorithm.adv_estimator=gae", "rollout.n=4", "rollout.response_length=6", "data.train_batch_size=4",
+        "data.max_prompt_length=64", "actor.ppo_mini_batch_size=4", "critic.ppo_mini_batch_size=4",
+        "actor.freeze_vision_tower=true", "trainer.total_training_steps=3", num_good=8)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]

@@ -56,24 +56,29 @@ def _geo3k(path, num_good: int = 16) -> list[int]:
     return bad
 
 
+def train_geo3k(tmp_path, *overrides: str, num_good: int = 16, timeout: int = 250):
+    """``flowrl train`` of a tiny Qwen2-VL on a geo3k Parquet of ``num_good`` good rows (plus the
+    bad ones) with ``overrides``: (the process, its run dir, the data file, the bad rows)."""
+    from flowrl.models.tiny_vlm import save_tiny_vlm
+
+    model = save_tiny_vlm(tmp_path / "model")
+    data = tmp_path / "geo3k.parquet"
+    bad = _geo3k(data, num_good=num_good)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "flowrl.cli", "train", f"model.path={model}", f"data.train_files={data}",
+           f"trainer.run_dir={out}", "algorithm.reward_fn=exact_match", "trainer.progress=false", *overrides]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout), out, data, bad
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("strategy", ["dp", "fsdp"])
 def test_geo3k_format_parquet_loads_and_trains_two_steps(tmp_path, strategy):
     """dp: the generator decodes with the trainer's module; fsdp (2 ranks, 28 s): the weights reach
     the hf generator by the reshard of whole parameters, whose fingerprints agree on every one."""
-    from flowrl.models.tiny_vlm import save_tiny_vlm
-
-    model = save_tiny_vlm(tmp_path / "model")
-    data = tmp_path / "geo3k.parquet"
-    bad = _geo3k(data)
-    out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "flowrl.cli", "train", f"model.path={model}", f"data.train_files={data}",
-           f"trainer.run_dir={out}", "algorithm.reward_fn=exact_match", "rollout.name=hf", "rollout.n=4",
-           "rollout.response_length=6", "data.train_batch_size=4", "data.max_prompt_length=64",
-           "actor.ppo_mini_batch_size=4",
-           "actor.freeze_vision_tower=true", "trainer.total_training_steps=2", "trainer.progress=false",
-           f"actor.strategy={strategy}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=800)
+    proc, out, data, bad = train_geo3k(
+        tmp_path, "rollout.name=hf", "rollout.n=4", "rollout.response_length=6", "data.train_batch_size=4",
+        "data.max_prompt_length=64", "actor.ppo_mini_batch_size=4", "actor.freeze_vision_tower=true",
+        "trainer.total_training_steps=2", f"actor.strategy={strategy}", timeout=800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
@@ -95,18 +100,10 @@ def test_geo3k_format_parquet_loads_and_trains_two_steps(tmp_path, strategy):
 def test_a_vlm_trains_in_the_split_placement(tmp_path):
     """Separate rollout workers: the fsdp trainer's weights (vision tower included) reach them by the
     split reshard, every parameter whole by name; the fingerprints agree on all 45."""
-    from flowrl.models.tiny_vlm import save_tiny_vlm
-
-    model = save_tiny_vlm(tmp_path / "model")
-    data = tmp_path / "geo3k.parquet"
-    _geo3k(data, num_good=4)
-    out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "flowrl.cli", "train", f"model.path={model}", f"data.train_files={data}",
-           f"trainer.run_dir={out}", "algorithm.reward_fn=exact_match", "cluster.placement=split",
-           "actor.strategy=fsdp", "rollout.n=2", "rollout.response_length=4", "data.train_batch_size=2",
-           "data.max_prompt_length=64", "actor.ppo_mini_batch_size=2", "trainer.total_training_steps=2",
-           "trainer.progress=false"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=250)
+    proc, out, _, _ = train_geo3k(
+        tmp_path, "cluster.placement=split", "actor.strategy=fsdp", "rollout.n=2", "rollout.response_length=4",
+        "data.train_batch_size=2", "data.max_prompt_length=64", "actor.ppo_mini_batch_size=2",
+        "trainer.total_training_steps=2", num_good=4)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     synced = [r for r in rows if "reshard/fingerprint_params" in r]
@@ -116,14 +113,7 @@ def test_a_vlm_trains_in_the_split_placement(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_megatron_refuses_a_vlm_before_workers_start(tmp_path):
-    from flowrl.models.tiny_vlm import save_tiny_vlm
-
-    model = save_tiny_vlm(tmp_path / "model")
-    data = tmp_path / "geo3k.parquet"
-    _geo3k(data, num_good=4)
-    cmd = [sys.executable, "-m", "flowrl.cli", "train", f"model.path={model}", f"data.train_files={data}",
-           f"trainer.run_dir={tmp_path / 'run'}", "algorithm.reward_fn=exact_match", "actor.strategy=megatron"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=250)
+    proc, out, _, _ = train_geo3k(tmp_path, "actor.strategy=megatron", num_good=4)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "actor.strategy='megatron'" in proc.stderr and "vision-language" in proc.stderr
-    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    assert not (out / "metrics.jsonl").exists()
